@@ -1,0 +1,266 @@
+"""``HyperCommGrid``: named-dim process groups over a :class:`~parallel_state_ng.layout.Layout`.
+
+Constructor- and method-compatible with ``megatron.core.hyper_comm_grid.HyperCommGrid``
+(``create_pg``, ``get_pg``, ``get_rank_enum``, ``rank_offset``, ``backend``), with these
+differences that matter at scale:
+
+* ``create_pg`` computes only the calling rank's own group (closed form) and creates it with
+  ``new_group(..., use_local_synchronization=True)``: ranks outside the group make no call.
+  ``create_pg(..., all_ranks=True)`` keeps megatron's behaviour (every group created on
+  every rank, collectively).
+* Several factorizations of the same ranks ("views", e.g. the expert layout beside the
+  dense one) live in one grid; dims shared between views are checked to have identical
+  membership.
+* ``destroy()`` destroys every group the grid created.
+
+A grid holds no global state: two grids in one process are independent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import torch.distributed as dist
+
+from .layout import DimsArg, Layout, UnknownDimError
+
+__all__ = ["HyperCommGrid", "BASE_VIEW"]
+
+BASE_VIEW = "base"
+
+
+def _world_size() -> int:
+    if "WORLD_SIZE" in os.environ:
+        try:
+            return int(os.environ["WORLD_SIZE"])
+        except ValueError:
+            raise ValueError(f"WORLD_SIZE environment variable is not an int: {os.environ['WORLD_SIZE']!r}") from None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    raise RuntimeError(
+        "Cannot determine the world size: set the WORLD_SIZE environment variable or call "
+        "torch.distributed.init_process_group() before creating a HyperCommGrid."
+    )
+
+
+class HyperCommGrid:
+    """An N-dimensional grid of ranks with named dims and process groups over any dim subset.
+
+    Args:
+        shape: size of each dim.
+        dim_names: name of each dim. The first name varies fastest, as in the ``order``
+            argument of MCore's ``initialize_model_parallel`` (``["tp", "cp", "dp", "pp"]``
+            lays ranks out like ``order="tp-cp-dp-pp"``).
+        rank_offset: first global rank of the grid, when it covers only part of the world.
+        backend: backend for the groups it creates (``None``: the default backend).
+
+    Example:
+        >>> grid = HyperCommGrid([2, 2, 2], ["tp", "dp", "pp"])
+        >>> tp = grid.create_pg("tp")                 # only this rank's tp group
+        >>> dp_pp = grid.create_pg(["dp", "pp"], group_desc="DP_PP")
+        >>> grid.register_view("expert", [2, 2, 2], ["ep", "edp", "pp"], shared_dims=["pp"])
+        >>> ep = grid.create_pg("ep", view="expert")
+    """
+
+    def __init__(
+        self,
+        shape: list[int],
+        dim_names: list[str],
+        rank_offset: int = 0,
+        backend: Optional[str] = None,
+    ) -> None:
+        layout = Layout(shape, dim_names, rank_offset)  # validates shape, names and offset
+        world_size = _world_size()
+        if layout.size > world_size - layout.rank_offset:
+            raise RuntimeError(
+                f"Grid shape {list(layout.sizes)} ({layout.size} ranks) does not fit in world size "
+                f"{world_size} with rank offset {layout.rank_offset}"
+            )
+        self.rank_offset: int = layout.rank_offset
+        self.size: int = layout.size
+        self.shape: list[int] = list(layout.sizes)
+        self.dim_names: list[str] = list(layout.names)
+        self.backend = backend
+        self.world_size = world_size
+        self._views: dict[str, Layout] = {BASE_VIEW: layout}
+        self._pgs: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------- views
+    @property
+    def layout(self) -> Layout:
+        """The pure layout of the base view."""
+        return self._views[BASE_VIEW]
+
+    def view_layout(self, view: Optional[str] = None) -> Layout:
+        """The layout of ``view`` (``None``: the base view)."""
+        name = BASE_VIEW if view is None else view
+        try:
+            return self._views[name]
+        except (KeyError, TypeError):
+            raise KeyError(f"unknown view {view!r}; registered views: {list(self._views)}") from None
+
+    @property
+    def views(self) -> list[str]:
+        """Names of the registered views, the base view first."""
+        return list(self._views)
+
+    def register_view(
+        self,
+        name: str,
+        shape: Sequence[int],
+        dim_names: Sequence[str],
+        shared_dims: Sequence[str] = (),
+    ) -> Layout:
+        """Register another factorization of the same ranks under ``name``.
+
+        ``shape`` must cover exactly the grid's ranks. Each dim in ``shared_dims`` must exist
+        in the base view and in the new one with identical groups (same ranks, same order),
+        e.g. ``pp`` shared between the dense layout (tp, cp, dp, pp) and the expert layout
+        (etp, ep, edp, pp). Returns the view's layout.
+        """
+        return self._add_view(name, Layout(shape, dim_names, self.rank_offset), shared_dims)
+
+    def register_split_view(
+        self,
+        name: str,
+        dims: DimsArg,
+        shape: Sequence[int],
+        dim_names: Sequence[str],
+        *,
+        of_view: Optional[str] = None,
+    ) -> Layout:
+        """Register a view in which ``dims`` of ``of_view`` (taken together) become sub-dims.
+
+        See :meth:`Layout.split`. Every dim that was not split is shared with ``of_view``.
+        Used for hierarchical context-parallel groups and partial data-parallel groups.
+        """
+        parent = self.view_layout(of_view)
+        layout = parent.split(dims, shape, dim_names)
+        return self._add_view(name, layout, ())
+
+    def _add_view(self, name: str, layout: Layout, shared_dims: Sequence[str]) -> Layout:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"view name must be a non-empty str, got {name!r}")
+        if name in self._views:
+            raise ValueError(f"view {name!r} is already registered")
+        if layout.size != self.size:
+            raise ValueError(
+                f"view {name!r} has shape {list(layout.sizes)} ({layout.size} ranks) but the grid "
+                f"has {self.size} ranks"
+            )
+        if isinstance(shared_dims, str):
+            shared_dims = [shared_dims]
+        for dim in shared_dims:
+            self.layout.dims(dim)
+            layout.dims(dim)
+            if not self.layout.same_groups(dim, layout):
+                raise ValueError(
+                    f"shared dim {dim!r} of view {name!r} has different groups than in the base view: "
+                    f"the first base group is {self.layout.enumerate_groups(dim)[0].tolist()}, "
+                    f"the view's is {layout.enumerate_groups(dim)[0].tolist()}"
+                )
+        self._views[name] = layout
+        return layout
+
+    # ------------------------------------------------------- megatron-compatible
+    def _order_dims(self, dims: DimsArg, view: Optional[str] = None) -> tuple[list[str], str]:
+        """Dims in megatron's key order (reversed dim_names) and the group key."""
+        layout = self.view_layout(view)
+        ordered = list(reversed(layout.dims(dims)))
+        key = "-".join(ordered)
+        if view not in (None, BASE_VIEW):
+            key = f"{view}:{key}"
+        return ordered, key
+
+    def create_pg(self, dims: DimsArg, *, view: Optional[str] = None, all_ranks: bool = False, **kwargs: Any):
+        """Create the process group over ``dims`` for the calling rank and return it.
+
+        Only the calling rank's group is computed and created, with
+        ``use_local_synchronization=True``; a rank outside the grid makes no call and gets
+        ``None``. ``all_ranks=True`` creates every group of the enumeration on every rank
+        instead (megatron's collective behaviour). Keyword arguments (``timeout``,
+        ``pg_options``, ``group_desc``, ``backend``) go to ``torch.distributed.new_group``.
+
+        Raises:
+            KeyError: the group over these dims was already created (in this view).
+        """
+        layout = self.view_layout(view)
+        _, key = self._order_dims(dims, view)
+        if key in self._pgs:
+            raise KeyError(
+                f"Process group {dims} has already been created (key {key!r}); options cannot be "
+                f"compared, so a second create_pg for the same dims is refused. Use get_pg."
+            )
+        backend = kwargs.pop("backend", self.backend)
+        rank = dist.get_rank()
+        pg = None
+        if all_ranks:
+            for ranks in layout.enumerate_groups(dims).tolist():
+                group = dist.new_group(ranks=ranks, backend=backend, **kwargs)
+                if rank in ranks:
+                    pg = group
+        elif layout.contains(rank):
+            ranks = layout.group_ranks(rank, dims)
+            pg = dist.new_group(ranks=ranks, backend=backend, use_local_synchronization=True, **kwargs)
+        self._pgs[key] = pg
+        return pg
+
+    def get_pg(self, dims: DimsArg, *, view: Optional[str] = None):
+        """The process group over ``dims`` made earlier by :meth:`create_pg`.
+
+        Raises:
+            KeyError: no group was created for these dims.
+        """
+        _, key = self._order_dims(dims, view)
+        if key not in self._pgs:
+            raise KeyError(f"Process group for {key} hasn't been created. Call create_pg first.")
+        return self._pgs[key]
+
+    def has_pg(self, dims: DimsArg, *, view: Optional[str] = None) -> bool:
+        """Whether :meth:`create_pg` was called for ``dims``."""
+        return self._order_dims(dims, view)[1] in self._pgs
+
+    def get_rank_enum(self, dims: DimsArg, *, view: Optional[str] = None) -> list[list[int]]:
+        """All groups over ``dims`` as lists of ranks, exactly as megatron enumerates them."""
+        return self.view_layout(view).rank_enum(dims)
+
+    # ------------------------------------------------------------------ beyond
+    def _rank(self, rank: Optional[int]) -> int:
+        return dist.get_rank() if rank is None else rank
+
+    def is_current_rank_in_grid(self) -> bool:
+        """Whether the calling rank lies inside the grid's block of ranks."""
+        return self.layout.contains(dist.get_rank())
+
+    def coord(self, rank: Optional[int] = None, *, view: Optional[str] = None) -> dict[str, int]:
+        """Coordinates of ``rank`` (default: the calling rank) in ``view``."""
+        return self.view_layout(view).coord(self._rank(rank))
+
+    def group_ranks(self, dims: DimsArg, rank: Optional[int] = None, *, view: Optional[str] = None) -> list[int]:
+        """Ranks of the group over ``dims`` that ``rank`` (default: caller) belongs to."""
+        return self.view_layout(view).group_ranks(self._rank(rank), dims)
+
+    def rank_in_group(self, dims: DimsArg, rank: Optional[int] = None, *, view: Optional[str] = None) -> int:
+        """Position of ``rank`` (default: caller) in its group over ``dims``."""
+        return self.view_layout(view).rank_in_group(self._rank(rank), dims)
+
+    def destroy(self) -> None:
+        """Destroy every process group this grid created and forget them."""
+        pgs, self._pgs = self._pgs, {}
+        seen: set[int] = set()
+        for pg in pgs.values():
+            if pg is None or id(pg) in seen:
+                continue
+            seen.add(id(pg))
+            if dist.is_initialized() and pg in dist.distributed_c10d._world.pg_map:
+                dist.destroy_process_group(pg)
+
+    def __repr__(self) -> str:
+        return f"HyperCommGrid({self.layout!r}, views={self.views}, groups={list(self._pgs)})"
+
+
+# megatron raises ValueError for an unknown name in a list and KeyError for an unknown single
+# name in get_pg; UnknownDimError is both.
+__all__.append("UnknownDimError")

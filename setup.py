@@ -1,0 +1,28 @@
+"""Packaging for parallel_state_ng (engine) and compat (Megatron-Core parallel_state facade)."""
+
+from setuptools import setup
+
+TEST_REQUIRES = [
+    "pytest>=7",
+    "pytest-xdist>=3",
+    "megatron-core==0.16.1",
+    "einops",  # megatron's HyperCommGrid and hierarchical groups need it
+    "pyyaml",  # nccl_communicator_config_path
+    "numpy",
+]
+
+setup(
+    name="parallel_state_ng",
+    version="0.1.0",
+    description=(
+        "Named-dimension process-group grids with Megatron-Core's exact rank layout, and a "
+        "drop-in replacement for megatron.core.parallel_state"
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=["parallel_state_ng", "compat"],
+    python_requires=">=3.10",
+    install_requires=["torch>=2.4"],
+    extras_require={"megatron": ["megatron-core", "einops"], "test": TEST_REQUIRES},
+    entry_points={"console_scripts": ["parallel-state-ng=parallel_state_ng.__main__:main"]},
+)
