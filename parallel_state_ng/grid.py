@@ -260,6 +260,46 @@ class HyperCommGrid:
     def __repr__(self) -> str:
         return f"HyperCommGrid({self.layout!r}, views={self.views}, groups={list(self._pgs)})"
 
+    # ------------------------------------------------------- handles and meshes
+    def group(self, dims: DimsArg, *, view: Optional[str] = None, cpu: bool = False, create: bool = False):
+        """A :class:`~parallel_state_ng.handles.GroupHandle` for the caller's group over ``dims``.
+
+        The handle wraps the group made by :meth:`create_pg` (``create=True`` makes it first
+        when missing) and is cached: the same handle comes back while that group lives.
+        ``cpu=True`` also creates its gloo companion now (a call every member must make).
+        The companion is destroyed by the handle's ``destroy()``, not by :meth:`destroy`.
+
+        Raises:
+            KeyError: the group was not created (and ``create`` is False), as :meth:`get_pg`.
+            ValueError: the caller is outside the grid.
+        """
+        from .handles import GroupHandle
+
+        if create and not self.has_pg(dims, view=view):
+            self.create_pg(dims, view=view)
+        pg = self.get_pg(dims, view=view)
+        _, key = self._order_dims(dims, view)
+        if pg is None:
+            raise ValueError(f"rank {dist.get_rank()} is outside the grid and has no group over {key!r}")
+        handles = self.__dict__.setdefault("_handles", {})
+        handle = handles.get(key)
+        if handle is None or handle.group is not pg:
+            handle = handles[key] = GroupHandle(self.group_ranks(dims, view=view), pg, name=key)
+        if cpu:
+            handle.cpu_group
+        return handle
+
+    def device_mesh(self, dims, device_type: str = "cpu", *, view: Optional[str] = None, create: bool = False):
+        """A ``torch`` ``DeviceMesh`` over the caller's slice of the grid, on the grid's groups.
+
+        See :func:`parallel_state_ng.mesh.device_mesh`: one mesh dim per item of ``dims``
+        (a dim name, or a tuple of names for a merged dim), ``mesh_dim_names`` the dims, no
+        new communicator; each dim's group must exist unless ``create=True``.
+        """
+        from .mesh import device_mesh
+
+        return device_mesh(self, dims, device_type, view=view, create=create)
+
 
 # megatron raises ValueError for an unknown name in a list and KeyError for an unknown single
 # name in get_pg; UnknownDimError is both.
