@@ -3,12 +3,18 @@
 * :class:`Layout` — pure rank/coordinate/group math (no torch.distributed).
 * :class:`HyperCommGrid` — process groups over a layout; API-compatible with
   ``megatron.core.hyper_comm_grid.HyperCommGrid``, creating only the calling rank's groups.
+* :class:`GroupHandle` — one group seen from the caller: ring neighbours, first/last,
+  collective helpers, a lazy gloo companion (``grid.group(dims)``).
+* :func:`device_mesh` — a torch ``DeviceMesh`` over a grid's existing groups
+  (``grid.device_mesh(dims)``).
 
 The Megatron-shaped global API lives in the separate ``compat`` package.
 """
 
 from .grid import BASE_VIEW, HyperCommGrid
+from .handles import GroupHandle
 from .layout import Layout, UnknownDimError
+from .mesh import device_mesh
 
-__all__ = ["HyperCommGrid", "Layout", "UnknownDimError", "BASE_VIEW"]
+__all__ = ["HyperCommGrid", "Layout", "UnknownDimError", "BASE_VIEW", "GroupHandle", "device_mesh"]
 __version__ = "0.1.0"
