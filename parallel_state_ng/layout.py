@@ -22,6 +22,7 @@ parent.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Union
 
@@ -46,7 +47,7 @@ class UnknownDimError(ValueError, KeyError, RuntimeError):
 
 
 def _check_int(value: object, what: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
     value = int(value)
     if value < minimum:

@@ -1,0 +1,112 @@
+"""Patching machinery behind :func:`compat.install` / :func:`compat.uninstall`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Any
+
+TARGET = "megatron.core.parallel_state"
+
+# (namespace dict, attribute name, original value) for every rebinding, to undo it.
+_patches: list[tuple[dict, str, Any]] = []
+# What sys.modules[TARGET] was before install (None: absent).
+_saved_module: list[Any] = []
+
+
+def is_installed() -> bool:
+    """Whether install() is in effect."""
+    return bool(_saved_module)
+
+
+def _replacement_map(old: ModuleType, new: ModuleType) -> dict[int, Any]:
+    """id(old object) -> new object, for the module itself and every public name of it."""
+    mapping: dict[int, Any] = {id(old): new}
+    for name, value in vars(old).items():
+        if name.startswith("__") or isinstance(value, ModuleType):
+            continue
+        if getattr(value, "__module__", None) != old.__name__:
+            continue  # imports of the module (torch, typing names, ...) are shared, not ours
+        if hasattr(new, name):
+            mapping[id(value)] = getattr(new, name)
+    return mapping
+
+
+def _rebind_everywhere(old: ModuleType, new: ModuleType, record: bool, prefix: str = "") -> None:
+    """Replace references to ``old``'s objects held in loaded modules' namespaces.
+
+    Only modules whose name starts with ``prefix`` are touched; compat's own never are.
+    """
+    mapping = _replacement_map(old, new)
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or mod is old or mod is new or mod_name.split(".")[0] == "compat":
+            continue
+        if not mod_name.startswith(prefix):
+            continue
+        namespace = getattr(mod, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            replacement = mapping.get(id(value))
+            if replacement is not None and value is not replacement:
+                if record:
+                    _patches.append((namespace, attr, value))
+                namespace[attr] = replacement
+
+
+def install() -> None:
+    """See :func:`compat.install`."""
+    if _saved_module:
+        return
+    from . import parallel_state as ours
+
+    original = sys.modules.get(TARGET)
+    _saved_module.append(original)
+    sys.modules[TARGET] = ours
+    if original is not None:
+        _rebind_everywhere(original, ours, record=True)
+    parent = sys.modules.get("megatron.core")
+    if parent is not None:
+        for attr in ("parallel_state", "mpu"):
+            if getattr(parent, attr, None) is not ours:
+                _patches.append((parent.__dict__, attr, parent.__dict__.get(attr, _MISSING)))
+                parent.__dict__[attr] = ours
+
+
+class _Missing:
+    """Marker: the attribute did not exist before install."""
+
+
+_MISSING = _Missing()
+
+
+def uninstall() -> None:
+    """See :func:`compat.uninstall`."""
+    if not _saved_module:
+        return
+    from . import parallel_state as ours
+
+    original = _saved_module.pop()
+    for namespace, attr, value in reversed(_patches):
+        if value is _MISSING:
+            namespace.pop(attr, None)
+        else:
+            namespace[attr] = value
+    _patches.clear()
+    if original is None:
+        del sys.modules[TARGET]
+        # Modules imported while compat was installed bound compat's objects: give them
+        # megatron's own, imported now that the real module can load.
+        if importlib.util.find_spec("megatron") is not None and "megatron.core" in sys.modules:
+            original = importlib.import_module(TARGET)
+            parent = sys.modules["megatron.core"]
+            parent.__dict__["parallel_state"] = original
+            parent.__dict__["mpu"] = original
+    else:
+        sys.modules[TARGET] = original
+    if original is not None:
+        # Megatron modules imported while compat was installed bound compat's objects.
+        # (Other modules are left alone: they may use compat on purpose.)
+        _rebind_everywhere(ours, original, record=False, prefix="megatron.")

@@ -1,0 +1,225 @@
+"""The one state object behind ``compat.parallel_state``.
+
+:func:`build_state` turns a :class:`~parallel_state_ng.megatron_layout.MegatronLayout` into the
+process groups of ONE rank: it computes only that rank's groups (closed form, no loop over the
+world) and creates each with ``new_group(..., use_local_synchronization=True)``, in MCore's
+creation order so that every member creates its groups in the same sequence. If anything fails,
+every group created so far is destroyed before the error propagates (atomic initialization).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from parallel_state_ng.megatron_layout import MegatronLayout
+
+__all__ = ["ParallelState", "build_state", "destroy_groups"]
+
+
+@dataclass
+class ParallelState:
+    """Every group and rank list one ``initialize_model_parallel`` produced for this rank.
+
+    ``groups`` and ``ranks`` are keyed by group kind (see
+    :data:`parallel_state_ng.megatron_layout.GROUP_KINDS`; gloo companions end in ``_gloo``).
+    A kind whose key is missing from ``groups`` was not built (option off, or the rank is in
+    no group of that kind).
+    """
+
+    layout: MegatronLayout
+    rank: int
+    groups: dict[str, Any] = field(default_factory=dict)
+    ranks: dict[str, list[int]] = field(default_factory=dict)
+    hierarchical_cp_groups: Optional[list[Any]] = None
+    hybrid_dp_cp_groups: dict[int, Any] = field(default_factory=dict)
+    # [None] (the default group) + every group this rank is a member of, in creation order.
+    process_group_list: list[Any] = field(default_factory=lambda: [None])
+    created: list[Any] = field(default_factory=list)
+
+    def group(self, kind: str) -> Any:
+        """The group of ``kind`` or ``None``."""
+        return self.groups.get(kind)
+
+
+def destroy_groups(groups: list[Any]) -> int:
+    """Destroy each live process group in ``groups`` (once); return how many were destroyed."""
+    if not dist.is_initialized():
+        return 0
+    done = 0
+    seen: set[int] = set()
+    pg_map = dist.distributed_c10d._world.pg_map
+    for pg in groups:
+        if pg is None or id(pg) in seen:
+            continue
+        seen.add(id(pg))
+        if pg in pg_map:
+            dist.destroy_process_group(pg)
+            done += 1
+    return done
+
+
+class _Creator:
+    """Creates this rank's groups and records them for rollback and ``update_pg_timeout``."""
+
+    def __init__(self, state: ParallelState, timeout: timedelta) -> None:
+        self.state = state
+        self.timeout = timeout
+
+    def make(
+        self,
+        ranks: list[int],
+        desc: str,
+        *,
+        backend: Optional[str] = None,
+        pg_options: Any = None,
+        timeout: Any = "default",
+    ) -> Any:
+        pg = dist.new_group(
+            ranks=ranks,
+            timeout=self.timeout if timeout == "default" else timeout,
+            backend=backend,
+            pg_options=pg_options,
+            use_local_synchronization=True,
+            group_desc=desc,
+        )
+        self.state.created.append(pg)
+        self.state.process_group_list.append(pg)
+        return pg
+
+
+def build_state(
+    layout: MegatronLayout,
+    rank: int,
+    *,
+    timeout: timedelta,
+    nccl_options: Callable[[str], Any],
+    create_gloo_process_groups: bool,
+    create_all_gather_group: bool,
+    pipeline_model_parallel_comm_backend: Optional[str],
+    sharp_enabled_group: Optional[str],
+    hybrid_context_parallel: bool,
+) -> ParallelState:
+    """Create this rank's groups for ``layout``; atomic (see module docstring)."""
+    state = ParallelState(layout=layout, rank=rank)
+    try:
+        _create_all(
+            state,
+            _Creator(state, timeout),
+            nccl_options,
+            create_gloo_process_groups,
+            create_all_gather_group,
+            pipeline_model_parallel_comm_backend,
+            sharp_enabled_group,
+            hybrid_context_parallel,
+        )
+    except BaseException:
+        destroy_groups(state.created)
+        raise
+    return state
+
+
+def _sharp_barrier(group: Any) -> None:
+    """Force the lazily created communicator into existence so SHARP applies to it."""
+    dist.barrier(group=group, device_ids=[torch.cuda.current_device()])
+    torch.cuda.synchronize()
+    os.environ.pop("NCCL_COLLNET_ENABLE", None)
+
+
+def _create_all(
+    state: ParallelState,
+    make: _Creator,
+    opts: Callable[[str], Any],
+    gloo: bool,
+    all_gather: bool,
+    pp_backend: Optional[str],
+    sharp: Optional[str],
+    hybrid: bool,
+) -> None:
+    lay, rank = state.layout, state.rank
+    g, r = state.groups, state.ranks
+    n_instances = lay.num_distributed_optimizer_instances
+
+    def kind(name: str, desc: str, option_key: Optional[str] = None, **kw: Any) -> Any:
+        ranks = lay.group(name, rank)
+        r[name] = ranks
+        g[name] = make.make(ranks, desc, pg_options=opts(option_key or name), **kw)
+        return g[name]
+
+    def gloo_twin(name: str, desc: str, **kw: Any) -> None:
+        if gloo:
+            g[f"{name}_gloo"] = make.make(r[name], desc, backend="gloo", **kw)
+
+    # Data parallel with context parallel first: with SHARP it must be the first communicator.
+    if sharp == "dp":
+        os.environ["NCCL_COLLNET_ENABLE"] = "1"
+    kind("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP")
+    if all_gather:
+        g["dp_cp_ag"] = make.make(r["dp_cp"], "DATA_PARALLEL_GROUP_WITH_CP_AG", pg_options=opts("dp_cp"))
+    gloo_twin("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO")
+    if n_instances > 1:
+        kind("intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP")
+        gloo_twin("intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO")
+    if sharp == "dp":
+        _sharp_barrier(g["dp_cp"])
+
+    if hybrid:
+        for size in lay.hybrid_group_sizes():
+            state.hybrid_dp_cp_groups[size] = make.make(
+                lay.hybrid_group(rank, size), f"HYBRID_DP_CP_GROUP_{size}", pg_options=opts("dp_cp"), timeout=None
+            )
+
+    kind("dp", "DATA_PARALLEL_GROUP")
+    gloo_twin("dp", "DATA_PARALLEL_GROUP_GLOO")
+
+    kind("cp", "CONTEXT_PARALLEL_GROUP")
+    if lay.hierarchical_levels:
+        state.hierarchical_cp_groups = []
+        for level in range(lay.hierarchical_levels):
+            ranks = lay.group(f"hcp{level}", rank)
+            r[f"hcp{level}"] = ranks
+            pg = make.make(ranks, f"HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{level}", pg_options=opts("hcp"))
+            g[f"hcp{level}"] = pg
+            state.hierarchical_cp_groups.append(pg)
+
+    kind("mp", "MODEL_PARALLEL_GROUP")
+    kind("tp", "TENSOR_MODEL_PARALLEL_GROUP")
+
+    r["pp"] = lay.group("pp", rank)
+    g["pp"] = make.make(
+        r["pp"],
+        "PIPELINE_MODEL_PARALLEL_GROUP",
+        backend=pp_backend,
+        pg_options=None if pp_backend == "ucc" else opts("pp"),
+    )
+    for name, desc in (("embd", "EMBEDDING_GROUP"), ("pos_embd", "POSITION_EMBEDDING_GROUP")):
+        members = lay.embedding_ranks(name, r["pp"])
+        if rank in members:
+            r[name] = members
+            g[name] = make.make(members, desc, pg_options=opts(name))
+
+    kind("tp_dp_cp", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP")
+    kind("tp_dp", "TENSOR_AND_DATA_PARALLEL_GROUP")
+    kind("tp_cp", "TENSOR_AND_CONTEXT_PARALLEL_GROUP")
+
+    kind("ep", "EXPERT_MODEL_PARALLEL_GROUP")
+    kind("ep_tp", "EXPERT_TENSOR_PARALLEL_GROUP")
+    kind("tp_ep_mp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP")
+    kind("tp_ep_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP")
+    kind("ep_dp", "EXPERT_DATA_PARALLEL_GROUP")
+    gloo_twin("ep_dp", "EXPERT_DATA_PARALLEL_GROUP_GLOO", timeout=None)
+    if n_instances > 1:
+        if sharp == "dp_replica":
+            os.environ["NCCL_COLLNET_ENABLE"] = "1"
+        for level, name in enumerate(("intra_ep_dp", "inter_ep_dp")):
+            kind(name, f"HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L{level}")
+            gloo_twin(name, f"HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L{level}", pg_options=opts(name))
+        if sharp == "dp_replica":
+            _sharp_barrier(g["inter_ep_dp"])
+
+    kind("intra_dist_opt_instance", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP")

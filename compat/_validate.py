@@ -1,0 +1,97 @@
+"""Up-front checks of ``initialize_model_parallel`` arguments.
+
+Each check names the argument and its value. Where MCore itself rejects a value, the error
+is of MCore's type (a size of 0 makes MCore divide by zero, so the error for it is a
+``ValueError`` that is also a ``ZeroDivisionError``); where MCore would go on and build a
+wrong or empty layout (negative sizes, bools, repeated order tokens), the error is a plain
+``ValueError`` or ``TypeError``. Layout-level conditions (divisibility, ``order``) are
+checked by :class:`~parallel_state_ng.megatron_layout.MegatronLayout`.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["validate_initialize_args", "ZeroSizeError"]
+
+
+class ZeroSizeError(ValueError, ZeroDivisionError):
+    """A parallel size of 0 (MCore fails on it with ``ZeroDivisionError``)."""
+
+
+_SIZES = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "num_distributed_optimizer_instances",
+)
+_OPTIONAL_SIZES = ("expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size")
+_FLAGS = ("use_sharp", "hybrid_context_parallel", "create_gloo_process_groups")
+_CALLABLES = ("get_embedding_ranks", "get_position_embedding_ranks")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_size(name: str, value: Any) -> None:
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__})")
+    if value == 0:
+        raise ZeroSizeError(f"{name} must be >= 1, got 0")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def validate_initialize_args(args: dict[str, Any]) -> None:
+    """Check the arguments of ``initialize_model_parallel`` (a ``locals()`` snapshot)."""
+    for name in _SIZES:
+        _check_size(name, args[name])
+    for name in _OPTIONAL_SIZES:
+        if args[name] is not None:
+            _check_size(name, args[name])
+    for name in _FLAGS:
+        if not isinstance(args[name], bool):
+            raise TypeError(f"{name} must be a bool, got {args[name]!r}")
+    if args["create_all_gather_group"] not in (None, True, False):
+        raise TypeError(f"create_all_gather_group must be a bool or None, got {args['create_all_gather_group']!r}")
+    for name in _CALLABLES:
+        if args[name] is not None and not callable(args[name]):
+            raise TypeError(f"{name} must be callable or None, got {args[name]!r}")
+
+    minutes = args["distributed_timeout_minutes"]
+    if isinstance(minutes, bool) or not isinstance(minutes, numbers.Real):
+        raise TypeError(f"distributed_timeout_minutes must be a number of minutes, got {minutes!r}")
+    if not minutes > 0:
+        raise ValueError(f"distributed_timeout_minutes must be > 0, got {minutes}")
+
+    order = args["order"]
+    if not isinstance(order, str):
+        raise TypeError(f"order must be a str such as 'tp-cp-ep-dp-pp', got {order!r}")
+
+    hcp = args["hierarchical_context_parallel_sizes"]
+    if hcp is not None:
+        if isinstance(hcp, (str, bytes)) or not isinstance(hcp, Sequence):
+            raise TypeError(f"hierarchical_context_parallel_sizes must be a list of ints, got {hcp!r}")
+        for i, size in enumerate(hcp):
+            _check_size(f"hierarchical_context_parallel_sizes[{i}]", size)
+
+    groups = args["high_priority_stream_groups"]
+    if groups is not None:
+        if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):
+            raise TypeError(f"high_priority_stream_groups must be a list of group names, got {groups!r}")
+        for name in groups:
+            if not isinstance(name, str):
+                raise TypeError(f"high_priority_stream_groups entries must be str, got {name!r}")
+
+    backend = args["pipeline_model_parallel_comm_backend"]
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"pipeline_model_parallel_comm_backend must be None or a str, got {backend!r}")
+
+    path = args["nccl_communicator_config_path"]
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"nccl_communicator_config_path must be a path or None, got {path!r}")
