@@ -13,6 +13,10 @@ the ``group_src`` of :meth:`GroupHandle.broadcast` all refer to it, and
 may differ from the order the caller cares about (e.g. a pipeline listed out of rank
 order); the helpers translate between the two.
 
+CPU companion. :attr:`GroupHandle.cpu_group` (used by :meth:`GroupHandle.barrier` and
+:meth:`GroupHandle.broadcast_object`) is created lazily; create it on every rank at the same
+point, see its docstring.
+
 Example (on every member of the group):
     >>> h = grid.group("pp")
     >>> if not h.is_last:
@@ -103,7 +107,8 @@ class GroupHandle:
         members = dist.get_process_group_ranks(group)
         if sorted(members) != sorted(self._ranks):
             raise ValueError(
-                f"{what} has ranks {members} but the handle {self._name or ''} was given ranks {list(self._ranks)}"
+                f"{what} has ranks {members} but the handle{' ' + repr(self._name) if self._name else ''} "
+                f"was given ranks {list(self._ranks)}"
             )
         return members
 
@@ -201,6 +206,13 @@ class GroupHandle:
         Created on first access with only the members taking part
         (``use_local_synchronization=True``), so every member must reach its first access;
         cached afterwards.
+
+        Warning: with local synchronization torch names a new group after its ranks and the
+        number of groups the process already has. Creating this companion on some ranks
+        and not on others therefore gives their *later* groups different names, and the
+        next group they create together waits until its timeout. Create companions on
+        every rank at the same point (e.g. ``grid.group(dims, cpu=True)`` everywhere), not
+        from code that only some ranks run.
         """
         if self._cpu_group is None:
             pg = dist.new_group(list(self._ranks), backend="gloo", use_local_synchronization=True)
@@ -245,8 +257,10 @@ class GroupHandle:
         if self.size == 1:
             return [tensor] if as_list else tensor
         src = tensor.contiguous()
-        stacked = torch.empty((self.size, *src.shape), dtype=src.dtype, device=src.device)
-        _all_gather_single(stacked, src, group=self._group)
+        flat = src.reshape(1, -1)  # the concatenated output form works on every backend (gloo)
+        gathered = torch.empty((self.size, flat.shape[1]), dtype=src.dtype, device=src.device)
+        _all_gather_single(gathered, flat, group=self._group)
+        stacked = gathered.reshape(self.size, *src.shape)
         if not self._identity_order:
             stacked = stacked[torch.tensor(self._group_pos, device=stacked.device)]
         if as_list:
@@ -284,10 +298,11 @@ class GroupHandle:
             for i, g in enumerate(self._group_pos):
                 order[g] = i
             stacked = stacked[torch.tensor(order, device=stacked.device)]
-        stacked = stacked.contiguous()
-        out = torch.empty(stacked.shape[1:], dtype=tensor.dtype, device=tensor.device)
-        _reduce_scatter_single(out, stacked, op=op, group=self._group)
-        return out
+        out_shape = stacked.shape[1:]
+        flat = stacked.reshape(self.size, -1)  # concatenated input form (gloo rejects stacked)
+        out = torch.empty((1, flat.shape[1]), dtype=tensor.dtype, device=tensor.device)
+        _reduce_scatter_single(out, flat, op=op, group=self._group)
+        return out.reshape(out_shape)
 
     def broadcast(
         self, tensor: torch.Tensor, *, group_src: Optional[int] = None, global_src: Optional[int] = None
