@@ -2,8 +2,8 @@
 
 :func:`build_state` turns a :class:`~parallel_state_ng.megatron_layout.MegatronLayout` into the
 process groups of ONE rank: it computes only that rank's groups (closed form, no loop over the
-world) and creates each with ``new_group(..., use_local_synchronization=True)``, in MCore's
-creation order so that every member creates its groups in the same sequence. If anything fails,
+world) and creates each with ``new_group(..., use_local_synchronization=True)`` under a name
+that depends only on its members (:mod:`parallel_state_ng.naming`), in MCore's creation order. If anything fails,
 every group created so far is destroyed before the error propagates (atomic initialization).
 """
 
@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_state_ng.megatron_layout import MegatronLayout
+from parallel_state_ng.naming import new_member_group
 
 __all__ = ["ParallelState", "build_state", "destroy_groups"]
 
@@ -80,12 +81,11 @@ class _Creator:
         pg_options: Any = None,
         timeout: Any = "default",
     ) -> Any:
-        pg = dist.new_group(
-            ranks=ranks,
+        pg = new_member_group(
+            ranks,
             timeout=self.timeout if timeout == "default" else timeout,
             backend=backend,
             pg_options=pg_options,
-            use_local_synchronization=True,
             group_desc=desc,
         )
         self.state.created.append(pg)

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_state_ng.layout import Layout
+from parallel_state_ng.naming import new_member_group
 from parallel_state_ng.megatron_layout import (
     MegatronLayout,
     default_embedding_ranks,
@@ -288,6 +289,16 @@ def create_group(
     return group
 
 
+def _member_group(ranks: list[int], **kwargs: Any) -> Any:
+    """A group created by its members only, recorded for :func:`update_pg_timeout`."""
+    global _global_process_group_list
+    group = new_member_group(ranks, **kwargs)
+    if _global_process_group_list is None:
+        _global_process_group_list = [None]
+    _global_process_group_list.append(group)
+    return group
+
+
 def generate_masked_orthogonal_rank_groups(
     world_size: int, parallel_size: List[int], mask: List[bool]
 ) -> List[List[int]]:
@@ -335,21 +346,14 @@ def create_hierarchical_groups(
     for level in range(len(sizes)):
         members = [ranks[i] for i in layout.group_ranks(position, f"l{level}")]
         groups.append(
-            create_group(
-                members,
-                timeout=timeout,
-                pg_options=pg_options[level],
-                use_local_synchronization=True,
-                group_desc=f"HIERARCHICAL_{group_desc}_L{level}",
-            )
+            _member_group(members, timeout=timeout, pg_options=pg_options[level], group_desc=f"HIERARCHICAL_{group_desc}_L{level}")
         )
         gloo_groups.append(
-            create_group(
+            _member_group(
                 members,
                 timeout=timeout,
                 backend="gloo",
                 pg_options=pg_options[level],
-                use_local_synchronization=True,
                 group_desc=f"HIERARCHICAL_{group_desc}_GLOO_L{level}",
             )
             if create_gloo_process_groups
@@ -370,11 +374,8 @@ def create_hybrid_dp_cp_groups(rank, ranks, pg_options):
     position = list(ranks).index(rank)
     for size in [2**i for i in range(1, int(math.log2(len(ranks))))]:
         start = (position // size) * size
-        out[size] = create_group(
-            list(ranks[start : start + size]),
-            pg_options=pg_options,
-            use_local_synchronization=True,
-            group_desc=f"HYBRID_DP_CP_GROUP_{size}",
+        out[size] = _member_group(
+            list(ranks[start : start + size]), pg_options=pg_options, group_desc=f"HYBRID_DP_CP_GROUP_{size}"
         )
     return out
 

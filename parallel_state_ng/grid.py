@@ -25,6 +25,7 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from .layout import DimsArg, Layout, UnknownDimError
+from .naming import new_member_group
 
 __all__ = ["HyperCommGrid", "BASE_VIEW"]
 
@@ -178,7 +179,8 @@ class HyperCommGrid:
         """Create the process group over ``dims`` for the calling rank and return it.
 
         Only the calling rank's group is computed and created, with
-        ``use_local_synchronization=True``; a rank outside the grid makes no call and gets
+        ``use_local_synchronization=True`` under a name its members agree on (see
+        :mod:`parallel_state_ng.naming`); a rank outside the grid makes no call and gets
         ``None``. ``all_ranks=True`` creates every group of the enumeration on every rank
         instead (megatron's collective behaviour). Keyword arguments (``timeout``,
         ``pg_options``, ``group_desc``, ``backend``) go to ``torch.distributed.new_group``.
@@ -203,7 +205,7 @@ class HyperCommGrid:
                     pg = group
         elif layout.contains(rank):
             ranks = layout.group_ranks(rank, dims)
-            pg = dist.new_group(ranks=ranks, backend=backend, use_local_synchronization=True, **kwargs)
+            pg = new_member_group(ranks, backend=backend, **kwargs)
         self._pgs[key] = pg
         return pg
 
@@ -247,7 +249,9 @@ class HyperCommGrid:
         return self.view_layout(view).rank_in_group(self._rank(rank), dims)
 
     def destroy(self) -> None:
-        """Destroy every process group this grid created and forget them."""
+        """Destroy every process group this grid created (and its handles' CPU groups)."""
+        for handle in self.__dict__.pop("_handles", {}).values():
+            handle.destroy()
         pgs, self._pgs = self._pgs, {}
         seen: set[int] = set()
         for pg in pgs.values():
@@ -267,7 +271,7 @@ class HyperCommGrid:
         The handle wraps the group made by :meth:`create_pg` (``create=True`` makes it first
         when missing) and is cached: the same handle comes back while that group lives.
         ``cpu=True`` also creates its gloo companion now (a call every member must make).
-        The companion is destroyed by the handle's ``destroy()``, not by :meth:`destroy`.
+        The companion is destroyed by the handle's ``destroy()`` and by :meth:`destroy`.
 
         Raises:
             KeyError: the group was not created (and ``create`` is False), as :meth:`get_pg`.

@@ -32,6 +32,8 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as dist
 
+from .naming import new_member_group
+
 __all__ = ["GroupHandle"]
 
 # torch 2.13 renamed the single-tensor collectives; keep the old names as a fallback.
@@ -204,18 +206,13 @@ class GroupHandle:
         """A gloo group over the same members, for CPU-side synchronization and objects.
 
         Created on first access with only the members taking part
-        (``use_local_synchronization=True``), so every member must reach its first access;
-        cached afterwards.
-
-        Warning: with local synchronization torch names a new group after its ranks and the
-        number of groups the process already has. Creating this companion on some ranks
-        and not on others therefore gives their *later* groups different names, and the
-        next group they create together waits until its timeout. Create companions on
-        every rank at the same point (e.g. ``grid.group(dims, cpu=True)`` everywhere), not
-        from code that only some ranks run.
+        (``use_local_synchronization=True``, named by
+        :func:`parallel_state_ng.naming.new_member_group`), so every member must reach its
+        first access; cached afterwards. Other groups are not affected by which ranks made
+        a companion.
         """
         if self._cpu_group is None:
-            pg = dist.new_group(list(self._ranks), backend="gloo", use_local_synchronization=True)
+            pg = new_member_group(list(self._ranks), backend="gloo")
             if not _is_process_group(pg):  # cannot happen for a member; guard the invariant
                 raise RuntimeError(f"creating the CPU group of {self!r} returned {pg!r}")
             self._cpu_group = pg

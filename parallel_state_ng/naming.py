@@ -1,0 +1,61 @@
+"""Creating a process group with only its members, under a name all members agree on.
+
+``torch.distributed.new_group(..., use_local_synchronization=True)`` lets the members alone
+create a group, but torch names such a group after its ranks *and the number of groups the
+calling process already has*. Ranks that belong to different numbers of groups (a rank on the
+first pipeline stage holds an embedding group, its neighbour does not) then compute different
+names for their next common group, look for each other under different store prefixes, and
+wait until the timeout.
+
+:func:`new_member_group` names a group after what every member does know: its member set and
+how many groups with exactly that member set this process created before (every member of a
+set takes part in each creation of a group over it, so that count is the same on all of them).
+Names are never reused, so a re-created group never meets keys left in the store by an earlier
+one.
+
+The per-set counters are process-wide because torch's group registry is process-wide; they
+carry no layout state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["new_member_group", "member_set_digest"]
+
+_created_by_member_set: dict[str, int] = {}
+
+
+def member_set_digest(ranks: Sequence[int]) -> str:
+    """A short digest of the sorted member set (O(len(ranks)))."""
+    data = array("q", sorted(ranks)).tobytes()
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest()[:24]
+
+
+def new_member_group(ranks: Sequence[int], **kwargs: Any):
+    """``new_group(ranks, use_local_synchronization=True, **kwargs)`` under a stable name.
+
+    Only the members call it; each member must create its groups over a given member set in
+    the same sequence (true for SPMD code). Other keyword arguments (``timeout``, ``backend``,
+    ``pg_options``, ``group_desc``) go to ``torch.distributed.new_group``.
+    """
+    ranks = list(ranks)
+    digest = member_set_digest(ranks)
+    count = _created_by_member_set.get(digest, 0)
+    name = f"psng-{digest}-{count}"
+    c10d = dist.distributed_c10d
+    original = getattr(c10d, "_process_group_name", None)
+    if original is not None:
+        c10d._process_group_name = lambda _ranks, use_hashed_name=False: name
+    try:
+        group = dist.new_group(ranks=ranks, use_local_synchronization=True, **kwargs)
+    finally:
+        if original is not None:
+            c10d._process_group_name = original
+    _created_by_member_set[digest] = count + 1
+    return group
