@@ -17,10 +17,11 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from parallel_state_ng.handles import GroupHandle
 from parallel_state_ng.megatron_layout import MegatronLayout
 from parallel_state_ng.naming import new_member_group
 
-__all__ = ["ParallelState", "build_state", "destroy_groups"]
+__all__ = ["ParallelState", "build_state", "destroy_state", "destroy_groups"]
 
 
 @dataclass
@@ -42,10 +43,42 @@ class ParallelState:
     # [None] (the default group) + every group this rank is a member of, in creation order.
     process_group_list: list[Any] = field(default_factory=lambda: [None])
     created: list[Any] = field(default_factory=list)
+    handles: dict[str, GroupHandle] = field(default_factory=dict)
 
     def group(self, kind: str) -> Any:
         """The group of ``kind`` or ``None``."""
         return self.groups.get(kind)
+
+    def handle(self, kind: str) -> "GroupHandle":
+        """A :class:`~parallel_state_ng.handles.GroupHandle` for this rank's group of ``kind``.
+
+        Ranks are in MCore's order for the kind (e.g. pipeline stages for ``"pp"``); the
+        gloo twin, when one was created (``dp``, ``dp_cp``, ``ep_dp``, ...), is the handle's
+        CPU group. Handles are cached; a handle-created CPU group is destroyed with the state.
+
+        Raises:
+            KeyError: this rank has no group of ``kind`` (unknown kind, option off, or e.g.
+                not an embedding stage).
+        """
+        handle = self.handles.get(kind)
+        if handle is None:
+            group = self.groups.get(kind)
+            if group is None or kind not in self.ranks:
+                raise KeyError(
+                    f"rank {self.rank} has no group of kind {kind!r}; its groups: {sorted(self.ranks)}"
+                )
+            handle = self.handles[kind] = GroupHandle(
+                self.ranks[kind], group, self.groups.get(f"{kind}_gloo"), rank=self.rank, name=kind
+            )
+        return handle
+
+
+def destroy_state(state: ParallelState) -> int:
+    """Destroy every group ``state`` created, its handles' CPU groups included."""
+    for handle in state.handles.values():
+        handle.destroy()
+    state.handles.clear()
+    return destroy_groups(state.created)
 
 
 def destroy_groups(groups: list[Any]) -> int:

@@ -1138,4 +1138,4 @@ def destroy_model_parallel():
     _GLOBAL_MEMORY_BUFFER = None
     _GLOBAL_SYMMETRIC_MEMORY_BUFFER = None
     if state is not None:
-        _state.destroy_groups(state.created)
+        _state.destroy_state(state)
