@@ -504,6 +504,17 @@ def reset_mcore() -> None:
 _capture_pristine()
 
 
+@contextlib.contextmanager
+def preserved_environment() -> Iterator[None]:
+    """Undo every change to ``os.environ`` made inside the block."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def env_diff(before: dict[str, str], after: dict[str, str]) -> tuple:
     """Sorted ``(name, value or None)`` for every environment variable that changed."""
     keys = set(before) | set(after)
@@ -597,7 +608,8 @@ def observe(
             result, _ = _call(lambda: ps.initialize_model_parallel(**kwargs), {})
             outcome = raised(result) if isinstance(result, Exception) else "ok"
             if isinstance(result, Exception):
-                message = f"{type(result).__name__}: {result}"
+                first_line = (str(result).strip().splitlines() or [""])[0]
+                message = f"{type(result).__name__}: {first_line[:200]}"
             env_changes = env_diff(before_env, dict(os.environ))
             state = snapshot(ps, rank)
             setters, buffers = ({}, {})

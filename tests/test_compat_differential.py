@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 import warnings
 import zlib
@@ -86,6 +87,8 @@ class Config:
     cuda_stub: bool = False
     yaml: Optional[str] = None  # key of YAMLS: written to tmp_path, passed as the config path
     tag: str = ""  # extra id text for hand-written configs
+    invalid: bool = False  # MCore is known to reject it on this CPU build
+    hand_written: bool = False  # then ``invalid`` is checked against MCore
 
     @property
     def id(self) -> str:
@@ -241,8 +244,12 @@ def _hand_written() -> list[Config]:
     """Edge cases and every invalid configuration class, written out."""
     base = {"create_gloo_process_groups": False}
 
-    def c(w, tag="", env=None, cuda_stub=False, yaml=None, **kw):
-        return Config(w, {**base, **kw}, env=env or {}, cuda_stub=cuda_stub, yaml=yaml, tag=tag)
+    def c(w, tag="", env=None, cuda_stub=False, yaml=None, invalid=False, **kw):
+        return Config(w, {**base, **kw}, env=env or {}, cuda_stub=cuda_stub, yaml=yaml, tag=tag, invalid=invalid,
+                      hand_written=True)
+
+    def bad(w, **kw):
+        return c(w, invalid=True, **kw)
 
     cfgs = [
         # defaults and big worlds
@@ -262,71 +269,73 @@ def _hand_written() -> list[Config]:
         c(6, hybrid_context_parallel=True), c(10, hybrid_context_parallel=True),
         c(12, context_parallel_size=2, hybrid_context_parallel=True),
         c(20, tensor_model_parallel_size=2, hybrid_context_parallel=True),
-        c(2, hybrid_context_parallel=True), c(3, hybrid_context_parallel=True), c(1, hybrid_context_parallel=True),
+        c(2, hybrid_context_parallel=True), bad(3, hybrid_context_parallel=True), bad(1, hybrid_context_parallel=True),
         c(32, context_parallel_size=4, hybrid_context_parallel=True, num_distributed_optimizer_instances=2),
         # virtual pipeline
         c(8, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=1),
         c(8, pipeline_model_parallel_size=8, virtual_pipeline_model_parallel_size=4),
-        c(8, virtual_pipeline_model_parallel_size=2),  # invalid: pp 1
+        bad(8, virtual_pipeline_model_parallel_size=2),  # invalid: pp 1
         # embedding callables, including an empty embedding group (invalid on torch)
-        *[c(8, pipeline_model_parallel_size=4, get_embedding_ranks=f) for f in EMBEDDING_CALLABLES.values()],
-        *[c(8, pipeline_model_parallel_size=4, get_position_embedding_ranks=f) for f in EMBEDDING_CALLABLES.values()],
+        *[c(8, pipeline_model_parallel_size=4, get_embedding_ranks=f, invalid=f is emb_empty)
+          for f in EMBEDDING_CALLABLES.values()],
+        *[c(8, pipeline_model_parallel_size=4, get_position_embedding_ranks=f, invalid=f is emb_empty)
+          for f in EMBEDDING_CALLABLES.values()],
         c(16, pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
           get_embedding_ranks=emb_middle, get_position_embedding_ranks=emb_last),
         c(16, pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2, get_embedding_ranks=emb_all),
         # orders MCore accepts or rejects
         c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="TP-DP-PP"),
         c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-cp-ep-dp-pp-pp"),
-        c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-tp-dp-pp"),
-        c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-xx-dp-pp"),
-        c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp - dp-pp"),
-        c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp_dp_pp"),
-        c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="dp"),
-        c(8, order=""), c(1, order=""), c(1, order="dp"), c(8, order="dp"),
-        c(16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=4,
-          expert_tensor_parallel_size=1, order="tp-cp-ep-pp-dp"),  # pp not last, edp != dp
+        bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-tp-dp-pp"),
+        bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-xx-dp-pp"),
+        bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp - dp-pp"),
+        bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp_dp_pp"),
+        bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="dp"),
+        bad(8, order=""), bad(1, order=""), c(1, order="dp"), c(8, order="dp"),
+        bad(16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=4,
+            expert_tensor_parallel_size=1, order="tp-cp-ep-pp-dp"),  # pp not last, edp != dp
         c(16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
-          order="tp-cp-ep-pp-dp"),  # pp not last, edp == dp
+          expert_tensor_parallel_size=1, order="tp-cp-ep-pp-dp"),  # pp not last, edp == dp
         # indivisible worlds and bad sizes
-        c(8, tensor_model_parallel_size=3), c(12, pipeline_model_parallel_size=8),
-        c(8, expert_tensor_parallel_size=3), c(8, expert_model_parallel_size=3),
-        c(8, tensor_model_parallel_size=16), c(8, tensor_model_parallel_size=0),
+        bad(8, tensor_model_parallel_size=3), bad(12, pipeline_model_parallel_size=8),
+        bad(8, expert_tensor_parallel_size=3), bad(8, expert_model_parallel_size=3),
+        bad(8, tensor_model_parallel_size=16), bad(8, tensor_model_parallel_size=0),
         c(16, expert_model_parallel_size=2, context_parallel_size=2),
         # distributed optimizer instances
-        c(8, num_distributed_optimizer_instances=3), c(8, num_distributed_optimizer_instances=0),
-        c(8, num_distributed_optimizer_instances=8), c(8, expert_model_parallel_size=8, num_distributed_optimizer_instances=2),
+        bad(8, num_distributed_optimizer_instances=3), bad(8, num_distributed_optimizer_instances=0),
+        c(8, num_distributed_optimizer_instances=8), bad(8, expert_model_parallel_size=8, num_distributed_optimizer_instances=2),
         c(16, expert_model_parallel_size=4, expert_tensor_parallel_size=2, num_distributed_optimizer_instances=2),
         # hierarchical sizes whose product is not cp
-        c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 3]),
-        c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[8]),
+        bad(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 3]),
+        bad(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[8]),
         # SHARP: on a CPU build MCore's barrier needs torch.cuda; with the stub it runs
-        c(8, use_sharp=True), c(8, use_sharp=True, cuda_stub=True),
+        bad(8, use_sharp=True), c(8, use_sharp=True, cuda_stub=True),
         c(8, use_sharp=True, sharp_enabled_group="dp", cuda_stub=True),
-        c(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2),
+        bad(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2),
         c(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2, cuda_stub=True),
         c(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=4,
           expert_model_parallel_size=2, cuda_stub=True),
-        c(8, use_sharp=True, sharp_enabled_group="dp_replica"),  # invalid: needs dopt > 1
-        c(8, use_sharp=True, sharp_enabled_group="tp"),  # invalid: unknown group
-        c(8, sharp_enabled_group="dp"),  # invalid: without use_sharp
+        bad(8, use_sharp=True, sharp_enabled_group="dp_replica"),  # invalid: needs dopt > 1
+        bad(8, use_sharp=True, sharp_enabled_group="tp"),  # invalid: unknown group
+        bad(8, sharp_enabled_group="dp"),  # invalid: without use_sharp
         c(8, cuda_stub=True, env={"NCCL_COLLNET_ENABLE": "1"}),  # MCore clears it at init
         # pipeline communication backend
-        c(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="nccl"),
-        c(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc"),
-        c(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc",
-          env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
-        c(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc",
-          env={"CUDA_DEVICE_MAX_CONNECTIONS": "8", "UCX_TLS": "tcp"}),
-        c(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="gloo"),
-        c(8, pipeline_model_parallel_comm_backend="bogus"),
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="nccl"),
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc"),
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc",
+            env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc",
+            env={"CUDA_DEVICE_MAX_CONNECTIONS": "8", "UCX_TLS": "tcp"}),
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="gloo"),
+        bad(8, pipeline_model_parallel_comm_backend="bogus"),
         # NCCL communicator configs and high-priority streams
-        c(8, yaml="other"), c(8, yaml="tp"), c(8, yaml="empty"), c(8, yaml="absent"),
+        c(8, yaml="other"), bad(8, yaml="tp"), bad(8, yaml="empty"), bad(8, yaml="absent"),
         c(8, yaml="other", high_priority_stream_groups=["zz"]),
-        c(8, high_priority_stream_groups=["dp_cp"]), c(8, high_priority_stream_groups=[]),
+        bad(8, high_priority_stream_groups=["dp_cp"]), c(8, high_priority_stream_groups=[]),
         # timeouts, all-gather group, gloo on the fake backend
         c(8, distributed_timeout_minutes=1, create_all_gather_group=True, context_parallel_size=2),
         c(8, distributed_timeout_minutes=0), c(16, hybrid_context_parallel=True, distributed_timeout_minutes=7),
-        Config(8, {"tensor_model_parallel_size": 2}, tag="default-gloo"),
+        Config(8, {"tensor_model_parallel_size": 2}, tag="default-gloo", invalid=True, hand_written=True),
         c(8, create_all_gather_group=None),
     ]
     return cfgs
@@ -417,6 +426,11 @@ def test_compat_matches_mcore(cfg: Config, compat_ps, tmp_path):
             diffs = D.compare(ref.comparable(), got.comparable())
         else:  # one side raised (or raised another type): the outcome is the difference
             diffs = [D.Difference("init:outcome", ref.outcome, got.outcome)]
+        if cfg.hand_written:
+            assert (ref.outcome != "ok") == cfg.invalid, (
+                f"{cfg.id}: the test expects MCore to {'reject' if cfg.invalid else 'accept'} it; MCore says "
+                f"{ref.error_message or 'ok'}"
+            )
         if ref.outcome != "ok":
             exc = ref.outcome[1]
             TALLY.mcore_leftovers.setdefault(exc, set()).update(_left_set(ref.state))
@@ -453,3 +467,205 @@ def test_summary_of_differential():
         print(f"  env after failed init {cid}: MCore {ref_env}, compat {got_env}")
     assert TALLY.configs >= 1 and TALLY.runs >= TALLY.configs
     assert not TALLY.mismatches, f"mismatching configurations: {TALLY.mismatches}"
+
+
+# --------------------------------------------------------------------------- harness self-checks
+
+
+HARNESS_SAMPLE = [c for c in CONFIGS if c.world in (4, 16, 64)][::6][:8]
+
+
+@pytest.mark.parametrize("cfg", HARNESS_SAMPLE, ids=[c.id for c in HARNESS_SAMPLE])
+def test_harness_is_deterministic_mcore_vs_mcore(cfg: Config, tmp_path):
+    """MCore against itself shows no difference: the harness adds no noise of its own."""
+    for rank in cfg.ranks()[:2]:
+        first = run_side(mcore_ps, cfg, rank, tmp_path)
+        second = run_side(mcore_ps, cfg, rank, tmp_path)
+        assert D.compare(first.comparable(), second.comparable()) == []
+
+
+def test_harness_detects_a_swapped_group():
+    """A wrong group behind one getter is reported under that getter's key."""
+    D.fake_world(5, 8)
+    with D.recording():
+        mcore_ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+        good = D.snapshot(mcore_ps, 5)
+        mcore_ps._TENSOR_MODEL_PARALLEL_GROUP = mcore_ps._DATA_PARALLEL_GROUP
+        bad = D.snapshot(mcore_ps, 5)
+    mcore_ps.destroy_model_parallel()
+    D.reset_mcore()
+    keys = [d.key for d in D.compare(good, bad)]
+    assert "get_tensor_model_parallel_group()" in keys
+    assert "global:_TENSOR_MODEL_PARALLEL_GROUP" in keys
+    assert "get_tensor_model_parallel_rank()" in keys
+
+
+def test_harness_refuses_an_unknown_getter(monkeypatch):
+    """A new reference getter with a parameter the snapshot cannot fill fails loudly."""
+
+    def get_brand_new_group(some_new_flag=False):
+        return None
+
+    get_brand_new_group.__module__ = mcore_ps.__name__
+    monkeypatch.setattr(mcore_ps, "get_brand_new_group", get_brand_new_group, raising=False)
+    D.getter_calls.cache_clear()
+    try:
+        with pytest.raises(D.UnknownApiError, match="some_new_flag"):
+            D.getter_calls(8)
+    finally:
+        monkeypatch.undo()
+        D.getter_calls.cache_clear()
+
+
+def test_harness_refuses_an_unknown_public_function(monkeypatch):
+    """A new reference function that is neither getter nor setter nor listed fails loudly."""
+
+    def rebuild_everything():
+        return None
+
+    rebuild_everything.__module__ = mcore_ps.__name__
+    monkeypatch.setattr(mcore_ps, "rebuild_everything", rebuild_everything, raising=False)
+    with pytest.raises(D.UnknownApiError, match="rebuild_everything"):
+        D.classify_functions()
+
+
+# --------------------------------------------------------------------------- uninitialized state
+
+UNINIT_CONFIGS = [
+    Config(16, {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "context_parallel_size": 2,
+                "hierarchical_context_parallel_sizes": [2], "virtual_pipeline_model_parallel_size": 2,
+                "create_gloo_process_groups": False}),
+    Config(16, {"context_parallel_size": 2, "hybrid_context_parallel": True, "num_distributed_optimizer_instances": 2,
+                "expert_model_parallel_size": 2, "create_all_gather_group": True,
+                "create_gloo_process_groups": False}),
+    Config(8, {"pipeline_model_parallel_size": 4, "get_embedding_ranks": emb_all, "create_gloo_process_groups": False}),
+]
+
+
+def test_uninitialized_without_a_world(compat_ps):
+    """Before any init and without a default process group, compat answers like MCore."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    D.reset_mcore()
+    compat_ps.destroy_model_parallel()
+    diffs = D.compare(D.snapshot_uninitialized(mcore_ps), D.snapshot_uninitialized(compat_ps))
+    assert not diffs, D.describe(diffs)
+
+
+@pytest.mark.parametrize("world,rank", [(1, 0), (8, 3), (64, 63)])
+def test_uninitialized_in_a_world(compat_ps, world, rank):
+    """Before any init, in a fake world, compat answers like MCore."""
+    D.fake_world(rank, world)
+    D.reset_mcore()
+    compat_ps.destroy_model_parallel()
+    diffs = D.compare(D.snapshot_uninitialized(mcore_ps), D.snapshot_uninitialized(compat_ps))
+    assert not diffs, D.describe(diffs)
+
+
+def _after_destroy(ps, cfg: Config, rank: int, tmp_path) -> dict[str, Any]:
+    D.fake_world(rank, cfg.world)
+    D.forget_recorded_groups()
+    with D.recording():
+        ps.initialize_model_parallel(**_kwargs(cfg, tmp_path))
+    ps.destroy_model_parallel()
+    snap = D.snapshot_uninitialized(ps)
+    D.forget_recorded_groups()
+    return snap
+
+
+@pytest.mark.parametrize("cfg", UNINIT_CONFIGS, ids=[c.id for c in UNINIT_CONFIGS])
+def test_uninitialized_after_destroy(compat_ps, cfg: Config, tmp_path):
+    """After destroy, each key of compat equals MCore's value after destroy or MCore's pristine value.
+
+    MCore's destroy_model_parallel leaves some globals set (they are listed in the output);
+    compat may either do the same or reset them, but nothing else may differ.
+    """
+    rank = cfg.world - 1
+    D.fake_world(rank, cfg.world)
+    D.reset_mcore()
+    pristine = D.snapshot_uninitialized(mcore_ps)
+    mcore_after = _after_destroy(mcore_ps, cfg, rank, tmp_path)
+    D.reset_mcore()
+    compat_after = _after_destroy(compat_ps, cfg, rank, tmp_path)
+    mcore_leaks = [d.key for d in D.compare(pristine, mcore_after)]
+    bad = [
+        d
+        for d in D.compare(mcore_after, compat_after)
+        if not D.equivalent(pristine.get(d.key, D.ABSENT), d.other)
+    ]
+    compat_leaks = [k for k in mcore_leaks if D.equivalent(mcore_after.get(k), compat_after.get(k, D.ABSENT))]
+    print(f"\nMCore leaks after destroy: {mcore_leaks}\ncompat leaks the same: {compat_leaks}")
+    assert not bad, D.describe(bad)
+
+
+# --------------------------------------------------------------------------- failed and repeated inits
+
+INVALID_THEN_VALID = [c for c in CONFIGS if c.invalid]
+
+
+def _valid_kwargs(world: int) -> dict[str, Any]:
+    sizes = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2} if world % 4 == 0 else {}
+    return {**sizes, "create_gloo_process_groups": False}
+
+
+@pytest.mark.parametrize("cfg", INVALID_THEN_VALID, ids=[c.id for c in INVALID_THEN_VALID])
+def test_valid_init_after_failed_init(compat_ps, cfg: Config, tmp_path):
+    """After a failed compat init (no destroy), a correct init works and matches MCore's."""
+    rank = cfg.world - 1
+    D.fake_world(rank, cfg.world)
+    D.reset_mcore()
+    expected = D.observe(mcore_ps, rank, _valid_kwargs(cfg.world))
+    D.fake_world(rank, cfg.world)
+    with D.preserved_environment():
+        os.environ.update(cfg.env)
+        failed, _ = D._call(lambda: compat_ps.initialize_model_parallel(**_kwargs(cfg, tmp_path)), {})
+    if not isinstance(failed, Exception):
+        compat_ps.destroy_model_parallel()
+        pytest.skip(f"compat accepts {cfg.id} (reported by test_compat_matches_mcore if MCore does not)")
+    got = D.observe(compat_ps, rank, _valid_kwargs(cfg.world))
+    # MCore, for the record: a valid init after a failed one
+    D.fake_world(rank, cfg.world)
+    with D.preserved_environment():
+        os.environ.update(cfg.env)
+        D._call(lambda: mcore_ps.initialize_model_parallel(**_kwargs(cfg, tmp_path)), {})
+        mcore_second, _ = D._call(lambda: mcore_ps.initialize_model_parallel(**_valid_kwargs(cfg.world)), {})
+    mcore_ps.destroy_model_parallel()
+    D.reset_mcore()
+    verdict = type(mcore_second).__name__ if isinstance(mcore_second, Exception) else "ok"
+    print(f"\nMCore: valid init after failed {cfg.id}: {verdict}")
+    diffs = D.compare(expected.comparable(), got.comparable())
+    assert not diffs, D.describe(diffs)
+
+
+SECOND_INITS = [
+    ({"tensor_model_parallel_size": 2}, {"tensor_model_parallel_size": 2}),
+    ({"pipeline_model_parallel_size": 2}, {"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2}),
+    ({"context_parallel_size": 2}, {"context_parallel_size": 2, "hybrid_context_parallel": True}),
+    ({}, {"tensor_model_parallel_size": 3}),
+]
+
+
+@pytest.mark.parametrize("first,second", SECOND_INITS, ids=[f"second{i}" for i in range(len(SECOND_INITS))])
+def test_second_init_without_destroy(compat_ps, first, second):
+    """A second init without destroy raises the same type in both; compat's state is unchanged."""
+    rank, world = 6, 8
+    outcomes, changes = {}, {}
+    for name, ps in (("mcore", mcore_ps), ("compat", compat_ps)):
+        D.fake_world(rank, world)
+        D.forget_recorded_groups()
+        with D.recording():
+            ps.initialize_model_parallel(create_gloo_process_groups=False, **first)
+            before = D.snapshot(ps, rank)
+            result, _ = D._call(lambda: ps.initialize_model_parallel(create_gloo_process_groups=False, **second), {})
+            after = D.snapshot(ps, rank)
+        ps.destroy_model_parallel()
+        if ps is mcore_ps:
+            D.reset_mcore()
+        D.forget_recorded_groups()
+        outcomes[name] = D.raised(result) if isinstance(result, Exception) else "ok"
+        changes[name] = D.compare(before, after)
+    print(f"\nMCore second init {second}: {outcomes['mcore'][:2]}, changed {[d.key for d in changes['mcore']]}")
+    assert D.equivalent(outcomes["mcore"], outcomes["compat"]), outcomes
+    assert not changes["compat"], D.describe(changes["compat"])
