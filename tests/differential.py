@@ -435,7 +435,12 @@ class Difference:
     other: Any
 
     def __str__(self) -> str:
-        return f"{self.key}:\n    mcore : {self.reference!r}\n    other : {self.other!r}"
+        return f"{self.key}:\n    mcore : {_short(self.reference)}\n    other : {_short(self.other)}"
+
+
+def _short(value: Any, limit: int = 800) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 40] + f" ... <{len(text) - limit + 40} more chars>"
 
 
 def compare(reference: dict[str, Any], other: dict[str, Any]) -> list[Difference]:
