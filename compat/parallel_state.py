@@ -28,6 +28,7 @@ from typing import Any, List, Optional
 import torch
 import torch.distributed as dist
 
+from parallel_state_ng.agreement import check_initialize_agreement
 from parallel_state_ng.layout import Layout
 from parallel_state_ng.naming import new_member_group
 from parallel_state_ng.megatron_layout import (
@@ -471,6 +472,9 @@ def initialize_model_parallel(
     module uninitialized; and a later :func:`destroy_model_parallel` destroys every group.
     """
     global _STATE, _GLOBAL_MEMORY_BUFFER
+    # Every rank must pass the same arguments: compare them across ranks before anything else
+    # (a mismatch raises on every rank instead of hanging; see parallel_state_ng.agreement).
+    check_initialize_agreement(locals())
     if use_sharp:
         if sharp_enabled_group is None:
             sharp_enabled_group = "dp"
