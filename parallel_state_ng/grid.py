@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
+from . import agreement as _agreement
 from .layout import DimsArg, Layout, UnknownDimError
 from .naming import new_member_group
 
@@ -56,6 +57,10 @@ class HyperCommGrid:
             lays ranks out like ``order="tp-cp-dp-pp"``).
         rank_offset: first global rank of the grid, when it covers only part of the world.
         backend: backend for the groups it creates (``None``: the default backend).
+        check_agreement: compare the arguments across all ranks of the world first (every
+            rank must construct the grid); a difference raises
+            :class:`~parallel_state_ng.agreement.ParallelConfigMismatchError` on every rank
+            instead of a hang later. Timeout from ``PSNG_AGREEMENT_TIMEOUT`` (default 60 s).
 
     Example:
         >>> grid = HyperCommGrid([2, 2, 2], ["tp", "dp", "pp"])
@@ -71,7 +76,17 @@ class HyperCommGrid:
         dim_names: list[str],
         rank_offset: int = 0,
         backend: Optional[str] = None,
+        *,
+        check_agreement: bool = False,
     ) -> None:
+        if check_agreement:
+            # Before any local validation, so a rank with a different (even invalid) shape
+            # still meets the others and every rank gets the mismatch error.
+            _agreement.check_agreement(
+                {"shape": shape, "dim_names": dim_names, "rank_offset": rank_offset, "backend": backend},
+                name="HyperCommGrid",
+                timeout=_agreement.agreement_check_settings()[1],
+            )
         layout = Layout(shape, dim_names, rank_offset)  # validates shape, names and offset
         world_size = _world_size()
         if layout.size > world_size - layout.rank_offset:
