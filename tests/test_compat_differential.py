@@ -326,7 +326,8 @@ def _hand_written() -> list[Config]:
             env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
         bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc",
             env={"CUDA_DEVICE_MAX_CONNECTIONS": "8", "UCX_TLS": "tcp"}),
-        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="gloo"),
+        # (backend "gloo" is left out: the fake world cannot create a gloo group, so MCore fails in
+        # torch before its own backend assertion, which "bogus" reaches)
         bad(8, pipeline_model_parallel_comm_backend="bogus"),
         # NCCL communicator configs and high-priority streams
         c(8, yaml="other"), bad(8, yaml="tp"), bad(8, yaml="empty"), bad(8, yaml="absent"),
