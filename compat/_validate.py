@@ -2,24 +2,41 @@
 
 Each check names the argument and its value. Where MCore itself rejects a value, the error
 is of MCore's type (a size of 0 makes MCore divide by zero, so the error for it is a
-``ValueError`` that is also a ``ZeroDivisionError``); where MCore would go on and build a
-wrong or empty layout (negative sizes, bools, repeated order tokens), the error is a plain
+``ValueError`` that is also a ``ZeroDivisionError``; a negative size trips MCore's own layout
+assertion, so that error is also an ``AssertionError``; a non-str ``order`` makes MCore fail
+with ``AttributeError``, a non-str pipeline backend with ``ValueError``); where MCore would go
+on and build a wrong layout (bools, repeated order tokens), the error is a plain
 ``ValueError`` or ``TypeError``. Layout-level conditions (divisibility, ``order``) are
 checked by :class:`~parallel_state_ng.megatron_layout.MegatronLayout`.
 """
 
 from __future__ import annotations
 
+import errno
 import numbers
 import os
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
-__all__ = ["validate_initialize_args", "ZeroSizeError"]
+__all__ = ["validate_initialize_args", "ZeroSizeError", "SizeBelowOneError", "OrderTypeError", "BackendTypeError"]
 
 
 class ZeroSizeError(ValueError, ZeroDivisionError):
     """A parallel size of 0 (MCore fails on it with ``ZeroDivisionError``)."""
+
+
+class SizeBelowOneError(ValueError, AssertionError):
+    """A negative parallel size, or a hierarchical context-parallel size below 1 (MCore fails
+    on them with ``AssertionError``)."""
+
+
+class OrderTypeError(TypeError, AttributeError):
+    """``order`` is not a str (MCore fails on it with ``AttributeError``)."""
+
+
+class BackendTypeError(TypeError, ValueError):
+    """``pipeline_model_parallel_comm_backend`` is not a str (MCore: ``ValueError``)."""
 
 
 _SIZES = (
@@ -38,13 +55,13 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _check_size(name: str, value: Any) -> None:
+def _check_size(name: str, value: Any, zero_error: type = ZeroSizeError) -> None:
     if not _is_int(value):
         raise TypeError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__})")
     if value == 0:
-        raise ZeroSizeError(f"{name} must be >= 1, got 0")
+        raise zero_error(f"{name} must be >= 1, got 0")
     if value < 0:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+        raise SizeBelowOneError(f"{name} must be >= 1, got {value}")
 
 
 def validate_initialize_args(args: dict[str, Any]) -> None:
@@ -57,7 +74,7 @@ def validate_initialize_args(args: dict[str, Any]) -> None:
     for name in _FLAGS:
         if not isinstance(args[name], bool):
             raise TypeError(f"{name} must be a bool, got {args[name]!r}")
-    if args["create_all_gather_group"] not in (None, True, False):
+    if args["create_all_gather_group"] is not None and not isinstance(args["create_all_gather_group"], bool):
         raise TypeError(f"create_all_gather_group must be a bool or None, got {args['create_all_gather_group']!r}")
     for name in _CALLABLES:
         if args[name] is not None and not callable(args[name]):
@@ -68,17 +85,21 @@ def validate_initialize_args(args: dict[str, Any]) -> None:
         raise TypeError(f"distributed_timeout_minutes must be a number of minutes, got {minutes!r}")
     if not minutes > 0:
         raise ValueError(f"distributed_timeout_minutes must be > 0, got {minutes}")
+    try:
+        timedelta(minutes=minutes)
+    except OverflowError:
+        raise OverflowError(f"distributed_timeout_minutes is too large for a timedelta, got {minutes}") from None
 
     order = args["order"]
     if not isinstance(order, str):
-        raise TypeError(f"order must be a str such as 'tp-cp-ep-dp-pp', got {order!r}")
+        raise OrderTypeError(f"order must be a str such as 'tp-cp-ep-dp-pp', got {order!r}")
 
     hcp = args["hierarchical_context_parallel_sizes"]
     if hcp is not None:
         if isinstance(hcp, (str, bytes)) or not isinstance(hcp, Sequence):
             raise TypeError(f"hierarchical_context_parallel_sizes must be a list of ints, got {hcp!r}")
         for i, size in enumerate(hcp):
-            _check_size(f"hierarchical_context_parallel_sizes[{i}]", size)
+            _check_size(f"hierarchical_context_parallel_sizes[{i}]", size, SizeBelowOneError)
 
     groups = args["high_priority_stream_groups"]
     if groups is not None:
@@ -90,8 +111,10 @@ def validate_initialize_args(args: dict[str, Any]) -> None:
 
     backend = args["pipeline_model_parallel_comm_backend"]
     if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"pipeline_model_parallel_comm_backend must be None or a str, got {backend!r}")
+        raise BackendTypeError(f"pipeline_model_parallel_comm_backend must be None or a str, got {backend!r}")
 
     path = args["nccl_communicator_config_path"]
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"nccl_communicator_config_path must be a path or None, got {path!r}")
+    if path is not None and not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, "nccl_communicator_config_path: no such file", os.fspath(path))
