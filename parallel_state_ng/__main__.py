@@ -1,0 +1,71 @@
+"""Command line of parallel_state_ng: ``python -m parallel_state_ng <command>`` (or ``parallel-state-ng``).
+
+Commands:
+
+* ``layout`` — every process group Megatron-Core builds for a configuration (text, JSON or
+  SVG), one rank's view and a node-locality report; pure math, no processes or GPUs.
+* ``port`` — find uses of ``megatron.core.parallel_state`` in a codebase; ``--rewrite`` shows
+  the diff switching its imports to ``compat.parallel_state``, ``--apply`` writes it.
+
+Bad input is reported on stderr (naming the option) with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+__all__ = ["main", "build_parser"]
+
+PROG = "parallel-state-ng"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one sub-parser per command."""
+    from .tools import layout_report, port
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Tools of parallel_state_ng: inspect Megatron-Core process-group layouts, port code to compat.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    layout = commands.add_parser(
+        "layout",
+        help="show the process groups of a configuration (no processes, no GPUs)",
+        description="Show every process group Megatron-Core's initialize_model_parallel builds for a "
+        "configuration, one rank's view and node locality. Pure layout math.",
+    )
+    layout_report.add_arguments(layout)
+    layout.set_defaults(handler=layout_report.run)
+    porting = commands.add_parser(
+        "port",
+        help="find megatron.core.parallel_state uses and switch them to compat",
+        description="Scan Python files for uses of megatron.core.parallel_state; report each with its "
+        "compat.parallel_state equivalent; --rewrite prints the import-switching diff, --apply writes it.",
+    )
+    port.add_arguments(porting)
+    porting.set_defaults(handler=port.run)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    from .tools import UsageError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # argparse: --help (0) or a usage error (2, already printed)
+        return done.code if isinstance(done.code, int) else 2
+    try:
+        return args.handler(args, sys.stdout)
+    except UsageError as err:
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,454 @@
+"""``python -m parallel_state_ng layout``: the process groups of a Megatron-Core configuration.
+
+Everything comes from :class:`~parallel_state_ng.megatron_layout.MegatronLayout` (pure math:
+no processes, no GPUs). The report holds
+
+* the sizes (tp, pp, cp, dp, ep, etp, edp, order) and the dims of the dense and expert layouts;
+* every group kind with its groups (abbreviated in text for big worlds; ``--full`` prints all);
+* with ``--rank R``: that rank's coordinates, its group of every kind and its position in it,
+  and its pipeline neighbours (first/last/next/prev stage, wrapping around like MCore);
+* node locality (node = rank // gpus-per-node): for each kind, how many nodes a group spans and
+  how many groups cross node boundaries, with a WARNING when tensor-parallel groups (``tp``,
+  expert ``ep_tp``) do.
+
+Formats: ``text`` (for people), ``json`` (the same data, every group in full) and ``svg`` (one
+kind's groups coloured over the ranks, see :mod:`.svg`). Work is O(world size) per kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from parallel_state_ng.megatron_layout import GROUP_KINDS, MegatronLayout
+
+from . import UsageError
+
+__all__ = [
+    "add_arguments",
+    "run",
+    "build_layout",
+    "build_report",
+    "render_text",
+    "format_ranks",
+    "node_locality",
+    "rank_view",
+    "resolve_gpus_per_node",
+    "DEFAULT_GPUS_PER_NODE",
+    "TENSOR_PARALLEL_KINDS",
+]
+
+DEFAULT_GPUS_PER_NODE = 8
+#: Kinds whose groups should stay inside one node (they carry the heaviest traffic).
+TENSOR_PARALLEL_KINDS = ("tp", "ep_tp")
+
+_GROUPS_SHOWN_HEAD, _GROUPS_SHOWN_TAIL, _GROUPS_SHOWN_MAX = 3, 2, 8
+_RANKS_SHOWN_MAX, _RANKS_SHOWN_HEAD, _RANKS_SHOWN_TAIL = 16, 8, 2
+
+# MegatronLayout's argument names as they appear in its error messages -> CLI options.
+_OPTION_OF_ARGUMENT = (
+    ("hierarchical_context_parallel_sizes", "--hcp-sizes"),
+    ("num_distributed_optimizer_instances", "--num-dist-opt-instances"),
+    ("expert_tensor_parallel_size", "--etp"),
+    ("expert_model_parallel_size", "--ep"),
+    ("tensor_model_parallel_size", "--tp"),
+    ("pipeline_model_parallel_size", "--pp"),
+    ("context_parallel_size", "--cp"),
+    ("world_size", "--world-size"),
+)
+
+
+# --------------------------------------------------------------------------- arguments
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of integers >= 1, got {text!r}")
+    return [_positive_int(p) for p in parts]
+
+
+def _name_list(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of group kinds, got {text!r}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``layout`` command's options to ``parser``."""
+    sizes = parser.add_argument_group("parallel sizes (initialize_model_parallel's arguments)")
+    sizes.add_argument("--world-size", type=_positive_int, required=True, help="number of ranks")
+    sizes.add_argument("--tp", type=_positive_int, default=1, help="tensor_model_parallel_size (default 1)")
+    sizes.add_argument("--pp", type=_positive_int, default=1, help="pipeline_model_parallel_size (default 1)")
+    sizes.add_argument("--cp", type=_positive_int, default=1, help="context_parallel_size (default 1)")
+    sizes.add_argument("--ep", type=_positive_int, default=1, help="expert_model_parallel_size (default 1)")
+    sizes.add_argument("--etp", type=_positive_int, default=None, help="expert_tensor_parallel_size (default: --tp)")
+    sizes.add_argument("--order", default="tp-cp-ep-dp-pp", help="rank order, fastest first (default tp-cp-ep-dp-pp)")
+    sizes.add_argument(
+        "--num-dist-opt-instances",
+        type=_positive_int,
+        default=1,
+        help="num_distributed_optimizer_instances (default 1)",
+    )
+    sizes.add_argument(
+        "--hcp-sizes",
+        type=_int_list,
+        default=None,
+        help="hierarchical_context_parallel_sizes, comma-separated (e.g. 2,2); product must be --cp",
+    )
+    view = parser.add_argument_group("report")
+    view.add_argument(
+        "--gpus-per-node",
+        type=_positive_int,
+        default=None,
+        help=f"GPUs per node for the locality report and the SVG (node = rank // N; default "
+        f"{DEFAULT_GPUS_PER_NODE}, or the whole world as one node when {DEFAULT_GPUS_PER_NODE} does not divide it)",
+    )
+    view.add_argument("--rank", type=_non_negative_int, default=None, help="also show this rank's view")
+    view.add_argument("--kinds", type=_name_list, default=None, help="comma-separated group kinds to show (default all)")
+    view.add_argument("--full", action="store_true", help="text: print every group and every rank (no abbreviation)")
+    view.add_argument("--format", choices=("text", "json", "svg"), default="text", help="output format (default text)")
+    view.add_argument("--color-kind", default="tp", help="svg: the group kind to colour (default tp)")
+    view.add_argument("--output", "-o", default=None, help="write to this file instead of stdout")
+
+
+# --------------------------------------------------------------------------- model
+def _translate(message: str) -> str:
+    """A MegatronLayout error message with argument names replaced by CLI options."""
+    for argument, option in _OPTION_OF_ARGUMENT:
+        message = re.sub(rf"\b{argument}\b", option, message)
+    return re.sub(r"\border (?=')", "--order ", message)
+
+
+def build_layout(args: argparse.Namespace) -> MegatronLayout:
+    """The :class:`MegatronLayout` of the parsed options; invalid sizes raise :class:`UsageError`."""
+    try:
+        return MegatronLayout(
+            world_size=args.world_size,
+            tensor_model_parallel_size=args.tp,
+            pipeline_model_parallel_size=args.pp,
+            context_parallel_size=args.cp,
+            expert_model_parallel_size=args.ep,
+            expert_tensor_parallel_size=args.etp,
+            order=args.order,
+            num_distributed_optimizer_instances=args.num_dist_opt_instances,
+            hierarchical_context_parallel_sizes=args.hcp_sizes,
+        )
+    except (RuntimeError, AssertionError, KeyError, ValueError, TypeError) as err:
+        text = err.args[0] if err.args and isinstance(err.args[0], str) else str(err)
+        raise UsageError(f"invalid layout: {_translate(text)}") from None
+
+
+def resolve_gpus_per_node(world_size: int, requested: Optional[int]) -> int:
+    """The node size to use: ``requested`` (must divide the world) or the default."""
+    if requested is None:
+        return DEFAULT_GPUS_PER_NODE if world_size % DEFAULT_GPUS_PER_NODE == 0 else world_size
+    if world_size % requested:
+        raise UsageError(f"{requested} does not divide --world-size {world_size}", "--gpus-per-node")
+    return requested
+
+
+def _kind_text(kind: str) -> tuple[str, str]:
+    """(MCore group_desc, description) of a kind."""
+    if kind in GROUP_KINDS:
+        return GROUP_KINDS[kind].desc, GROUP_KINDS[kind].what
+    if kind.startswith("hcp"):
+        return f"HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{kind[3:]}", f"hierarchical context parallel, level {kind[3:]}"
+    return kind.upper(), kind
+
+
+def _expert_dim_name(name: str) -> str:
+    return {"tp": "etp", "dp": "edp"}.get(name, name)
+
+
+def node_locality(groups: Sequence[Sequence[int]], gpus_per_node: int) -> dict[str, int]:
+    """How many nodes the groups span (min/max) and how many groups cross node boundaries."""
+    spans = [len({rank // gpus_per_node for rank in members}) for members in groups]
+    return {
+        "num_groups": len(groups),
+        "min_nodes": min(spans, default=0),
+        "max_nodes": max(spans, default=0),
+        "crossing_groups": sum(1 for s in spans if s > 1),
+    }
+
+
+def rank_view(layout: MegatronLayout, rank: int, kinds: Sequence[str], gpus_per_node: int) -> dict[str, Any]:
+    """``rank``'s coordinates, its group of each kind (with its position) and its pipeline neighbours."""
+    groups: dict[str, Optional[dict[str, Any]]] = {}
+    for kind in kinds:
+        members = layout.group(kind, rank)
+        groups[kind] = None if members is None else {"position": members.index(rank), "ranks": members}
+    pipeline = layout.group("pp", rank)
+    stage = pipeline.index(rank)
+    return {
+        "rank": rank,
+        "node": rank // gpus_per_node,
+        "dense_coord": layout.decoder.coord(rank),
+        "expert_coord": {_expert_dim_name(k): v for k, v in layout.expert.coord(rank).items() if k != "cp"},
+        "pipeline": {
+            "stage": stage,
+            "stages": len(pipeline),
+            "first": pipeline[0],
+            "last": pipeline[-1],
+            "next": pipeline[(stage + 1) % len(pipeline)],
+            "prev": pipeline[(stage - 1) % len(pipeline)],
+        },
+        "groups": groups,
+    }
+
+
+def _warnings(layout: MegatronLayout, locality: dict[str, dict[str, int]], gpus_per_node: int) -> list[str]:
+    out = []
+    for kind in TENSOR_PARALLEL_KINDS:
+        loc = locality[kind]
+        if loc["crossing_groups"]:
+            label = "tensor-parallel" if kind == "tp" else "expert tensor-parallel"
+            size = layout.tensor_model_parallel_size if kind == "tp" else layout.expert_tensor_parallel_size
+            out.append(
+                f"WARNING: {label} groups ({kind}, size {size}) cross node boundaries: "
+                f"{loc['crossing_groups']} of {loc['num_groups']} groups span up to {loc['max_nodes']} nodes "
+                f"({gpus_per_node} GPUs per node). Keep them inside a node: size <= GPUs per node, "
+                f"dividing it, and 'tp' first in --order."
+            )
+    return out
+
+
+def build_report(
+    layout: MegatronLayout,
+    *,
+    gpus_per_node: int,
+    kinds: Optional[Sequence[str]] = None,
+    rank: Optional[int] = None,
+) -> dict[str, Any]:
+    """The whole report as JSON-ready data (``kinds=None``: every kind of the layout)."""
+    all_kinds = layout.kinds()
+    shown = list(all_kinds if kinds is None else kinds)
+    enumerated = {kind: layout.enumerate(kind) for kind in dict.fromkeys([*shown, *TENSOR_PARALLEL_KINDS])}
+    locality = {kind: node_locality(groups, gpus_per_node) for kind, groups in enumerated.items()}
+    kinds_out = {}
+    for kind in shown:
+        desc, what = _kind_text(kind)
+        groups = enumerated[kind]
+        sizes = sorted({len(g) for g in groups})
+        kinds_out[kind] = {
+            "desc": desc,
+            "what": what,
+            "num_groups": len(groups),
+            "group_size": sizes[0] if len(sizes) == 1 else sizes,
+            "groups": groups,
+        }
+    return {
+        "config": {
+            "world_size": layout.world_size,
+            "tp": layout.tensor_model_parallel_size,
+            "pp": layout.pipeline_model_parallel_size,
+            "cp": layout.context_parallel_size,
+            "dp": layout.data_parallel_size,
+            "ep": layout.expert_model_parallel_size,
+            "etp": layout.expert_tensor_parallel_size,
+            "edp": layout.expert_data_parallel_size,
+            "order": layout.order,
+            "num_distributed_optimizer_instances": layout.num_distributed_optimizer_instances,
+            "hierarchical_context_parallel_sizes": (
+                list(layout.hierarchical_context_parallel_sizes) if layout.hierarchical_levels else None
+            ),
+            "dense_dims": dict(zip(layout.decoder.dim_names, layout.decoder.shape)),
+            # the expert layout has no context parallelism (its cp dim is always 1)
+            "expert_dims": {
+                _expert_dim_name(n): s for n, s in zip(layout.expert.dim_names, layout.expert.shape) if n != "cp"
+            },
+            "gpus_per_node": gpus_per_node,
+            "num_nodes": layout.world_size // gpus_per_node,
+        },
+        "kinds": kinds_out,
+        "locality": {kind: locality[kind] for kind in shown},
+        "warnings": _warnings(layout, locality, gpus_per_node),
+        "rank": None if rank is None else rank_view(layout, rank, shown, gpus_per_node),
+    }
+
+
+# --------------------------------------------------------------------------- text
+def format_ranks(ranks: Sequence[int], full: bool = False) -> str:
+    """A rank list for people: short lists in full, long ones abbreviated (with the count)."""
+    n = len(ranks)
+    if full or n <= _RANKS_SHOWN_MAX:
+        return "[" + ", ".join(map(str, ranks)) + "]"
+    step = ranks[1] - ranks[0]
+    if step > 0 and all(ranks[i + 1] - ranks[i] == step for i in range(n - 1)):
+        return f"[{ranks[0]}, {ranks[1]}, {ranks[2]}, ..., {ranks[-1]}] ({n} ranks, step {step})"
+    head = ", ".join(map(str, ranks[:_RANKS_SHOWN_HEAD]))
+    tail = ", ".join(map(str, ranks[-_RANKS_SHOWN_TAIL:]))
+    return f"[{head}, ..., {tail}] ({n} ranks)"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _dims_text(dims: dict[str, int]) -> str:
+    return " ".join(f"{name}={size}" for name, size in dims.items())
+
+
+def _span_text(loc: dict[str, int]) -> str:
+    return str(loc["min_nodes"]) if loc["min_nodes"] == loc["max_nodes"] else f"{loc['min_nodes']}-{loc['max_nodes']}"
+
+
+def render_text(report: dict[str, Any], full: bool = False) -> str:
+    """The report for people (long lists abbreviated unless ``full``)."""
+    cfg = report["config"]
+    lines = [
+        f"Megatron-Core process groups for world size {cfg['world_size']} (pure layout math: no processes, no GPUs)",
+        f"sizes: tp={cfg['tp']} pp={cfg['pp']} cp={cfg['cp']} dp={cfg['dp']} ep={cfg['ep']} "
+        f"etp={cfg['etp']} edp={cfg['edp']} order={cfg['order']}",
+        f"dense layout (fastest first):  {_dims_text(cfg['dense_dims'])}",
+        f"expert layout (fastest first): {_dims_text(cfg['expert_dims'])}",
+        f"distributed-optimizer instances: {cfg['num_distributed_optimizer_instances']}"
+        + (
+            f"; hierarchical cp sizes: {cfg['hierarchical_context_parallel_sizes']}"
+            if cfg["hierarchical_context_parallel_sizes"]
+            else ""
+        ),
+        f"nodes: {cfg['num_nodes']} x {cfg['gpus_per_node']} GPUs (node = rank // {cfg['gpus_per_node']})",
+        "",
+    ]
+    kinds = report["kinds"]
+    note = "" if full else "; long lists abbreviated, --full prints all"
+    lines.append(f"Groups ({len(kinds)} kinds{note}):")
+    for kind, info in kinds.items():
+        size = info["group_size"]
+        size_text = _plural(size, "rank") if isinstance(size, int) else f"{size} ranks (sizes vary)"
+        lines.append(f"{kind} - {info['what']} [{info['desc']}]: {_plural(info['num_groups'], 'group')} of {size_text}")
+        groups = info["groups"]
+        width = len(str(len(groups) - 1))
+        if full or len(groups) <= _GROUPS_SHOWN_MAX:
+            shown = list(enumerate(groups))
+            skipped_at = None
+        else:
+            head = list(enumerate(groups[:_GROUPS_SHOWN_HEAD]))
+            tail_start = len(groups) - _GROUPS_SHOWN_TAIL
+            shown = head + [(tail_start + i, g) for i, g in enumerate(groups[tail_start:])]
+            skipped_at = _GROUPS_SHOWN_HEAD
+        for pos, (index, members) in enumerate(shown):
+            if pos == skipped_at:
+                lines.append(f"    {'':>{width}}  ... {len(groups) - len(shown)} more groups ...")
+            lines.append(f"    {index:>{width}}: {format_ranks(members, full)}")
+
+    view = report["rank"]
+    if view is not None:
+        pipe = view["pipeline"]
+        lines += [
+            "",
+            f"Rank {view['rank']} (node {view['node']}):",
+            f"  dense coordinate:  {_dims_text(view['dense_coord'])}",
+            f"  expert coordinate: {_dims_text(view['expert_coord'])}",
+            f"  pipeline: stage {pipe['stage']} of {pipe['stages']}; first {pipe['first']}, last {pipe['last']}, "
+            f"next {pipe['next']}, prev {pipe['prev']}",
+        ]
+        kind_w = max((len(k) for k in view["groups"]), default=4)
+        positions = {
+            kind: f"position {entry['position']} of {len(entry['ranks'])}"
+            for kind, entry in view["groups"].items()
+            if entry is not None
+        }
+        pos_w = max((len(p) for p in positions.values()), default=0)
+        for kind, entry in view["groups"].items():
+            if entry is None:
+                lines.append(f"  {kind:<{kind_w}}  not a member of any {kind} group")
+            else:
+                lines.append(f"  {kind:<{kind_w}}  {positions[kind]:<{pos_w}}  {format_ranks(entry['ranks'], full)}")
+
+    locality = report["locality"]
+    if locality:
+        lines += ["", f"Node locality ({cfg['gpus_per_node']} GPUs per node, {cfg['num_nodes']} nodes):"]
+        kind_w = max(max(len(k) for k in locality), 4)
+        lines.append(f"  {'kind':<{kind_w}}  {'groups':>7}  {'nodes per group':>15}  groups crossing nodes")
+        for kind, loc in locality.items():
+            lines.append(
+                f"  {kind:<{kind_w}}  {loc['num_groups']:>7}  {_span_text(loc):>15}  "
+                f"{loc['crossing_groups']} of {loc['num_groups']}"
+            )
+    lines.append("")
+    if report["warnings"]:
+        lines += report["warnings"]
+    else:
+        lines.append(f"tensor-parallel groups ({', '.join(TENSOR_PARALLEL_KINDS)}) stay inside nodes.")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- command
+def _write(text: str, output: Optional[str], stdout: Any) -> None:
+    if output is None:
+        stdout.write(text)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as err:
+        raise UsageError(f"cannot write {output!r}: {err.strerror}", "--output") from None
+
+
+def run(args: argparse.Namespace, stdout: Any) -> int:
+    """Run the ``layout`` command for parsed ``args``; returns the exit code."""
+    layout = build_layout(args)
+    gpus_per_node = resolve_gpus_per_node(args.world_size, args.gpus_per_node)
+    known = layout.kinds()
+    if args.kinds is not None:
+        unknown = [k for k in args.kinds if k not in known]
+        if unknown:
+            raise UsageError(f"unknown group kind(s) {unknown}; kinds of this layout: {','.join(known)}", "--kinds")
+    if args.rank is not None and args.rank >= args.world_size:
+        raise UsageError(f"rank {args.rank} is out of range for --world-size {args.world_size}", "--rank")
+
+    if args.format == "svg":
+        from .svg import MAX_SVG_RANKS, render_svg
+
+        if args.color_kind not in known:
+            raise UsageError(f"unknown group kind {args.color_kind!r}; kinds of this layout: {','.join(known)}", "--color-kind")
+        if args.world_size > MAX_SVG_RANKS:
+            raise UsageError(
+                f"{args.world_size} ranks are too many for --format svg (at most {MAX_SVG_RANKS}); "
+                "use --format text or json",
+                "--world-size",
+            )
+        groups = layout.enumerate(args.color_kind)
+        cfg = (
+            f"world {layout.world_size}: tp={layout.tensor_model_parallel_size} pp={layout.pipeline_model_parallel_size} "
+            f"cp={layout.context_parallel_size} dp={layout.data_parallel_size} ep={layout.expert_model_parallel_size} "
+            f"etp={layout.expert_tensor_parallel_size}, order {layout.order}"
+        )
+        text = render_svg(
+            world_size=layout.world_size,
+            gpus_per_node=gpus_per_node,
+            groups=groups,
+            kind=args.color_kind,
+            title=f"{args.color_kind} groups ({_kind_text(args.color_kind)[1]}) - {cfg}",
+            group_labels=[format_ranks(g) for g in groups],
+            highlight_rank=args.rank,
+        )
+    else:
+        report = build_report(layout, gpus_per_node=gpus_per_node, kinds=args.kinds, rank=args.rank)
+        text = json.dumps(report) + "\n" if args.format == "json" else render_text(report, full=args.full)
+    _write(text, args.output, stdout)
+    return 0

@@ -1,0 +1,830 @@
+"""``python -m parallel_state_ng port PATH``: move a codebase from Megatron's parallel_state to compat.
+
+Scans Python files (one file or a directory tree) with :mod:`ast` for every use of
+``megatron.core.parallel_state``:
+
+* imports — ``import megatron.core.parallel_state [as x]``, ``from megatron.core import
+  parallel_state [as mpu]``, ``from megatron.core import mpu``, ``from
+  megatron.core.parallel_state import get_x, ...`` and the relative forms inside Megatron's own
+  package (``from .. import parallel_state``);
+* calls and references through any alias (``mpu.get_*()``, ``parallel_state.get_*()``,
+  ``megatron.core.parallel_state.get_*()``, names imported from the module);
+* reads, writes and deletions of module globals (``parallel_state._PIPELINE_GLOBAL_RANKS``).
+
+Each use is printed as ``file:line: <what> -> <equivalent>``: the ``compat.parallel_state``
+spelling and, for group/rank/size getters and published globals, the named-grid equivalent
+(``compat.parallel_state.get_state().groups["tp"]``). Names that ``compat.parallel_state``
+lacks are flagged ``UNKNOWN``. ``--rewrite`` prints a unified diff that switches the imports to
+compat (everything else keeps working: compat has the same API); ``--apply`` writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import functools
+import inspect
+import os
+import re
+import sys
+import tokenize
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import UsageError
+
+__all__ = [
+    "add_arguments",
+    "run",
+    "scan_file",
+    "scan_source",
+    "rewrite_source",
+    "unified_diff",
+    "compat_api",
+    "named_grid_equivalent",
+    "NAMED_GRID_GETTERS",
+    "GETTER_VARIANTS",
+    "Use",
+    "FileScan",
+    "PARALLEL_STATE",
+    "COMPAT_PARALLEL_STATE",
+]
+
+PARALLEL_STATE = "megatron.core.parallel_state"
+MEGATRON_CORE = "megatron.core"
+COMPAT_PARALLEL_STATE = "compat.parallel_state"
+# ``megatron.core.mpu`` is an attribute alias of parallel_state (``from megatron.core import mpu``).
+_MODULE_ALIASES = {"megatron.core.mpu": PARALLEL_STATE}
+_PS_NAMES_IN_CORE = ("parallel_state", "mpu")
+
+# Getter -> (group kind, what the getter returns of that kind's group). Kinds are those of
+# MegatronLayout / ParallelState.groups (``_gloo`` = the gloo twin). The accessor says which
+# expression of the named grid is equivalent: the group, this rank's position in it, its size,
+# its global ranks, or one of them.
+NAMED_GRID_GETTERS: dict[str, tuple[str, str]] = {
+    # groups
+    "get_model_parallel_group": ("mp", "group"),
+    "get_tensor_model_parallel_group": ("tp", "group"),
+    "get_pipeline_model_parallel_group": ("pp", "group"),
+    "get_data_parallel_group": ("dp", "group"),
+    "get_data_parallel_group_gloo": ("dp_gloo", "group"),
+    "get_context_parallel_group": ("cp", "group"),
+    "get_embedding_group": ("embd", "group"),
+    "get_position_embedding_group": ("pos_embd", "group"),
+    "get_tensor_and_data_parallel_group": ("tp_dp", "group"),
+    "get_tensor_and_context_parallel_group": ("tp_cp", "group"),
+    "get_amax_reduction_group": ("tp_dp", "group"),
+    "get_expert_model_parallel_group": ("ep", "group"),
+    "get_expert_tensor_parallel_group": ("ep_tp", "group"),
+    "get_expert_tensor_and_model_parallel_group": ("tp_ep_mp", "group"),
+    "get_expert_tensor_model_pipeline_parallel_group": ("tp_ep_pp", "group"),
+    "get_expert_data_parallel_group": ("ep_dp", "group"),
+    "get_data_modulo_expert_parallel_group": ("ep_dp", "group"),
+    "get_expert_data_parallel_group_gloo": ("ep_dp_gloo", "group"),
+    "get_intra_distributed_optimizer_instance_group": ("intra_dist_opt_instance", "group"),
+    "get_inter_distributed_optimizer_instance_group": ("inter_ep_dp", "group"),
+    # this rank's position in a group
+    "get_tensor_model_parallel_rank": ("tp", "rank"),
+    "get_pipeline_model_parallel_rank": ("pp", "rank"),
+    "get_data_parallel_rank": ("dp", "rank"),
+    "get_context_parallel_rank": ("cp", "rank"),
+    "get_tensor_and_context_parallel_rank": ("tp_cp", "rank"),
+    "get_expert_model_parallel_rank": ("ep", "rank"),
+    "get_expert_tensor_parallel_rank": ("ep_tp", "rank"),
+    "get_expert_tensor_and_model_parallel_rank": ("tp_ep_mp", "rank"),
+    "get_expert_data_parallel_rank": ("ep_dp", "rank"),
+    # group sizes
+    "get_tensor_model_parallel_world_size": ("tp", "size"),
+    "get_pipeline_model_parallel_world_size": ("pp", "size"),
+    "get_data_parallel_world_size": ("dp", "size"),
+    "get_context_parallel_world_size": ("cp", "size"),
+    "get_tensor_and_context_parallel_world_size": ("tp_cp", "size"),
+    "get_expert_model_parallel_world_size": ("ep", "size"),
+    "get_expert_tensor_parallel_world_size": ("ep_tp", "size"),
+    "get_expert_tensor_and_model_parallel_world_size": ("tp_ep_mp", "size"),
+    "get_expert_data_parallel_world_size": ("ep_dp", "size"),
+    # global ranks
+    "get_context_parallel_global_ranks": ("cp", "ranks"),
+    "get_tensor_model_parallel_src_rank": ("tp", "first"),
+    "get_model_parallel_src_rank": ("mp", "first"),
+    "get_data_parallel_src_rank": ("dp", "first"),
+    "get_expert_model_parallel_src_rank": ("ep", "first"),
+    "get_pipeline_model_parallel_first_rank": ("pp", "first"),
+    "get_pipeline_model_parallel_last_rank": ("pp", "last"),
+}
+
+# Getter -> ((keyword arguments that must all be True, kind), ...), most specific first; the
+# table's kind applies when none matches.
+GETTER_VARIANTS: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
+    "get_data_parallel_group": (
+        (("with_context_parallel", "partial_data_parallel"), "intra_dp_cp"),
+        (("with_context_parallel",), "dp_cp"),
+    ),
+    "get_data_parallel_group_gloo": (
+        (("with_context_parallel", "partial_data_parallel"), "intra_dp_cp_gloo"),
+        (("with_context_parallel",), "dp_cp_gloo"),
+    ),
+    "get_data_parallel_rank": (
+        (("with_context_parallel", "partial_data_parallel"), "intra_dp_cp"),
+        (("with_context_parallel",), "dp_cp"),
+    ),
+    "get_data_parallel_world_size": (
+        (("with_context_parallel", "partial_data_parallel"), "intra_dp_cp"),
+        (("with_context_parallel",), "dp_cp"),
+    ),
+    "get_data_parallel_src_rank": ((("with_context_parallel",), "dp_cp"),),
+    "get_tensor_and_data_parallel_group": ((("with_context_parallel",), "tp_dp_cp"),),
+    "get_amax_reduction_group": (
+        (("with_context_parallel", "tp_only_amax_red"), "tp_cp"),
+        (("with_context_parallel",), "tp_dp_cp"),
+        (("tp_only_amax_red",), "tp"),
+    ),
+    "get_expert_data_parallel_group": ((("partial_expert_data_parallel",), "intra_ep_dp"),),
+    "get_data_modulo_expert_parallel_group": ((("partial_expert_data_parallel",), "intra_ep_dp"),),
+    "get_expert_data_parallel_group_gloo": ((("partial_expert_data_parallel",), "intra_ep_dp_gloo"),),
+    "get_expert_data_parallel_rank": ((("partial_expert_data_parallel",), "intra_ep_dp"),),
+    "get_expert_data_parallel_world_size": ((("partial_expert_data_parallel",), "intra_ep_dp"),),
+}
+
+# Partial (per distributed-optimizer instance) kinds collapse to the full ones with one instance.
+_SINGLE_INSTANCE_KIND = {"intra_dp_cp": "dp_cp", "intra_dp_cp_gloo": "dp_cp_gloo", "intra_ep_dp": "ep_dp", "intra_ep_dp_gloo": "ep_dp_gloo"}
+
+_ACCESSOR = {
+    "group": 'get_state().groups["{kind}"]',
+    "rank": 'get_state().groups["{kind}"].rank()',
+    "size": 'get_state().groups["{kind}"].size()',
+    "ranks": 'get_state().ranks["{kind}"]',
+    "first": 'get_state().ranks["{kind}"][0]',
+    "last": 'get_state().ranks["{kind}"][-1]',
+}
+_ACCESSOR_WORDS = {
+    "group": "{kind} group",
+    "rank": "position in the {kind} group",
+    "size": "size of the {kind} group",
+    "ranks": "global ranks of the {kind} group",
+    "first": "first rank of the {kind} group",
+    "last": "last rank of the {kind} group",
+}
+
+
+# --------------------------------------------------------------------------- compat's API
+@functools.lru_cache(maxsize=None)
+def compat_api() -> frozenset[str]:
+    """Names of ``compat.parallel_state``: its public functions and classes and its ``_`` globals.
+
+    Imported lazily (compat imports torch). Typing helpers and stdlib objects that only happen
+    to sit in the module's namespace are left out.
+    """
+    import compat.parallel_state as ps
+
+    names = set()
+    for name, obj in vars(ps).items():
+        if name.startswith("__") or inspect.ismodule(obj) or type(obj).__name__ == "_Feature":
+            continue
+        if callable(obj):
+            if getattr(obj, "__module__", "").split(".")[0] in ("compat", "parallel_state_ng"):
+                names.add(name)
+        elif name.startswith("_"):
+            names.add(name)
+    return frozenset(names)
+
+
+@functools.lru_cache(maxsize=None)
+def _published_globals() -> dict[str, tuple[str, str]]:
+    """compat's own table of module globals that mirror a group or a rank list."""
+    import compat.parallel_state as ps
+
+    out = {name: (kind, "group") for name, kind in getattr(ps, "_PUBLISHED", {}).items()}
+    out.update({name: (kind, "ranks") for name, kind in getattr(ps, "_PUBLISHED_RANKS", {}).items()})
+    return out
+
+
+def _kind_words(kind: str) -> str:
+    from parallel_state_ng.megatron_layout import GROUP_KINDS
+
+    base = kind[: -len("_gloo")] if kind.endswith("_gloo") else kind
+    what = GROUP_KINDS[base].what if base in GROUP_KINDS else base
+    return what + (" (gloo twin)" if base != kind else "")
+
+
+def named_grid_equivalent(kind: str, accessor: str, alternatives: Sequence[tuple[str, str]] = ()) -> str:
+    """The named-grid spelling of (``kind``, ``accessor``) with a short description.
+
+    ``alternatives`` are (condition, kind) pairs when the kind depends on an argument value
+    the scanner could not read.
+    """
+    expr = f"{COMPAT_PARALLEL_STATE}.{_ACCESSOR[accessor].format(kind=kind)}"
+    words = _ACCESSOR_WORDS[accessor].format(kind=kind) + f" of MegatronLayout: {_kind_words(kind)}"
+    if kind in _SINGLE_INSTANCE_KIND:
+        words += f"; {_SINGLE_INSTANCE_KIND[kind]!r} with one distributed-optimizer instance"
+    for condition, other in alternatives:
+        words += f"; {other!r} with {condition}"
+    return f"named grid: {expr} ({words})"
+
+
+# --------------------------------------------------------------------------- scanning
+@dataclass(frozen=True)
+class Use:
+    """One use of ``megatron.core.parallel_state`` in a file."""
+
+    path: str
+    line: int
+    col: int
+    category: str  # import, call, reference, read, write, delete
+    what: str
+    equivalent: str
+    name: Optional[str] = None  # the module member used (None for an import statement)
+    known: bool = True
+
+    def format(self) -> str:
+        """``path:line: <what> -> <equivalent>``."""
+        return f"{self.path}:{self.line}: {self.what} -> {self.equivalent}"
+
+
+@dataclass
+class _Edit:
+    start: int  # character offsets in the source
+    end: int
+    text: str
+
+
+@dataclass
+class FileScan:
+    """The uses found in one file, and the edits switching its imports to compat."""
+
+    path: str
+    source: str = ""
+    encoding: str = "utf-8"
+    uses: list[Use] = field(default_factory=list)
+    edits: list[_Edit] = field(default_factory=list)
+    error: Optional[str] = None
+
+    @property
+    def imports_to_switch(self) -> int:
+        """Number of import statements the rewrite changes."""
+        return sum(1 for u in self.uses if u.category == "import")
+
+
+def _canonical(qualified: Optional[str]) -> Optional[str]:
+    if qualified is None:
+        return None
+    for alias, target in _MODULE_ALIASES.items():
+        if qualified == alias or qualified.startswith(alias + "."):
+            return target + qualified[len(alias) :]
+    return qualified
+
+
+def package_of(path: str) -> Optional[str]:
+    """Dotted package of a file, from the ``__init__.py`` files above it (None: not in a package)."""
+    parts: list[str] = []
+    directory = os.path.dirname(os.path.abspath(path))
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        parts.append(os.path.basename(directory))
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return ".".join(reversed(parts)) or None
+
+
+def _from_module(node: ast.ImportFrom, package: Optional[str]) -> Optional[str]:
+    """Absolute module of a ``from X import ...`` (relative ones resolved against ``package``)."""
+    if not node.level:
+        return node.module
+    if package is None:
+        return None
+    parts = package.split(".")
+    if node.level - 1 >= len(parts):
+        return None
+    base = parts[: len(parts) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+class _LineIndex:
+    """Converts ast (line, UTF-8 byte column) positions to character offsets."""
+
+    def __init__(self, source: str) -> None:
+        self.lines = re.split(r"(?<=\r\n)|(?<=\n)|(?<=\r)(?!\n)", source)
+        self.starts = [0]
+        for line in self.lines:
+            self.starts.append(self.starts[-1] + len(line))
+
+    def offset(self, lineno: int, col: int) -> int:
+        line = self.lines[lineno - 1]
+        return self.starts[lineno - 1] + len(line.encode("utf-8")[:col].decode("utf-8", errors="replace"))
+
+    def line_prefix(self, lineno: int, col: int) -> str:
+        line = self.lines[lineno - 1]
+        return line.encode("utf-8")[:col].decode("utf-8", errors="replace")
+
+
+def _short(text: str, limit: int = 90) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Dynamic:
+    """An argument whose value the scanner cannot know."""
+
+
+def _call_flags(name: str, call: Optional[ast.Call], keywords: set[str]) -> Optional[dict[str, Optional[bool]]]:
+    """Values (True/False, None if unknown) of ``keywords`` in ``call`` of compat's ``name``."""
+    if call is None:
+        return None
+    import compat.parallel_state as ps
+
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    value = lambda n: n.value if isinstance(n, ast.Constant) else _Dynamic()  # noqa: E731
+    try:
+        bound = inspect.signature(getattr(ps, name)).bind_partial(
+            *[value(a) for a in call.args], **{k.arg: value(k.value) for k in call.keywords}
+        )
+    except (TypeError, ValueError, AttributeError):
+        return None
+    flags: dict[str, Optional[bool]] = {}
+    for kw in keywords:
+        if kw not in bound.arguments:
+            flags[kw] = False
+        else:
+            v = bound.arguments[kw]
+            flags[kw] = None if isinstance(v, _Dynamic) else bool(v)
+    return flags
+
+
+def _getter_hint(name: str, call: Optional[ast.Call]) -> Optional[str]:
+    """The named-grid hint of a getter call (or reference: ``call`` None)."""
+    if name not in NAMED_GRID_GETTERS:
+        return None
+    kind, accessor = NAMED_GRID_GETTERS[name]
+    variants = GETTER_VARIANTS.get(name, ())
+    if not variants:
+        return named_grid_equivalent(kind, accessor)
+    flags = _call_flags(name, call, {k for kws, _ in variants for k in kws})
+    if flags is not None and all(v is not None for v in flags.values()):
+        for kws, variant_kind in variants:
+            if all(flags[k] for k in kws):
+                return named_grid_equivalent(variant_kind, accessor)
+        return named_grid_equivalent(kind, accessor)
+    alternatives = [("=True and ".join(kws) + "=True", variant_kind) for kws, variant_kind in variants]
+    return named_grid_equivalent(kind, accessor, alternatives)
+
+
+class _UseFinder(ast.NodeVisitor):
+    """Finds uses of the module's members (attribute chains and imported names)."""
+
+    def __init__(self, scan: "_FileScanner") -> None:
+        self.scan = scan
+
+    def qualify(self, node: ast.AST) -> Optional[str]:
+        if isinstance(node, ast.Name):
+            return self.scan.bindings.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self.qualify(node.value)
+            return None if base is None else f"{base}.{node.attr}"
+        return None
+
+    def member(self, node: ast.AST) -> Optional[str]:
+        """The member name when ``node`` denotes ``parallel_state.<member>``."""
+        if not isinstance(node, (ast.Name, ast.Attribute)):
+            return None
+        qualified = _canonical(self.qualify(node))
+        if qualified and qualified.startswith(PARALLEL_STATE + "."):
+            rest = qualified[len(PARALLEL_STATE) + 1 :]
+            if "." not in rest:
+                return rest
+        return None
+
+    def visit_Import(self, node: ast.Import) -> None:  # names there are not uses
+        return
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        return
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = self.member(node.func)
+        if name is None:
+            self.generic_visit(node)
+            return
+        self.scan.add_member_use(node.func, name, "call", call=node)
+        for child in [*node.args, *node.keywords]:
+            self.visit(child)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        name = self.member(node)
+        if name is None:
+            self.generic_visit(node)
+            return
+        category = {ast.Store: "write", ast.Del: "delete"}.get(type(node.ctx), "read")
+        self.scan.add_member_use(node, name, category)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load):
+            name = self.member(node)
+            if name is not None:
+                self.scan.add_member_use(node, name, "read")
+
+
+class _FileScanner:
+    """Scan of one parsed file: bindings, uses and import edits."""
+
+    def __init__(self, path: str, source: str, tree: ast.Module, package: Optional[str]) -> None:
+        self.path = path
+        self.source = source
+        self.tree = tree
+        self.package = package
+        self.index = _LineIndex(source)
+        self.bindings: dict[str, str] = {}
+        self.uses: list[Use] = []
+        self.edits: list[_Edit] = []
+        self.chain_spans: list[tuple[ast.AST, str]] = []  # (module expression, its root name)
+        self.imports: list[ast.stmt] = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        self.imports.sort(key=lambda n: (n.lineno, n.col_offset))
+
+    # ---------------------------------------------------------------- bindings
+    def collect_bindings(self) -> None:
+        for node in self.imports:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] != "megatron":
+                        continue
+                    if alias.asname:
+                        self.bindings[alias.asname] = alias.name
+                    else:
+                        self.bindings[alias.name.split(".")[0]] = alias.name.split(".")[0]
+            else:
+                module = _from_module(node, self.package)
+                if module is None or module.split(".")[0] != "megatron":
+                    continue
+                for alias in node.names:
+                    if alias.name != "*":
+                        self.bindings[alias.asname or alias.name] = f"{module}.{alias.name}"
+
+    # ---------------------------------------------------------------- uses
+    def add_member_use(self, node: ast.AST, name: str, category: str, call: Optional[ast.Call] = None) -> None:
+        expr = ast.get_source_segment(self.source, node) or name
+        api = compat_api()
+        known = name in api
+        if isinstance(node, ast.Attribute) and not isinstance(node.value, ast.Name):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name):
+                self.chain_spans.append((node.value, root.id))
+        if category == "call":
+            what = f"call {_short(ast.get_source_segment(self.source, call) or expr + '()')}"
+        elif category == "read" and known and self._is_function(name):
+            category, what = "reference", f"reference {expr}"
+        else:
+            what = f"{category} {expr}"
+        if not known:
+            equivalent = f"UNKNOWN: {COMPAT_PARALLEL_STATE} has no {name!r}"
+        else:
+            target = f"{COMPAT_PARALLEL_STATE}.{name}"
+            if category == "call":
+                target += _short(self._call_arguments(node, call), 70)
+            hint = _getter_hint(name, call) if category in ("call", "reference") else self._global_hint(name)
+            note = ""
+            if category in ("write", "delete"):
+                note = " (compat's getters read the module globals, so this still takes effect)"
+            elif category == "read" and isinstance(node, ast.Name) and name.startswith("_"):
+                note = " (imported by name: a copy taken at import time)"
+            equivalent = target + note + (f" | {hint}" if hint else "")
+        self.uses.append(Use(self.path, node.lineno, node.col_offset, category, what, equivalent, name, known))
+
+    def _call_arguments(self, func: ast.AST, call: Optional[ast.Call]) -> str:
+        """The ``(...)`` part of ``call`` as written."""
+        if call is None:
+            return "()"
+        start = self.index.offset(func.end_lineno, func.end_col_offset)
+        end = self.index.offset(call.end_lineno, call.end_col_offset)
+        return self.source[start:end].strip() or "()"
+
+    @staticmethod
+    def _is_function(name: str) -> bool:
+        import compat.parallel_state as ps
+
+        return callable(getattr(ps, name, None))
+
+    @staticmethod
+    def _global_hint(name: str) -> Optional[str]:
+        if name in _published_globals():
+            kind, accessor = _published_globals()[name]
+            return named_grid_equivalent(kind, accessor)
+        return None
+
+    # ---------------------------------------------------------------- imports
+    def _segment(self, node: ast.stmt) -> tuple[int, int, str]:
+        start = self.index.offset(node.lineno, node.col_offset)
+        end = self.index.offset(node.end_lineno, node.end_col_offset)
+        return start, end, self.source[start:end]
+
+    def _joiner(self, node: ast.stmt) -> str:
+        prefix = self.index.line_prefix(node.lineno, node.col_offset)
+        return "\n" + prefix if prefix.strip() == "" else "; "
+
+    @staticmethod
+    def _alias_text(name: str, asname: Optional[str]) -> str:
+        return f"{name} as {asname}" if asname else name
+
+    def _from_text(self, node: ast.ImportFrom, names: list[str]) -> str:
+        module = "." * node.level + (node.module or "")
+        text = f"from {module} import {', '.join(names)}"
+        if len(text) > 99:
+            indent = self.index.line_prefix(node.lineno, node.col_offset)
+            body = "".join(f"{indent}    {n},\n" for n in names)
+            text = f"from {module} import (\n{body}{indent})"
+        return text
+
+    def rewrite_imports(self) -> None:
+        """Record the import uses and the edits switching them to compat."""
+        plain_ps_import = any(
+            isinstance(n, ast.Import) and any(_canonical(a.name) == PARALLEL_STATE and not a.asname for a in n.names)
+            for n in self.imports
+        )
+        chain_roots = [root for _, root in self.chain_spans]
+        add_compat_to: Optional[ast.stmt] = None
+        if chain_roots and not plain_ps_import:
+            add_compat_to = self._statement_binding(chain_roots[0])
+        root_uses = self._root_name_uses()
+        for node in self.imports:
+            self._flag_unknown_imported_names(node)
+            new = self._rewrite_statement(node, root_uses, add_compat=node is add_compat_to)
+            if new is None:
+                continue
+            start, end, _old = self._segment(node)
+            self.edits.append(_Edit(start, end, new))
+            prefix = self.index.line_prefix(node.lineno, node.col_offset)
+            self.uses.append(
+                Use(
+                    self.path,
+                    node.lineno,
+                    node.col_offset,
+                    "import",
+                    _short(ast.unparse(node), 120),
+                    _short(_one_line(new, prefix), 160),
+                )
+            )
+        for expr, _ in self.chain_spans:
+            start, end, _old = self._segment(expr)  # type: ignore[arg-type]
+            self.edits.append(_Edit(start, end, COMPAT_PARALLEL_STATE))
+
+    def _flag_unknown_imported_names(self, node: ast.stmt) -> None:
+        if not isinstance(node, ast.ImportFrom) or _canonical(_from_module(node, self.package)) != PARALLEL_STATE:
+            return
+        api = compat_api()
+        for alias in node.names:
+            if alias.name != "*" and alias.name not in api:
+                self.uses.append(
+                    Use(
+                        self.path,
+                        node.lineno,
+                        node.col_offset,
+                        "name",
+                        f"import of {alias.name}",
+                        f"UNKNOWN: {COMPAT_PARALLEL_STATE} has no {alias.name!r}",
+                        alias.name,
+                        known=False,
+                    )
+                )
+
+    def _statement_binding(self, name: str) -> Optional[ast.stmt]:
+        for node in self.imports:
+            for alias in node.names:
+                bound = alias.asname or (alias.name.split(".")[0] if isinstance(node, ast.Import) else alias.name)
+                if bound == name:
+                    return node
+        return None
+
+    def _root_name_uses(self) -> dict[str, int]:
+        """Loads of each bound name that are not the root of a parallel_state chain."""
+        chain_roots = {id(_root(expr)) for expr, _ in self.chain_spans}
+        counts: dict[str, int] = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and id(node) not in chain_roots:
+                counts[node.id] = counts.get(node.id, 0) + 1
+        return counts
+
+    def _rewrite_statement(self, node: ast.stmt, root_uses: dict[str, int], add_compat: bool) -> Optional[str]:
+        joiner = self._joiner(node)
+        if isinstance(node, ast.Import):
+            kept: list[str] = []
+            compat: list[str] = []
+            for alias in node.names:
+                if _canonical(alias.name) == PARALLEL_STATE:
+                    compat.append(self._alias_text(COMPAT_PARALLEL_STATE, alias.asname))
+                    root = alias.name.split(".")[0]
+                    if not alias.asname and root_uses.get(root, 0) and not self._other_binding(node, root):
+                        kept.append(self._alias_text(alias.name, None))
+                else:
+                    kept.append(self._alias_text(alias.name, alias.asname))
+            if add_compat and not any(c == COMPAT_PARALLEL_STATE for c in compat):
+                compat.append(COMPAT_PARALLEL_STATE)
+            if not compat:
+                return None
+            parts = ([f"import {', '.join(kept)}"] if kept else []) + [f"import {c}" for c in compat]
+            return joiner.join(parts)
+
+        module = _canonical(_from_module(node, self.package))
+        tail = [f"import {COMPAT_PARALLEL_STATE}"] if add_compat else []
+        if module == PARALLEL_STATE:
+            _, _, old = self._segment(node)
+            new = re.sub(r"^from\s+[.\w]+", f"from {COMPAT_PARALLEL_STATE}", old, count=1)
+            return joiner.join([new, *tail])
+        if module == MEGATRON_CORE:
+            ps_aliases = [a for a in node.names if a.name in _PS_NAMES_IN_CORE]
+            if not ps_aliases:
+                return joiner.join([self._segment(node)[2], *tail]) if tail else None
+            others = [self._alias_text(a.name, a.asname) for a in node.names if a.name not in _PS_NAMES_IN_CORE]
+            compat_names = [
+                self._alias_text("parallel_state", a.asname or (None if a.name == "parallel_state" else a.name))
+                for a in ps_aliases
+            ]
+            if not others and all(a.name == "parallel_state" for a in ps_aliases):
+                _, _, old = self._segment(node)
+                first = re.sub(r"^from\s+[.\w]+", "from compat", old, count=1)
+            else:
+                first = f"from compat import {', '.join(compat_names)}"
+            parts = [first] + ([self._from_text(node, others)] if others else [])
+            return joiner.join(parts + tail)
+        if tail:
+            return joiner.join([self._segment(node)[2], *tail])
+        return None
+
+    def _other_binding(self, node: ast.stmt, root: str) -> bool:
+        """Whether another import statement (not switched) binds ``root`` too."""
+        for other in self.imports:
+            if other is node or not isinstance(other, ast.Import):
+                continue
+            for alias in other.names:
+                if not alias.asname and alias.name.split(".")[0] == root and _canonical(alias.name) != PARALLEL_STATE:
+                    return True
+        return False
+
+
+def _one_line(text: str, indent: str) -> str:
+    """Statements (as they will be written at ``indent``) on one line, comments dropped."""
+    if indent.strip() == "" and indent:
+        text = text.replace("\n" + indent, "\n")
+    try:
+        return "; ".join(ast.unparse(stmt) for stmt in ast.parse(text).body)
+    except SyntaxError:
+        return " ".join(text.split())
+
+
+def _root(expr: ast.AST) -> ast.AST:
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return expr
+
+
+def _read_source(path: str) -> tuple[str, str]:
+    with open(path, "rb") as fh:
+        data = fh.read()
+    import io
+
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return data.decode(encoding), encoding
+
+
+def scan_source(source: str, path: str = "<string>", package: Optional[str] = None) -> FileScan:
+    """Scan Python ``source`` (``package``: its dotted package, for relative imports)."""
+    result = FileScan(path=path, source=source)
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as err:
+        result.error = f"{path}:{err.lineno or 0}: cannot parse ({err.msg}); skipped"
+        return result
+    scanner = _FileScanner(path, source, tree, package)
+    scanner.collect_bindings()
+    _UseFinder(scanner).visit(tree)
+    scanner.rewrite_imports()
+    result.uses = sorted(scanner.uses, key=lambda u: (u.line, u.col, u.category != "import"))
+    result.edits = sorted(scanner.edits, key=lambda e: e.start)
+    return result
+
+
+def scan_file(path: str) -> FileScan:
+    """Scan one file on disk (relative imports resolved from its ``__init__.py`` parents)."""
+    try:
+        source, encoding = _read_source(path)
+    except (OSError, UnicodeDecodeError, SyntaxError) as err:
+        return FileScan(path=path, error=f"{path}:0: cannot read ({err}); skipped")
+    result = scan_source(source, path, package_of(path))
+    result.encoding = encoding
+    return result
+
+
+def rewrite_source(scan: FileScan) -> str:
+    """The file's source with its imports switched to compat (unchanged when there is nothing to do)."""
+    out, pos = [], 0
+    for edit in scan.edits:
+        out.append(scan.source[pos : edit.start])
+        out.append(edit.text)
+        pos = edit.end
+    out.append(scan.source[pos:])
+    return "".join(out)
+
+
+def iter_python_files(path: str) -> Iterator[str]:
+    """``path`` itself if it is a file, else the ``*.py`` files below it (sorted; hidden dirs,
+    ``__pycache__`` and virtual environments skipped)."""
+    if os.path.isfile(path):
+        yield path
+        return
+    for directory, dirs, files in os.walk(path):
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d != "__pycache__"
+            and not os.path.isfile(os.path.join(directory, d, "pyvenv.cfg"))
+        )
+        for name in sorted(files):
+            if name.endswith(".py"):
+                yield os.path.join(directory, name)
+
+
+# --------------------------------------------------------------------------- command
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``port`` command's options to ``parser``."""
+    parser.add_argument("path", metavar="PATH", help="a Python file or a directory tree to scan")
+    parser.add_argument(
+        "--rewrite",
+        action="store_true",
+        help="print a unified diff switching the imports to compat (dry run; summary goes to stderr)",
+    )
+    parser.add_argument("--apply", action="store_true", help="write the rewritten files")
+
+
+def _diff_name(prefix: str, path: str) -> str:
+    return f"{prefix}/{path}" if not os.path.isabs(path) else path
+
+
+def unified_diff(path: str, old: str, new: str) -> str:
+    """A unified diff of one file (``a/PATH`` -> ``b/PATH`` for relative paths, as git writes)."""
+    out = []
+    for line in difflib.unified_diff(
+        _diff_lines(old), _diff_lines(new), fromfile=_diff_name("a", path), tofile=_diff_name("b", path)
+    ):
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def _diff_lines(text: str) -> list[str]:
+    """Lines with their ``\\n`` (the last one may lack it); only ``\\n`` ends a line here."""
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
+def run(args: argparse.Namespace, stdout: Any) -> int:
+    """Run the ``port`` command for parsed ``args``; returns the exit code."""
+    if not os.path.exists(args.path):
+        raise UsageError(f"no such file or directory: {args.path!r}", "PATH")
+    scans = [scan_file(p) for p in iter_python_files(args.path)]
+    status = 0
+    rewritten: list[str] = []
+    for scan in scans:
+        if scan.error:
+            print(scan.error, file=sys.stderr)
+            continue
+        if not args.rewrite:
+            for use in scan.uses:
+                print(use.format(), file=stdout)
+        if not scan.edits:
+            continue
+        new = rewrite_source(scan)
+        if args.rewrite:
+            stdout.write(unified_diff(scan.path, scan.source, new))
+        if args.apply:
+            try:
+                ast.parse(new, filename=scan.path)
+            except SyntaxError as err:
+                print(f"{scan.path}: not rewritten, the result would not parse ({err.msg})", file=sys.stderr)
+                status = 1
+                continue
+            with open(scan.path, "wb") as fh:
+                fh.write(new.encode(scan.encoding))
+            rewritten.append(scan.path)
+
+    uses = [u for s in scans for u in s.uses]
+    imports = sum(s.imports_to_switch for s in scans)
+    unknown = sorted({u.name for u in uses if not u.known and u.name})
+    files_with_uses = sum(1 for s in scans if s.uses)
+    summary = (
+        f"scanned {len(scans)} files: {len(uses)} uses of {PARALLEL_STATE} in {files_with_uses} files, "
+        f"{imports} imports to switch"
+        + (f", {len(unknown)} unknown names ({', '.join(unknown)})" if unknown else ", no unknown names")
+    )
+    errors = sum(1 for s in scans if s.error)
+    if errors:
+        summary += f"; {errors} files could not be parsed"
+    if args.apply:
+        for path in rewritten:
+            print(f"rewrote {path}", file=stdout)
+        summary += f"; rewrote {len(rewritten)} files"
+    elif not args.rewrite and imports:
+        summary += " (--rewrite shows the diff, --apply writes it)"
+    print(summary, file=sys.stderr if args.rewrite and not args.apply else stdout)
+    return status

@@ -1,0 +1,159 @@
+"""A self-contained SVG picture of one group kind over the ranks of a job.
+
+Ranks are cells labelled with their number, grouped into node blocks ("node k" holds ranks
+``k * gpus_per_node ... (k + 1) * gpus_per_node - 1``); every group of the chosen kind gets its
+own fill colour, listed in a legend. Each cell is a ``<rect>`` with ``data-rank``,
+``data-node`` and ``data-group`` attributes (``data-group="none"`` for a rank in no group of
+the kind, e.g. a middle pipeline stage for ``embd``), and a ``<title>`` tooltip.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import math
+from collections.abc import Sequence
+from typing import Optional
+from xml.sax.saxutils import escape
+
+__all__ = ["render_svg", "group_colour", "MAX_SVG_RANKS"]
+
+#: Largest world drawn; bigger worlds make pictures nobody can read (use text or JSON).
+MAX_SVG_RANKS = 1024
+
+_CELL_W, _CELL_H, _CELL_GAP = 38, 24, 2
+_NODE_PAD, _NODE_HEAD, _NODE_GAP = 5, 16, 10
+_MARGIN, _TITLE_H = 12, 44
+_MAX_WIDTH = 1240
+_MAX_CELLS_PER_NODE_ROW = 16
+_LEGEND_W, _LEGEND_H, _MAX_LEGEND = 250, 18, 64
+_NO_GROUP_FILL = "#eeeeee"
+
+
+def group_colour(index: int) -> str:
+    """Fill colour of group ``index``: golden-ratio hue steps, three lightness bands."""
+    hue = (index * 0.6180339887) % 1.0
+    lightness = (0.70, 0.84, 0.60)[index % 3]
+    r, g, b = colorsys.hls_to_rgb(hue, lightness, 0.62)
+    return "#{:02x}{:02x}{:02x}".format(round(r * 255), round(g * 255), round(b * 255))
+
+
+def _text_colour(fill: str) -> str:
+    """Dark text on light fills, white text on dark ones."""
+    r, g, b = (int(fill[i : i + 2], 16) for i in (1, 3, 5))
+    return "#111111" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#ffffff"
+
+
+def _owners(world_size: int, groups: Sequence[Sequence[int]]) -> list[int]:
+    """Index of the group holding each rank (-1: none)."""
+    owner = [-1] * world_size
+    for index, members in enumerate(groups):
+        for rank in members:
+            owner[rank] = index
+    return owner
+
+
+def render_svg(
+    *,
+    world_size: int,
+    gpus_per_node: int,
+    groups: Sequence[Sequence[int]],
+    kind: str,
+    title: str,
+    group_labels: Optional[Sequence[str]] = None,
+    highlight_rank: Optional[int] = None,
+) -> str:
+    """The SVG document (a str) colouring the ``groups`` of ``kind`` over ``world_size`` ranks.
+
+    ``group_labels`` (one per group) are the legend/tooltip texts of the groups (default: the
+    full rank lists); ``highlight_rank`` gets a thick outline. Raises ``ValueError`` for a world
+    larger than :data:`MAX_SVG_RANKS` or a ``gpus_per_node`` that does not divide it.
+    """
+    if world_size > MAX_SVG_RANKS:
+        raise ValueError(f"world_size {world_size} is larger than {MAX_SVG_RANKS}, the most an SVG picture shows")
+    if gpus_per_node < 1 or world_size % gpus_per_node:
+        raise ValueError(f"gpus_per_node {gpus_per_node} does not divide world_size {world_size}")
+    labels = list(group_labels) if group_labels is not None else [str(list(g)) for g in groups]
+    owner = _owners(world_size, groups)
+    num_nodes = world_size // gpus_per_node
+
+    cols = min(gpus_per_node, _MAX_CELLS_PER_NODE_ROW)
+    rows = math.ceil(gpus_per_node / cols)
+    block_w = 2 * _NODE_PAD + cols * _CELL_W + (cols - 1) * _CELL_GAP
+    block_h = _NODE_HEAD + _NODE_PAD + rows * _CELL_H + (rows - 1) * _CELL_GAP
+    nodes_per_row = max(1, min(num_nodes, (_MAX_WIDTH - 2 * _MARGIN + _NODE_GAP) // (block_w + _NODE_GAP)))
+    node_rows = math.ceil(num_nodes / nodes_per_row)
+    grid_w = nodes_per_row * block_w + (nodes_per_row - 1) * _NODE_GAP
+    grid_h = node_rows * block_h + (node_rows - 1) * _NODE_GAP
+
+    content_w = max(grid_w, 2 * _LEGEND_W, 560)
+    per_legend_row = max(1, content_w // _LEGEND_W)
+    shown = min(len(groups), _MAX_LEGEND)
+    legend_rows = math.ceil(shown / per_legend_row) + (1 if len(groups) > shown else 0) + 1
+    legend_top = _MARGIN + _TITLE_H + grid_h + 16
+    width = content_w + 2 * _MARGIN
+    height = legend_top + legend_rows * _LEGEND_H + _MARGIN
+
+    out: list[str] = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif">',
+        f"<title>{escape(title)}</title>",
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<text x="{_MARGIN}" y="{_MARGIN + 14}" font-size="15" font-weight="bold">{escape(title)}</text>',
+        f'<text x="{_MARGIN}" y="{_MARGIN + 32}" font-size="11" fill="#444444">'
+        f"{escape(f'{len(groups)} {kind} groups, one colour each; {num_nodes} nodes of {gpus_per_node} GPUs (node = rank // {gpus_per_node})')}"
+        "</text>",
+    ]
+    top = _MARGIN + _TITLE_H
+    for node in range(num_nodes):
+        bx = _MARGIN + (node % nodes_per_row) * (block_w + _NODE_GAP)
+        by = top + (node // nodes_per_row) * (block_h + _NODE_GAP)
+        out.append(f'<g class="node" data-node-block="{node}">')
+        out.append(
+            f'<rect class="node-outline" x="{bx}" y="{by}" width="{block_w}" height="{block_h}" rx="4" '
+            f'fill="#fafafa" stroke="#555555" stroke-width="1.2"/>'
+        )
+        out.append(f'<text x="{bx + _NODE_PAD}" y="{by + 12}" font-size="10" fill="#333333">node {node}</text>')
+        for local in range(gpus_per_node):
+            rank = node * gpus_per_node + local
+            cx = bx + _NODE_PAD + (local % cols) * (_CELL_W + _CELL_GAP)
+            cy = by + _NODE_HEAD + (local // cols) * (_CELL_H + _CELL_GAP)
+            index = owner[rank]
+            fill = group_colour(index) if index >= 0 else _NO_GROUP_FILL
+            group_attr = str(index) if index >= 0 else "none"
+            tip = f"rank {rank}, node {node}: " + (
+                f"{kind} group {index} {labels[index]}" if index >= 0 else f"in no {kind} group"
+            )
+            stroke = ' stroke="#000000" stroke-width="3"' if rank == highlight_rank else ' stroke="#888888" stroke-width="0.6"'
+            out.append(
+                f'<rect x="{cx}" y="{cy}" width="{_CELL_W}" height="{_CELL_H}" rx="2" fill="{fill}"{stroke} '
+                f'data-rank="{rank}" data-node="{node}" data-group="{group_attr}"><title>{escape(tip)}</title></rect>'
+            )
+            text_fill = _text_colour(fill) if index >= 0 else "#999999"
+            out.append(
+                f'<text x="{cx + _CELL_W / 2:g}" y="{cy + _CELL_H / 2 + 4:g}" font-size="11" text-anchor="middle" '
+                f'fill="{text_fill}" pointer-events="none">{rank}</text>'
+            )
+        out.append("</g>")
+
+    out.append(f'<text x="{_MARGIN}" y="{legend_top}" font-size="12" font-weight="bold">{escape(kind)} groups</text>')
+    for i in range(shown):
+        lx = _MARGIN + (i % per_legend_row) * _LEGEND_W
+        ly = legend_top + (i // per_legend_row + 1) * _LEGEND_H
+        text = f"{i}: {labels[i]}"
+        if len(text) > 38:
+            text = text[:37] + "…"
+        out.append(
+            f'<rect class="legend" x="{lx}" y="{ly - 11}" width="14" height="12" fill="{group_colour(i)}" '
+            f'stroke="#666666" stroke-width="0.6" data-legend-group="{i}"/>'
+        )
+        out.append(f'<text x="{lx + 19}" y="{ly}" font-size="10.5" fill="#222222">{escape(text)}</text>')
+    if len(groups) > shown:
+        ly = legend_top + (math.ceil(shown / per_legend_row) + 1) * _LEGEND_H
+        out.append(
+            f'<text x="{_MARGIN}" y="{ly}" font-size="10.5" fill="#444444">'
+            f"… and {len(groups) - shown} more groups (hover a cell for its group)</text>"
+        )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
