@@ -289,7 +289,24 @@ class Layout:
         With ``keep_order=True`` the group is ordered by ``dims`` as given (first fastest)
         instead of by layout order.
         """
-        return self.group_array(rank, dims, keep_order=keep_order).tolist()
+        dims = self.dims(dims, keep_order=keep_order)
+        if self._parent is not None:
+            return self.group_array(rank, dims, keep_order=True).tolist()
+        # Plain layout: rank = offset + sum(coord * stride). Built with list arithmetic, no
+        # tensors: a few microseconds for small groups, and no slower than tensor + tolist()
+        # for a million ranks (the Python ints must be created either way).
+        inside = set(dims)
+        coord = self.coord(rank)
+        base = self.rank_offset
+        for name, stride in zip(self.names, self._strides):
+            if name not in inside:
+                base += coord[name] * stride
+        ranks = [base]
+        for name in dims:  # the first dim varies fastest
+            i = self._pos[name]
+            steps = range(0, self.sizes[i] * self._strides[i], self._strides[i])
+            ranks = [r + step for step in steps for r in ranks]
+        return ranks
 
     def rank_in_group(self, rank: int, dims: DimsArg, *, keep_order: bool = False) -> int:
         """Position of ``rank`` in its group over ``dims`` (O(number of dims))."""
