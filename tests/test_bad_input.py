@@ -1,0 +1,255 @@
+"""Bad input to ``compat.parallel_state.initialize_model_parallel``: a table over every argument.
+
+Each case must raise at once (each test runs under an alarm, on the fake backend, world of 8),
+with a message naming the argument, leave nothing behind (not initialized, every module
+global back to None / empty, no new process group) and let a correct call succeed next.
+Where megatron-core raises for the same input, our exception must be an instance of its type
+(megatron-core is run on the same input in the same test).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import signal
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pytest
+import torch.distributed as dist
+
+import compat
+import compat.parallel_state as ps
+
+WORLD = 8
+RANK = 3
+ALARM_S = 30
+
+SIZES = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "num_distributed_optimizer_instances",
+    "expert_tensor_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+)
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """One bad input: ``kwargs`` for initialize_model_parallel, the argument it is about, and,
+    where megatron-core fails for a reason other than the value itself (or must not be run on
+    it), why its exception type is not compared."""
+
+    case_id: str
+    argument: str
+    kwargs: dict
+    mcore_fails_for_other_reason: Optional[str] = None
+    run_mcore: bool = True
+
+
+NEEDS_CUDA = "MCore's SHARP path needs CUDA; on this CPU-only build it fails for that, not for the value"
+GLOO_ON_FAKE = "a truthy value makes MCore create gloo groups, which the fake backend cannot do"
+# MCore passes the int to open(): it reads file descriptor 5 as YAML and closes it. Under pytest
+# that descriptor is an output capture file, so MCore is not run on this input at all.
+FILE_DESCRIPTOR = "MCore opens file descriptor 5 (and closes it): the outcome depends on the process"
+
+
+def _ranks_outside_pipeline(pp_ranks, *args):
+    return [pp_ranks[0], WORLD + 100]
+
+
+def _build_cases() -> list[BadInput]:
+    cases: list[BadInput] = []
+
+    def add(argument: str, label: str, kwargs: dict, other_reason: Optional[str] = None) -> None:
+        run_mcore = other_reason is not FILE_DESCRIPTOR
+        cases.append(BadInput(f"{argument}:{label}", argument, kwargs, other_reason, run_mcore))
+
+    for name in SIZES:
+        # vpp needs pp > 1 to be meaningful; give it that so the value itself is what is wrong
+        base = {"pipeline_model_parallel_size": 2} if name == "virtual_pipeline_model_parallel_size" else {}
+        for label, value in [("str", "2"), ("zero", 0), ("negative", -2), ("bool", True), ("float", 2.0), ("list", [2])]:
+            add(name, label, {**base, name: value})
+        if name != "virtual_pipeline_model_parallel_size":  # any positive vpp is valid
+            add(name, "huge", {name: 2**40})
+            add(name, "not_divisible", {name: 3})
+        if name not in ("expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size"):  # None allowed there
+            add(name, "none", {name: None})
+    add("virtual_pipeline_model_parallel_size", "without_pipeline", {"virtual_pipeline_model_parallel_size": 2})
+    add(
+        "num_distributed_optimizer_instances",
+        "not_dividing_data_parallel",
+        {"tensor_model_parallel_size": 2, "num_distributed_optimizer_instances": 8},
+    )
+
+    add("pipeline_model_parallel_comm_backend", "int", {"pipeline_model_parallel_comm_backend": 5})
+    add("pipeline_model_parallel_comm_backend", "unknown", {"pipeline_model_parallel_comm_backend": "mpi"})
+
+    for name in ("use_sharp", "hybrid_context_parallel", "create_gloo_process_groups"):
+        reason = {"use_sharp": NEEDS_CUDA, "create_gloo_process_groups": GLOO_ON_FAKE}.get(name)
+        add(name, "str", {name: "yes"}, reason)
+        add(name, "int", {name: 1}, reason)
+        add(name, "none", {name: None})
+    add("hybrid_context_parallel", "odd_data_context_parallel", {"hybrid_context_parallel": True, "tensor_model_parallel_size": 8})
+    add("create_all_gather_group", "str", {"create_all_gather_group": "yes"})
+    add("create_all_gather_group", "int", {"create_all_gather_group": 1})
+
+    hcp = "hierarchical_context_parallel_sizes"
+    for label, value in [
+        ("str", "2,2"),
+        ("int", 4),
+        ("zero_item", [0, 2]),
+        ("negative_items", [-2, -2]),
+        ("float_items", [2.0, 2.0]),
+        ("bool_item", [True, 4]),
+        ("none_item", [None, 4]),
+        ("wrong_product", [2, 3]),
+        ("huge_item", [2**40]),
+    ]:
+        add(hcp, label, {"context_parallel_size": 4, hcp: value})
+
+    path = "nccl_communicator_config_path"
+    add(path, "int", {path: 5}, FILE_DESCRIPTOR)
+    add(path, "missing_file", {path: "/nonexistent/psng-nccl-config.yaml"})
+
+    minutes = "distributed_timeout_minutes"
+    for label, value in [
+        ("str", "30"),
+        ("zero", 0),
+        ("negative", -5),
+        ("bool", True),
+        ("none", None),
+        ("nan", math.nan),
+        ("inf", math.inf),
+        ("huge", 2**50),
+    ]:
+        add(minutes, label, {minutes: value})
+
+    for label, value in [
+        ("int", 5),
+        ("none", None),
+        ("list", ["tp", "dp"]),
+        ("empty", ""),
+        ("unknown_token", "tp-xx-dp-pp"),
+        ("unknown_token_upper_case", "TP-CP-EP-DP-PP-ZZ"),
+        ("duplicated_token", "tp-tp-cp-ep-dp-pp"),
+    ]:
+        add("order", label, {"order": value})
+    add("order", "missing_token_of_size_2", {"order": "cp-ep-dp-pp", "tensor_model_parallel_size": 2})
+
+    for name in ("get_embedding_ranks", "get_position_embedding_ranks"):
+        add(name, "not_callable", {name: 5, "pipeline_model_parallel_size": 2})
+        add(name, "ranks_outside_pipeline", {name: _ranks_outside_pipeline, "pipeline_model_parallel_size": 2})
+
+    streams = "high_priority_stream_groups"
+    add(streams, "str", {streams: "tp"})
+    add(streams, "int", {streams: 5})
+    add(streams, "int_item", {streams: [5]})
+
+    sharp = "sharp_enabled_group"
+    add(sharp, "without_use_sharp", {sharp: "dp"})
+    add(sharp, "unknown", {"use_sharp": True, sharp: "tp"})
+    add(sharp, "int", {"use_sharp": True, sharp: 5})
+    add(sharp, "dp_replica_with_one_instance", {"use_sharp": True, sharp: "dp_replica"})
+    return cases
+
+
+CASES = _build_cases()
+
+
+# --------------------------------------------------------------------------- helpers
+@pytest.fixture(autouse=True)
+def _alarm():
+    """Fail a case that takes more than ALARM_S seconds instead of hanging the run."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"case did not finish within {ALARM_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(ALARM_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="module")
+def megatron_ps():
+    """megatron-core's own parallel_state (with compat.install() undone, if it was in effect)."""
+    was_installed = compat.is_installed()
+    if was_installed:
+        compat.uninstall()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state
+    assert parallel_state is not ps and parallel_state.__name__ == "megatron.core.parallel_state"
+    yield parallel_state
+    if was_installed:
+        compat.install()
+
+
+def _assert_pristine(pg_before: set) -> None:
+    """Not initialized, every module global reset, no process group left behind."""
+    assert not ps.is_initialized()
+    assert ps.get_state() is None
+    for name in (*ps._STATE_GLOBALS, *ps._OVERRIDE_GLOBALS, "_GLOBAL_MEMORY_BUFFER", "_GLOBAL_SYMMETRIC_MEMORY_BUFFER"):
+        assert getattr(ps, name) is None, name
+    assert ps._HYBRID_DP_CP_GROUPS == {}
+    assert set(dist.distributed_c10d._world.pg_map) == pg_before
+
+
+def _builtin_type(exc_type: type) -> type:
+    """The nearest builtin exception class (numpy's UFuncTypeError -> TypeError)."""
+    return next(t for t in exc_type.__mro__ if t.__module__ == "builtins")
+
+
+def _mcore_outcome(megatron_ps, kwargs: dict) -> Optional[BaseException]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            megatron_ps.initialize_model_parallel(**kwargs)
+        except Exception as exc:
+            return exc
+        finally:
+            megatron_ps.destroy_model_parallel()
+    return None
+
+
+# --------------------------------------------------------------------------- tests
+def test_every_argument_has_bad_inputs():
+    parameters = set(inspect.signature(ps.initialize_model_parallel).parameters)
+    covered = {case.argument for case in CASES}
+    assert covered == parameters, parameters ^ covered
+    assert len({case.case_id for case in CASES}) == len(CASES)
+    assert len(CASES) >= 110, len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.case_id for c in CASES])
+def test_bad_input(case: BadInput, fake_world, megatron_ps):
+    kwargs: dict[str, Any] = {"create_gloo_process_groups": False, **case.kwargs}
+    fake_world(RANK, WORLD)
+    pg_before = set(dist.distributed_c10d._world.pg_map)
+
+    with pytest.raises(Exception) as info:
+        ps.initialize_model_parallel(**kwargs)
+    ours = info.value
+    assert case.argument in str(ours), f"{type(ours).__name__}: {ours}"
+    _assert_pristine(pg_before)
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+    assert ps.get_tensor_model_parallel_world_size() == 2
+    ps.destroy_model_parallel()
+    _assert_pristine(pg_before)
+
+    if not case.run_mcore:
+        return
+    # megatron-core on the same input, on a fresh world (its failures leave groups behind).
+    fake_world(RANK, WORLD)
+    theirs = _mcore_outcome(megatron_ps, kwargs)
+    if theirs is not None and case.mcore_fails_for_other_reason is None:
+        expected = _builtin_type(type(theirs))
+        assert isinstance(ours, expected), (
+            f"megatron-core raises {type(theirs).__name__} ({theirs}); we raise {type(ours).__name__} ({ours})"
+        )
