@@ -759,6 +759,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--apply", action="store_true", help="write the rewritten files")
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _diff_name(prefix: str, path: str) -> str:
     return f"{prefix}/{path}" if not os.path.isabs(path) else path
 
@@ -813,17 +817,17 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
     unknown = sorted({u.name for u in uses if not u.known and u.name})
     files_with_uses = sum(1 for s in scans if s.uses)
     summary = (
-        f"scanned {len(scans)} files: {len(uses)} uses of {PARALLEL_STATE} in {files_with_uses} files, "
-        f"{imports} imports to switch"
-        + (f", {len(unknown)} unknown names ({', '.join(unknown)})" if unknown else ", no unknown names")
+        f"scanned {_count(len(scans), 'file')}: {_count(len(uses), 'use')} of {PARALLEL_STATE} in "
+        f"{_count(files_with_uses, 'file')}, {_count(imports, 'import')} to switch, "
+        + (f"{_count(len(unknown), 'unknown name')} ({', '.join(unknown)})" if unknown else "no unknown names")
     )
     errors = sum(1 for s in scans if s.error)
     if errors:
-        summary += f"; {errors} files could not be parsed"
+        summary += f"; {_count(errors, 'file')} could not be read or parsed"
     if args.apply:
         for path in rewritten:
             print(f"rewrote {path}", file=stdout)
-        summary += f"; rewrote {len(rewritten)} files"
+        summary += f"; rewrote {_count(len(rewritten), 'file')}"
     elif not args.rewrite and imports:
         summary += " (--rewrite shows the diff, --apply writes it)"
     print(summary, file=sys.stderr if args.rewrite and not args.apply else stdout)
