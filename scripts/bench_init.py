@@ -1,0 +1,463 @@
+"""Per-rank cost of ``initialize_model_parallel``: Megatron-Core vs ``compat`` vs the floor.
+
+One simulated rank (torch's fake backend) initializes tp 8, pp 4, cp 2, ep 8 with
+``create_gloo_process_groups=False`` at several world sizes. Three sides are measured, each in
+its own subprocess (so peak memory is per side):
+
+* ``mcore``  — ``megatron.core.parallel_state.initialize_model_parallel``;
+* ``compat`` — ``compat.parallel_state.initialize_model_parallel``;
+* ``floor``  — ``torch.distributed.new_group(ranks, use_local_synchronization=True)`` for
+  exactly the groups the rank belongs to, rank lists computed beforehand (untimed) from
+  :class:`~parallel_state_ng.megatron_layout.MegatronLayout`: what any implementation must pay.
+
+Per side and world: median wall time of ``initialize_model_parallel`` over init/destroy cycles,
+number of ``torch.distributed.new_group`` calls (counted by wrapping it), and peak RSS growth
+of the first init (``VmHWM`` after resetting it through ``/proc/self/clear_refs``, minus
+``VmRSS`` before the init; falls back to ``ru_maxrss`` where the reset is not available).
+Also: import time of each module over ``import torch.distributed`` (fresh subprocesses), and
+a check that MCore and compat hand out the same groups from every getter.
+
+MCore's ``destroy_model_parallel`` destroys only its gloo groups and leaves several globals
+set; between cycles this script destroys the groups it left in torch's registry and resets
+those globals, and reports what it found.
+
+Usage::
+
+    python scripts/bench_init.py                       # 4,096 / 65,536 / 1,048,576 ranks
+    python scripts/bench_init.py --worlds 4096 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG: dict[str, int] = {
+    "tensor_model_parallel_size": 8,
+    "pipeline_model_parallel_size": 4,
+    "context_parallel_size": 2,
+    "expert_model_parallel_size": 8,
+}
+MARK = "BENCH_JSON "
+MB = 1024 * 1024
+
+# (label, getter name, keyword arguments): every group getter both modules share.
+GETTERS: list[tuple[str, str, dict[str, Any]]] = [
+    ("tp", "get_tensor_model_parallel_group", {}),
+    ("pp", "get_pipeline_model_parallel_group", {}),
+    ("mp", "get_model_parallel_group", {}),
+    ("dp", "get_data_parallel_group", {}),
+    ("dp_cp", "get_data_parallel_group", {"with_context_parallel": True}),
+    ("dp_cp_partial", "get_data_parallel_group", {"with_context_parallel": True, "partial_data_parallel": True}),
+    ("cp", "get_context_parallel_group", {}),
+    ("embd", "get_embedding_group", {}),
+    ("pos_embd", "get_position_embedding_group", {}),
+    ("tp_dp", "get_tensor_and_data_parallel_group", {}),
+    ("tp_dp_cp", "get_tensor_and_data_parallel_group", {"with_context_parallel": True}),
+    ("tp_cp", "get_tensor_and_context_parallel_group", {}),
+    ("ep", "get_expert_model_parallel_group", {}),
+    ("ep_tp", "get_expert_tensor_parallel_group", {}),
+    ("tp_ep_mp", "get_expert_tensor_and_model_parallel_group", {}),
+    ("tp_ep_pp", "get_expert_tensor_model_pipeline_parallel_group", {}),
+    ("ep_dp", "get_expert_data_parallel_group", {}),
+    ("ep_dp_partial", "get_expert_data_parallel_group", {"partial_expert_data_parallel": True}),
+    ("intra_dist_opt", "get_intra_distributed_optimizer_instance_group", {}),
+]
+
+
+# ----------------------------------------------------------------------------- memory
+def _status_kb(key: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark to the current RSS; False where not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_bytes() -> int:
+    kb = _status_kb("VmRSS")
+    if kb is None:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return kb * 1024
+
+
+def _peak_bytes() -> int:
+    kb = _status_kb("VmHWM")
+    if kb is None:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return kb * 1024
+
+
+# ----------------------------------------------------------------------------- worker
+def _rank_of(spec: str, world: int) -> int:
+    if spec == "mid":
+        return world // 2 + 3
+    if spec == "last":
+        return world - 1
+    rank = int(spec)
+    if not 0 <= rank < world:
+        raise SystemExit(f"--ranks entry {spec!r} is outside 0..{world - 1}")
+    return rank
+
+
+def _expected_groups(world: int, rank: int) -> tuple[list[str], list[list[int]]]:
+    """Kinds the rank belongs to and their rank lists, from MegatronLayout."""
+    from parallel_state_ng.megatron_layout import MegatronLayout
+
+    layout = MegatronLayout(world_size=world, **CONFIG)
+    kinds, lists = [], []
+    for kind in layout.kinds():
+        ranks = layout.group(kind, rank)
+        if ranks is not None:
+            kinds.append(kind)
+            lists.append(ranks)
+    return kinds, lists
+
+
+class _NewGroupCounter:
+    """Wraps ``torch.distributed.new_group``; counts calls and their synchronization mode."""
+
+    def __init__(self, dist: Any) -> None:
+        self.dist = dist
+        self.original = dist.new_group
+        self.calls = 0
+        self.local_sync = 0
+        dist.new_group = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if kwargs.get("use_local_synchronization", False):
+            self.local_sync += 1
+        return self.original(*args, **kwargs)
+
+    def reset(self) -> None:
+        self.calls = self.local_sync = 0
+
+
+def _digest(dist: Any, group: Any) -> str:
+    ranks = dist.get_process_group_ranks(group)
+    return f"{len(ranks)}:{hashlib.sha1(repr(ranks).encode()).hexdigest()[:16]}"
+
+
+def _getter_digests(dist: Any, mod: Any) -> dict[str, str]:
+    out = {}
+    for label, name, kwargs in GETTERS:
+        try:
+            group = getattr(mod, name)(**kwargs)
+        except AssertionError:
+            out[label] = "not initialized"
+            continue
+        out[label] = "None" if group is None else _digest(dist, group)
+    return out
+
+
+def _module_state_names(mod: Any) -> dict[str, Any]:
+    """The module's private globals that hold None or {} at import (its parallel state)."""
+    return {
+        k: v for k, v in vars(mod).items() if k.startswith("_") and not k.startswith("__") and (v is None or v == {})
+    }
+
+
+def _worker(side: str, world: int, rank: int, repeats: int) -> dict[str, Any]:
+    import gc
+
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if side == "mcore":
+        import megatron.core.parallel_state as mod
+    elif side == "compat":
+        import compat.parallel_state as mod
+    elif side == "floor":
+        mod = None
+    else:
+        raise SystemExit(f"--worker must be mcore, compat or floor, got {side!r}")
+
+    kinds, lists = _expected_groups(world, rank)
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    world_pg = dist.distributed_c10d._get_default_group()
+    pg_map = dist.distributed_c10d._world.pg_map
+    counter = _NewGroupCounter(dist)
+    initial = _module_state_names(mod) if mod is not None else {}
+
+    def init() -> Any:
+        if side == "floor":
+            return [dist.new_group(r, use_local_synchronization=True) for r in lists]
+        mod.initialize_model_parallel(create_gloo_process_groups=False, **CONFIG)
+        return None
+
+    times, peaks, calls, local = [], [], [], []
+    digests: dict[str, str] = {}
+    leftovers: dict[str, Any] = {}
+    can_reset = _reset_peak()
+    for i in range(repeats):
+        gc.collect()
+        counter.reset()
+        before = _rss_bytes()
+        _reset_peak()
+        t0 = time.perf_counter()
+        made = init()
+        elapsed = time.perf_counter() - t0
+        peaks.append(_peak_bytes() - before)
+        times.append(elapsed)
+        calls.append(counter.calls)
+        local.append(counter.local_sync)
+        if i == 0 and mod is not None:
+            digests = _getter_digests(dist, mod)
+        # ---- tear down
+        if side == "floor":
+            for pg in made:
+                dist.destroy_process_group(pg)
+            continue
+        mod.destroy_model_parallel()
+        stale_groups = [pg for pg in list(pg_map) if pg is not world_pg]
+        stale_globals = sorted(k for k, v in initial.items() if getattr(mod, k) is not None and getattr(mod, k) != v)
+        if i == 0:
+            leftovers = {"groups_left": len(stale_groups), "globals_left": stale_globals}
+        for pg in stale_groups:
+            dist.destroy_process_group(pg)
+        for k, v in initial.items():
+            setattr(mod, k, {} if v == {} else v)
+    dist.destroy_process_group()
+    member_sets = len({tuple(sorted(r)) for r in lists})
+    return {
+        "side": side,
+        "world": world,
+        "rank": rank,
+        "kinds": kinds,
+        "group_sizes": [len(r) for r in lists],
+        "distinct_member_sets": member_sets,
+        "times_s": times,
+        "median_s": statistics.median(times),
+        "new_group_calls": calls,
+        "local_sync_calls": local,
+        "peak_bytes": peaks,
+        "peak_method": "VmHWM after clear_refs reset, minus VmRSS before" if can_reset else "ru_maxrss minus VmRSS before",
+        "getters": digests,
+        **leftovers,
+    }
+
+
+def _import_worker(module: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    import torch.distributed  # noqa: F401
+
+    t1 = time.perf_counter()
+    __import__(module)
+    t2 = time.perf_counter()
+    return {"module": module, "torch_distributed_s": t1 - t0, "added_s": t2 - t1}
+
+
+# ----------------------------------------------------------------------------- driver
+def _spawn(args: list[str], timeout: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
+    raise RuntimeError(f"worker {args} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _import_times(module: str, samples: int) -> dict[str, Any]:
+    runs = [_spawn(["--import-worker", module], 300) for _ in range(samples)]
+    added = [r["added_s"] for r in runs]
+    return {
+        "module": module,
+        "added_median_s": statistics.median(added),
+        "added_s": added,
+        "torch_distributed_median_s": statistics.median(r["torch_distributed_s"] for r in runs),
+    }
+
+
+def _fmt_s(x: Optional[float]) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def _fmt_mb(b: Optional[int]) -> str:
+    return "—" if b is None else f"{b / MB:.1f}"
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> str:
+    if a is None or b is None or b <= 0:
+        return "—"
+    return f"{a / b:.2f}" if a / b < 10 else f"{a / b:.0f}"
+
+
+def _print(line: str, out: list[str]) -> None:
+    print(line, flush=True)
+    out.append(line)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worlds", default="4096,65536,1048576", help="comma-separated world sizes")
+    p.add_argument("--ranks", default="mid,last", help="ranks to simulate: 'mid' (world//2+3), 'last', or ints")
+    p.add_argument("--repeats", type=int, default=5, help="init/destroy cycles for compat and the floor")
+    p.add_argument("--mcore-repeats", type=int, default=3, help="init/destroy cycles for MCore")
+    p.add_argument("--mcore-max-world", type=int, default=65536, help="skip MCore above this world size")
+    p.add_argument("--import-samples", type=int, default=5, help="fresh processes per import timing")
+    p.add_argument("--json", help="write all results to this file")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--import-worker", help=argparse.SUPPRESS)
+    p.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.import_worker:
+        print(MARK + json.dumps(_import_worker(args.import_worker)), flush=True)
+        return 0
+    if args.worker:
+        print(MARK + json.dumps(_worker(args.worker, args.world, args.rank, args.repeats)), flush=True)
+        return 0
+
+    worlds = [int(w) for w in args.worlds.split(",") if w]
+    out: list[str] = []
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "config": {**CONFIG, "create_gloo_process_groups": False},
+        "machine": {
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_before": os.getloadavg(),
+        },
+        "runs": [],
+        "imports": [],
+    }
+    import torch
+
+    results["machine"]["torch"] = torch.__version__
+
+    _print(
+        f"initialize_model_parallel, one simulated rank (fake backend), tp 8 pp 4 cp 2 ep 8, no gloo groups; "
+        f"median of {args.repeats} cycles (MCore: {args.mcore_repeats}); load {os.getloadavg()[0]:.2f}",
+        out,
+    )
+    header = (
+        f"{'world':>9} {'rank':>9} {'groups':>6} | {'MCore s':>8} {'calls':>7} {'MB':>7} | "
+        f"{'compat s':>8} {'calls':>6} {'MB':>6} | {'floor s':>8} {'MB':>6} | "
+        f"{'MCore/compat':>12} {'compat/floor t':>14} {'compat/floor mem':>16} | same groups"
+    )
+    _print(header, out)
+    _print("-" * len(header), out)
+    notes: list[str] = []
+    for world in worlds:
+        for spec in args.ranks.split(","):
+            rank = _rank_of(spec, world)
+            row: dict[str, Any] = {"world": world, "rank": rank}
+            for side in ("floor", "compat", "mcore"):
+                if side == "mcore" and world > args.mcore_max_world:
+                    row["mcore"] = None
+                    continue
+                reps = args.mcore_repeats if side == "mcore" else args.repeats
+                row[side] = _spawn(
+                    ["--worker", side, "--world", str(world), "--rank", str(rank), "--repeats", str(reps)], 1800
+                )
+            results["runs"].append(row)
+            fl, co, mc = row["floor"], row["compat"], row["mcore"]
+            if mc is None:
+                same = f"MCore skipped (world > --mcore-max-world {args.mcore_max_world})"
+            else:
+                diff = [k for k in mc["getters"] if mc["getters"][k] != co["getters"].get(k)]
+                same = "yes" if not diff else f"NO: {diff}"
+                row["same_groups"] = not diff
+                if mc.get("groups_left") or mc.get("globals_left"):
+                    notes.append(
+                        f"world {world} rank {rank}: MCore's destroy_model_parallel left {mc['groups_left']} groups "
+                        f"in torch's registry and globals {mc['globals_left']}"
+                    )
+            if co.get("groups_left") or co.get("globals_left"):
+                notes.append(
+                    f"world {world} rank {rank}: compat's destroy_model_parallel left {co['groups_left']} groups "
+                    f"and globals {co['globals_left']}"
+                )
+            mc_s = mc["median_s"] if mc else None
+            mc_calls = str(mc["new_group_calls"][0]) if mc else "—"
+            mc_mb = mc["peak_bytes"][0] if mc else None
+            _print(
+                f"{world:>9,} {rank:>9,} {len(fl['kinds']):>6} | {_fmt_s(mc_s):>8} {mc_calls:>7} {_fmt_mb(mc_mb):>7} | "
+                f"{_fmt_s(co['median_s']):>8} {co['new_group_calls'][0]:>6} {_fmt_mb(co['peak_bytes'][0]):>6} | "
+                f"{_fmt_s(fl['median_s']):>8} {_fmt_mb(fl['peak_bytes'][0]):>6} | "
+                f"{_ratio(mc_s, co['median_s']):>12} {_ratio(co['median_s'], fl['median_s']):>14} "
+                f"{_ratio(co['peak_bytes'][0], fl['peak_bytes'][0]):>16} | {same}",
+                out,
+            )
+    _print("", out)
+    _print(
+        "groups: kinds of group the rank belongs to (MegatronLayout); calls: torch.distributed.new_group calls "
+        "during one init; MB: peak RSS growth of the first init (" + row["compat"]["peak_method"] + ").",
+        out,
+    )
+    for row in results["runs"]:
+        co = row["compat"]
+        _print(
+            f"  world {row['world']:,} rank {row['rank']:,}: {len(co['kinds'])} groups "
+            f"({co['distinct_member_sets']} distinct member sets), sizes {co['group_sizes']}; "
+            f"compat new_group calls {co['new_group_calls'][0]} ({co['local_sync_calls'][0]} with "
+            f"use_local_synchronization=True)",
+            out,
+        )
+    for note in dict.fromkeys(notes):
+        _print("  " + note, out)
+
+    _print("", out)
+    base = None
+    for module in ("compat.parallel_state", "megatron.core.parallel_state"):
+        imp = _import_times(module, args.import_samples)
+        results["imports"].append(imp)
+        base = imp["torch_distributed_median_s"] if base is None else base
+        _print(
+            f"import {module}: +{imp['added_median_s']:.3f} s over import torch.distributed "
+            f"(median of {args.import_samples} fresh processes; torch.distributed itself "
+            f"{imp['torch_distributed_median_s']:.2f} s)",
+            out,
+        )
+    results["machine"]["load_after"] = os.getloadavg()
+    results["elapsed_s"] = time.perf_counter() - started
+    _print(f"load average after: {os.getloadavg()[0]:.2f}; benchmark took {results['elapsed_s']:.0f} s", out)
+    results["table"] = out
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
