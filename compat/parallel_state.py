@@ -290,12 +290,17 @@ def create_group(
     return group
 
 
-def _member_group(ranks: list[int], **kwargs: Any) -> Any:
-    """A group created by its members only, recorded for :func:`update_pg_timeout`."""
+def _note_group_creation() -> None:
+    """Start ``_global_process_group_list`` (with the default group) if it is not yet."""
     global _global_process_group_list
-    group = new_member_group(ranks, **kwargs)
     if _global_process_group_list is None:
         _global_process_group_list = [None]
+
+
+def _member_group(ranks: list[int], **kwargs: Any) -> Any:
+    """A group created by its members only, recorded for :func:`update_pg_timeout`."""
+    group = new_member_group(ranks, **kwargs)
+    _note_group_creation()
     _global_process_group_list.append(group)
     return group
 
@@ -339,6 +344,12 @@ def create_hierarchical_groups(
     sizes = list(hierarchical_group_sizes)
     if not isinstance(pg_options, list):
         pg_options = [pg_options] * len(sizes)
+    if math.prod(sizes) != len(ranks):
+        raise RuntimeError(  # MCore's einops rearrange fails with a RuntimeError subclass
+            f"hierarchical_group_sizes {sizes} multiply to {math.prod(sizes)}, but ranks has {len(ranks)} entries"
+        )
+    if sizes and ranks:
+        _note_group_creation()
     if rank not in ranks:
         return [], []
     layout = Layout([len(ranks)], ["all"]).split("all", sizes, [f"l{i}" for i in range(len(sizes))])
@@ -370,10 +381,13 @@ def create_hybrid_dp_cp_groups(rank, ranks, pg_options):
     Returns ``{s: group}``; only the calling rank's chunks are created.
     """
     out = {}
-    if rank not in ranks or len(ranks) < 1:
+    sizes = [2**i for i in range(1, int(math.log2(len(ranks))))] if len(ranks) > 0 else []
+    if sizes:
+        _note_group_creation()
+    if rank not in ranks:
         return out
     position = list(ranks).index(rank)
-    for size in [2**i for i in range(1, int(math.log2(len(ranks))))]:
+    for size in sizes:
         start = (position // size) * size
         out[size] = _member_group(
             list(ranks[start : start + size]), pg_options=pg_options, group_desc=f"HYBRID_DP_CP_GROUP_{size}"
@@ -435,7 +449,14 @@ def _load_nccl_config(path: Optional[str]) -> dict:
             "Cannot import `yaml`: nccl_communicator_config_path needs the PyYAML package (pip install pyyaml)"
         ) from None
     with open(path, "r") as stream:
-        return yaml.safe_load(stream) or {}
+        config = yaml.safe_load(stream)
+    if not isinstance(config, dict):
+        # MCore fails on it later with TypeError ("argument of type 'NoneType' ...").
+        raise TypeError(
+            f"nccl_communicator_config_path {path!r} must hold a mapping of group name to options, "
+            f"got {type(config).__name__}"
+        )
+    return config
 
 
 def initialize_model_parallel(

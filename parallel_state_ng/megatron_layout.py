@@ -29,6 +29,7 @@ __all__ = [
     "normalize_order",
     "default_embedding_ranks",
     "default_position_embedding_ranks",
+    "EmptyGroupError",
 ]
 
 # Tokens of MCore's ``order`` string, in the order its RankGenerator checks them.
@@ -75,6 +76,10 @@ def normalize_order(order: str, sizes: dict[str, int]) -> list[str]:
     if dup:
         raise ValueError(f"order {order!r} repeats token(s) {dup}; each token may appear once")
     return tokens
+
+
+class EmptyGroupError(ValueError, TypeError):
+    """A user callable produced an empty group (MCore fails on it with ``TypeError``)."""
 
 
 @dataclass(frozen=True)
@@ -287,10 +292,13 @@ class MegatronLayout:
         embedding group from its own pipeline alone.
         """
         fn = self.get_embedding_ranks if kind == "embd" else self.get_position_embedding_ranks
+        arg = "get_embedding_ranks" if kind == "embd" else "get_position_embedding_ranks"
         members = list(fn(list(pp_ranks)))
+        if not members:
+            # MCore hands the empty list to new_group, which fails with TypeError.
+            raise EmptyGroupError(f"{arg} returned no ranks for the pipeline group {list(pp_ranks)}")
         outside = [r for r in members if r not in pp_ranks]
         if outside:
-            arg = "get_embedding_ranks" if kind == "embd" else "get_position_embedding_ranks"
             raise ValueError(
                 f"{arg} returned ranks {outside} that are not in the pipeline group {list(pp_ranks)}; "
                 f"it must return a subset of the ranks it is given"
