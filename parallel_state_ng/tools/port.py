@@ -25,6 +25,7 @@ import ast
 import difflib
 import functools
 import inspect
+import io
 import os
 import re
 import sys
@@ -337,7 +338,9 @@ def _call_flags(name: str, call: Optional[ast.Call], keywords: set[str]) -> Opti
 
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return None
-    value = lambda n: n.value if isinstance(n, ast.Constant) else _Dynamic()  # noqa: E731
+    def value(node: ast.expr) -> Any:
+        return node.value if isinstance(node, ast.Constant) else _Dynamic()
+
     try:
         bound = inspect.signature(getattr(ps, name)).bind_partial(
             *[value(a) for a in call.args], **{k.arg: value(k.value) for k in call.keywords}
@@ -464,7 +467,7 @@ class _FileScanner:
 
     # ---------------------------------------------------------------- uses
     def add_member_use(self, node: ast.AST, name: str, category: str, call: Optional[ast.Call] = None) -> None:
-        expr = ast.get_source_segment(self.source, node) or name
+        expr = self._segment(node)[2] or name
         api = compat_api()
         known = name in api
         if isinstance(node, ast.Attribute) and not isinstance(node.value, ast.Name):
@@ -474,7 +477,7 @@ class _FileScanner:
             if isinstance(root, ast.Name):
                 self.chain_spans.append((node.value, root.id))
         if category == "call":
-            what = f"call {_short(ast.get_source_segment(self.source, call) or expr + '()')}"
+            what = f"call {_short(self._segment(call)[2])}"
         elif category == "read" and known and self._is_function(name):
             category, what = "reference", f"reference {expr}"
         else:
@@ -516,7 +519,8 @@ class _FileScanner:
         return None
 
     # ---------------------------------------------------------------- imports
-    def _segment(self, node: ast.stmt) -> tuple[int, int, str]:
+    def _segment(self, node: ast.AST) -> tuple[int, int, str]:
+        """(start offset, end offset, source text) of a node."""
         start = self.index.offset(node.lineno, node.col_offset)
         end = self.index.offset(node.end_lineno, node.end_col_offset)
         return start, end, self.source[start:end]
@@ -568,7 +572,7 @@ class _FileScanner:
                 )
             )
         for expr, _ in self.chain_spans:
-            start, end, _old = self._segment(expr)  # type: ignore[arg-type]
+            start, end, _old = self._segment(expr)
             self.edits.append(_Edit(start, end, COMPAT_PARALLEL_STATE))
 
     def _flag_unknown_imported_names(self, node: ast.stmt) -> None:
@@ -683,8 +687,6 @@ def _root(expr: ast.AST) -> ast.AST:
 def _read_source(path: str) -> tuple[str, str]:
     with open(path, "rb") as fh:
         data = fh.read()
-    import io
-
     encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     return data.decode(encoding), encoding
 
