@@ -199,29 +199,145 @@ def get_state() -> Optional[_state.ParallelState]:
     return _STATE
 
 
+# ------------------------------------------------------------------ several grids (not MCore API)
+# A job may hold several independent grids (e.g. a vision encoder with tp 2 and a language model
+# with tp 4 over the same ranks). Build each with initialize_model_parallel and detach_state(),
+# then activate one at a time with use_state(). Names chosen not to collide with MCore's.
+
+# set_*() overrides, per use_state block: a block starts without any and drops its own on exit.
+_BLOCK_OVERRIDES = (*_OVERRIDE_GLOBALS, "_MPU_DATA_PARALLEL_RANK", "_MPU_DATA_PARALLEL_WORLD_SIZE")
+# Globals that belong to one grid but are not kept in its ParallelState.
+_STATE_EXTRAS = (
+    "_VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK",
+    "_VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE",
+    "_GLOBAL_MEMORY_BUFFER",
+    "_GLOBAL_SYMMETRIC_MEMORY_BUFFER",
+)
+# id(detached state) -> (state, its _STATE_EXTRAS values); holding the state keeps its id unique.
+_DETACHED: dict[int, tuple[_state.ParallelState, dict[str, Any]]] = {}
+# The states that enclosing use_state blocks make active again on exit, outermost first.
+_SUSPENDED: list[Optional[_state.ParallelState]] = []
+
+
+def _extras_of(state: Optional[_state.ParallelState]) -> dict[str, Any]:
+    """The _STATE_EXTRAS values that go with ``state`` when it becomes active."""
+    g = globals()
+    if state is None:
+        return dict.fromkeys(_STATE_EXTRAS)
+    if state is _STATE:
+        return {name: g[name] for name in _STATE_EXTRAS}
+    if id(state) in _DETACHED:
+        return dict(_DETACHED[id(state)][1])
+    # built elsewhere (e.g. compat._state.build_state): no virtual pipeline, the buffers in place
+    return {
+        "_VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK": None,
+        "_VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE": None,
+        "_GLOBAL_MEMORY_BUFFER": _GLOBAL_MEMORY_BUFFER,
+        "_GLOBAL_SYMMETRIC_MEMORY_BUFFER": _GLOBAL_SYMMETRIC_MEMORY_BUFFER,
+    }
+
+
 @contextmanager
 def use_state(state: Optional[_state.ParallelState]):
-    """Make ``state`` the one the getters read inside the ``with`` block.
+    """Make ``state`` the grid every getter reads inside the ``with`` block.
 
-    For jobs with several independent grids (e.g. a vision encoder and a language model with
-    different parallelism): build each with ``initialize_model_parallel``, keep
-    ``get_state()`` of each, and switch between them. A getter whose group the active state
-    lacks fails as uninitialized instead of answering for another grid. The previous state
-    (and any ``set_*`` overrides) is restored on exit.
+    ``state`` is a grid from :func:`get_state` or :func:`detach_state` (``None``: no grid, every
+    getter fails as uninitialized). Inside the block the module globals mirror ``state`` alone:
+    a getter whose group ``state`` lacks (no gloo twin, not an embedding stage, no hierarchical
+    context parallelism, ...) raises ``AssertionError`` as MCore does before initialization
+    (or returns ``None`` with ``check_initialized=False``) instead of answering for another
+    grid. The grid's virtual-pipeline size and global memory buffer come with it.
+
+    ``set_*`` overrides are per block: the block starts without any and those set inside it are
+    dropped on exit. On exit, normal or by an exception, the previous grid, its overrides and
+    globals are restored exactly; blocks nest. A grid initialized inside a block must be
+    detached there, else it is dropped on exit with its groups alive (a ``ResourceWarning``).
     """
     global _STATE
     g = globals()
+    extras = _extras_of(state)
     saved_state = _STATE
-    saved = {name: g[name] for name in (*_STATE_GLOBALS, *_OVERRIDE_GLOBALS, "_HYBRID_DP_CP_GROUPS")}
-    _STATE = state
-    _publish(state)
-    for name in _OVERRIDE_GLOBALS:
-        g[name] = None
+    saved = {name: g[name] for name in (*_STATE_GLOBALS, *_BLOCK_OVERRIDES, *_STATE_EXTRAS, "_HYBRID_DP_CP_GROUPS")}
+    _SUSPENDED.append(saved_state)
     try:
+        _STATE = state
+        _publish(state)
+        g.update(extras)
+        for name in _BLOCK_OVERRIDES:
+            g[name] = None
         yield state
     finally:
+        _SUSPENDED.pop()
+        left = _STATE
         _STATE = saved_state
         g.update(saved)
+        if left is not None and left is not state and id(left) not in _DETACHED:
+            warnings.warn(
+                "a parallel state initialized inside a use_state block was neither detached nor "
+                "destroyed there; its process groups stay alive but no getter can reach them",
+                ResourceWarning,
+                stacklevel=3,
+            )
+
+
+def detach_state() -> _state.ParallelState:
+    """Take the active grid out of the module without destroying its groups; return it.
+
+    The module is left as :func:`destroy_model_parallel` leaves it (uninitialized, overrides
+    and buffers cleared), so ``initialize_model_parallel`` can build another grid. The returned
+    state keeps its groups, virtual-pipeline size and memory buffer: activate it with
+    :func:`use_state`, export it with ``compat.pg_collection.to_process_group_collection``,
+    and free it with :func:`destroy_state`. Typical use::
+
+        initialize_model_parallel(tensor_model_parallel_size=2)
+        vision = detach_state()
+        initialize_model_parallel(tensor_model_parallel_size=4)
+        language = detach_state()
+        with use_state(vision):
+            ...  # Megatron code sees the tp-2 grid
+        destroy_state(vision); destroy_state(language)
+
+    Raises:
+        AssertionError: no grid is active.
+    """
+    global _STATE
+    state = _STATE
+    if state is None:
+        raise AssertionError(
+            "no parallel state to detach: initialize_model_parallel has not run, or its grid was "
+            "destroyed or detached already"
+        )
+    g = globals()
+    _DETACHED[id(state)] = (state, {name: g[name] for name in _STATE_EXTRAS})
+    _STATE = None
+    _publish(None)
+    for name in (*_OVERRIDE_GLOBALS, "_GLOBAL_MEMORY_BUFFER", "_GLOBAL_SYMMETRIC_MEMORY_BUFFER"):
+        g[name] = None
+    return state
+
+
+def destroy_state(state: _state.ParallelState) -> None:
+    """Destroy the process groups of ``state``, an active or detached grid.
+
+    The active grid is destroyed with :func:`destroy_model_parallel`; a detached one is
+    destroyed without touching the active grid. Destroying a grid twice is harmless.
+
+    Raises:
+        TypeError: ``state`` is not a ParallelState.
+        AssertionError: an enclosing :func:`use_state` block would make ``state`` active again
+            on exit (destroy it after that block).
+    """
+    if not isinstance(state, _state.ParallelState):
+        raise TypeError(f"state must be a ParallelState (from get_state or detach_state), got {state!r}")
+    if any(s is state for s in _SUSPENDED):
+        raise AssertionError(
+            "this parallel state is restored by an enclosing use_state block on exit; destroy it after that block"
+        )
+    if state is _STATE:
+        destroy_model_parallel()
+        return
+    _DETACHED.pop(id(state), None)
+    _state.destroy_state(state)
 
 
 # --------------------------------------------------------------------------- helpers (MCore API)
@@ -1163,4 +1279,5 @@ def destroy_model_parallel():
     _GLOBAL_MEMORY_BUFFER = None
     _GLOBAL_SYMMETRIC_MEMORY_BUFFER = None
     if state is not None:
+        _DETACHED.pop(id(state), None)
         _state.destroy_state(state)
