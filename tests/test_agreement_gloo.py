@@ -208,6 +208,24 @@ def test_hyper_comm_grid_check_agreement(gloo_world):
     assert 'dim_names: ["tp", "dp"] on ranks 0, 2-3; ["tp"] on rank 1' in message
 
 
+def _check_in_halves(fields: dict) -> dict:
+    """Ranks 0-1 and ranks 2-3 each run their own check (participants given as rank lists)."""
+    half = [0, 1] if dist.get_rank() < 2 else [2, 3]
+    try:
+        result = check_agreement(fields, name="halves", timeout=30, group=half)
+    except ParallelConfigMismatchError as exc:
+        return {"error": str(exc)}
+    return {"error": None, "participants": result.participants}
+
+
+def test_check_over_a_subset_of_ranks(gloo_world):
+    world = gloo_world(4)
+    # Ranks 0 and 1 disagree; ranks 2 and 3 agree with each other (on another value).
+    outcomes = world.run_per_rank(_check_in_halves, [({"x": 1},), ({"x": 2},), ({"x": 3},), ({"x": 3},)], timeout=90)
+    assert outcomes[0] == outcomes[1] and "x: 1 on rank 0; 2 on rank 1" in outcomes[0]["error"]
+    assert outcomes[2] == outcomes[3] == {"error": None, "participants": 2}
+
+
 @pytest.mark.parametrize("how", ["env", "setting"])
 def test_turned_off_means_no_communication(gloo_world, how):
     world = gloo_world(4)
