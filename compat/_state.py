@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from parallel_state_ng.handles import GroupHandle
 from parallel_state_ng.megatron_layout import MegatronLayout
-from parallel_state_ng.naming import new_member_group
+from parallel_state_ng.naming import destroy_groups, new_member_group
 
 __all__ = ["ParallelState", "build_state", "destroy_state", "destroy_groups"]
 
@@ -79,23 +79,6 @@ def destroy_state(state: ParallelState) -> int:
         handle.destroy()
     state.handles.clear()
     return destroy_groups(state.created)
-
-
-def destroy_groups(groups: list[Any]) -> int:
-    """Destroy each live process group in ``groups`` (once); return how many were destroyed."""
-    if not dist.is_initialized():
-        return 0
-    done = 0
-    seen: set[int] = set()
-    pg_map = dist.distributed_c10d._world.pg_map
-    for pg in groups:
-        if pg is None or id(pg) in seen:
-            continue
-        seen.add(id(pg))
-        if pg in pg_map:
-            dist.destroy_process_group(pg)
-            done += 1
-    return done
 
 
 class _Creator:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from . import agreement as _agreement
 from .layout import DimsArg, Layout, UnknownDimError
-from .naming import new_member_group
+from .naming import destroy_groups, new_member_group
 
 __all__ = ["HyperCommGrid", "BASE_VIEW"]
 
@@ -268,13 +268,7 @@ class HyperCommGrid:
         for handle in self.__dict__.pop("_handles", {}).values():
             handle.destroy()
         pgs, self._pgs = self._pgs, {}
-        seen: set[int] = set()
-        for pg in pgs.values():
-            if pg is None or id(pg) in seen:
-                continue
-            seen.add(id(pg))
-            if dist.is_initialized() and pg in dist.distributed_c10d._world.pg_map:
-                dist.destroy_process_group(pg)
+        destroy_groups(pgs.values())
 
     def __repr__(self) -> str:
         return f"HyperCommGrid({self.layout!r}, views={self.views}, groups={list(self._pgs)})"

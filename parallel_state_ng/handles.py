@@ -32,7 +32,7 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as dist
 
-from .naming import new_member_group
+from .naming import destroy_groups, new_member_group
 
 __all__ = ["GroupHandle"]
 
@@ -223,8 +223,8 @@ class GroupHandle:
         """Destroy the CPU group this handle created (the device group belongs to its owner)."""
         pg, owned = self._cpu_group, self._owns_cpu_group
         self._cpu_group, self._owns_cpu_group = None, False
-        if owned and pg is not None and dist.is_initialized() and pg in dist.distributed_c10d._world.pg_map:
-            dist.destroy_process_group(pg)
+        if owned:
+            destroy_groups([pg])
 
     # ---------------------------------------------------------- collectives
     def _resolve_src(self, group_src: Optional[int], global_src: Optional[int]) -> int:

@@ -11,7 +11,8 @@ wait until the timeout.
 how many groups with exactly that member set this process created before (every member of a
 set takes part in each creation of a group over it, so that count is the same on all of them).
 Names are never reused, so a re-created group never meets keys left in the store by an earlier
-one.
+one. :func:`destroy_groups` destroys groups and drops the per-name tag entry torch leaves
+behind, so repeated create/destroy cycles leave no trace in torch's registries.
 
 The per-set counters are process-wide because torch's group registry is process-wide; they
 carry no layout state.
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["new_member_group", "member_set_digest"]
+__all__ = ["new_member_group", "member_set_digest", "destroy_groups"]
 
 _created_by_member_set: dict[str, int] = {}
 
@@ -59,3 +60,27 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
             c10d._process_group_name = original
     _created_by_member_set[digest] = count + 1
     return group
+
+
+def destroy_groups(groups: Iterable[Any]) -> int:
+    """Destroy each live process group in ``groups`` once; return how many were destroyed.
+
+    ``None`` entries, groups already destroyed and repeats are skipped. Besides
+    ``torch.distributed.destroy_process_group``, this removes the now empty
+    ``ptd:<group name>`` tag list torch keeps for every named group.
+    """
+    if not dist.is_initialized():
+        return 0
+    world = dist.distributed_c10d._world
+    done = 0
+    seen: set[int] = set()
+    for pg in groups:
+        if pg is None or id(pg) in seen or pg not in world.pg_map:
+            continue
+        seen.add(id(pg))
+        tag = world.pg_to_tag.get(pg)
+        dist.destroy_process_group(pg)
+        if tag and tag.startswith("ptd:") and not world.tags_to_pg.get(tag, True):
+            del world.tags_to_pg[tag]
+        done += 1
+    return done

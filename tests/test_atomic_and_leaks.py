@@ -193,8 +193,8 @@ def test_failure_on_a_gloo_world_leaves_nothing(gloo_world, mode, fail_at):
 # 9 MB over the same 180 cycles (17 groups leaked per cycle, ~50 KB); 2 MB is crossed by any
 # leak of >= ~11 KB per cycle (about 4 groups' worth), while allocator noise over 180 cycles
 # measured well under 0.2 MB. Leaked groups themselves are caught exactly by the registry
-# counts. (Measured here: 0.66-0.84 MB for compat, most of it torch's empty tags_to_pg lists,
-# see the xfail below; 0.23 MB for the grid.)
+# counts. (Measured before destroy pruned torch's empty tags_to_pg lists: 0.66-0.84 MB for
+# compat and 0.23 MB for the grid; test_torch_tag_registry_does_not_grow now guards that.)
 RSS_TOLERANCE = 2 * 1024 * 1024
 CYCLES = 200
 
@@ -245,12 +245,6 @@ def test_grid_create_destroy_cycles_leak_nothing(fake_world):
     assert growth < RSS_TOLERANCE, f"RSS grew by {growth / 1e6:.2f} MB between cycle 20 and {CYCLES}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch's destroy_process_group leaves an empty tags_to_pg['ptd:<group name>'] list, and "
-    "parallel_state_ng.naming never reuses a group name, so these entries pile up (17 per cycle "
-    "here, ~3.4 KB); remove this marker once destroy prunes them",
-)
 @pytest.mark.parametrize("what", ["compat", "grid"])
 def test_torch_tag_registry_does_not_grow(fake_world, what):
     fake_world(5, 64)
