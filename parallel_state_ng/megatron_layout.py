@@ -293,7 +293,11 @@ class MegatronLayout:
         """
         fn = self.get_embedding_ranks if kind == "embd" else self.get_position_embedding_ranks
         arg = "get_embedding_ranks" if kind == "embd" else "get_position_embedding_ranks"
-        members = list(fn(list(pp_ranks)))
+        result = fn(list(pp_ranks))
+        try:
+            members = list(result)
+        except TypeError:
+            raise TypeError(f"{arg} must return a list of ranks, got {result!r}") from None
         if not members:
             # MCore hands the empty list to new_group, which fails with TypeError.
             raise EmptyGroupError(f"{arg} returned no ranks for the pipeline group {list(pp_ranks)}")
