@@ -10,10 +10,12 @@ its own subprocess (so peak memory is per side):
   exactly the groups the rank belongs to, rank lists computed beforehand (untimed) from
   :class:`~parallel_state_ng.megatron_layout.MegatronLayout`: what any implementation must pay.
 
-Per side and world: median wall time of ``initialize_model_parallel`` over init/destroy cycles,
+Per side and world: median wall time of ``initialize_model_parallel`` over init/destroy cycles
+(compat and floor: several fresh processes, alternating, so load changes hit both alike),
 number of ``torch.distributed.new_group`` calls (counted by wrapping it), and peak RSS growth
-of the first init (``VmHWM`` after resetting it through ``/proc/self/clear_refs``, minus
-``VmRSS`` before the init; falls back to ``ru_maxrss`` where the reset is not available).
+of a process's first init (``VmHWM`` after resetting it through ``/proc/self/clear_refs``,
+minus ``VmRSS`` before the init; falls back to ``ru_maxrss`` where the reset is not
+available), median over the processes.
 Also: import time of each module over ``import torch.distributed`` (fresh subprocesses), and
 a check that MCore and compat hand out the same groups from every getter.
 
@@ -199,7 +201,12 @@ def _worker(side: str, world: int, rank: int, repeats: int) -> dict[str, Any]:
     else:
         raise SystemExit(f"--worker must be mcore, compat or floor, got {side!r}")
 
+    import parallel_state_ng.megatron_layout  # noqa: F401  (imported before measuring the lists)
+
+    gc.collect()
+    rss0 = _rss_bytes()
     kinds, lists = _expected_groups(world, rank)
+    lists_bytes = _rss_bytes() - rss0  # what the floor gets for free: the rank lists and their ints
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     world_pg = dist.distributed_c10d._get_default_group()
     pg_map = dist.distributed_c10d._world.pg_map
@@ -253,6 +260,7 @@ def _worker(side: str, world: int, rank: int, repeats: int) -> dict[str, Any]:
         "kinds": kinds,
         "group_sizes": [len(r) for r in lists],
         "distinct_member_sets": member_sets,
+        "rank_lists_bytes": lists_bytes,
         "times_s": times,
         "median_s": statistics.median(times),
         "new_group_calls": calls,
@@ -293,6 +301,29 @@ def _spawn(args: list[str], timeout: float) -> dict[str, Any]:
     raise RuntimeError(f"worker {args} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
+def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Merge worker results of one side: times pooled, peak = median of each first init."""
+    merged = dict(runs[0])
+    merged["times_s"] = [t for r in runs for t in r["times_s"]]
+    merged["median_s"] = statistics.median(merged["times_s"])
+    merged["first_init_peaks"] = [r["peak_bytes"][0] for r in runs]
+    merged["peak_first_init"] = int(statistics.median(merged["first_init_peaks"]))
+    merged["processes"] = len(runs)
+    return merged
+
+
+def _measure(sides: list[str], world: int, rank: int, repeats: int, rounds: int) -> dict[str, dict[str, Any]]:
+    """``rounds`` fresh worker processes per side of ``repeats`` cycles each, sides alternating
+    (so a change in machine load hits all sides alike)."""
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    for _ in range(rounds):
+        for side in sides:
+            runs[side].append(
+                _spawn(["--worker", side, "--world", str(world), "--rank", str(rank), "--repeats", str(repeats)], 1800)
+            )
+    return {side: _merge(r) for side, r in runs.items()}
+
+
 def _import_times(module: str, samples: int) -> dict[str, Any]:
     runs = [_spawn(["--import-worker", module], 300) for _ in range(samples)]
     added = [r["added_s"] for r in runs]
@@ -320,6 +351,42 @@ def _ratio(a: Optional[float], b: Optional[float]) -> str:
     return f"{a / b:.2f}" if a / b < 10 else f"{a / b:.0f}"
 
 
+def _targets(results: dict[str, Any]) -> list[str]:
+    """One line per performance target: met or missed, with the figures behind it."""
+
+    def verdict(ok: bool) -> str:
+        return "met   " if ok else "MISSED"
+
+    lines = ["targets:"]
+    runs = results["runs"]
+    speed = [
+        (r["world"], r["mcore"]["median_s"] / r["compat"]["median_s"]) for r in runs if r["mcore"] and r["world"] == 65536
+    ]
+    if speed:
+        ok = all(x >= 100 for _, x in speed)
+        lines.append(f"  {verdict(ok)} compat >= 100x faster than MCore at 65,536 ranks: {[round(x) for _, x in speed]}x")
+    else:
+        lines.append("  n/a    compat >= 100x faster than MCore at 65,536 ranks (not measured)")
+    t = [r["compat"]["median_s"] / r["floor"]["median_s"] for r in runs]
+    m = [r["compat"]["peak_first_init"] / r["floor"]["peak_first_init"] for r in runs]
+    lines.append(f"  {verdict(max(t) <= 1.5)} compat time <= 1.5x floor at every size: max {max(t):.2f}x")
+    lines.append(f"  {verdict(max(m) <= 1.5)} compat peak memory <= 1.5x floor at every size: max {max(m):.2f}x")
+    calls_ok = all(
+        all(c == len(r["compat"]["kinds"]) for c in r["compat"]["new_group_calls"])
+        and all(c == len(r["compat"]["kinds"]) for c in r["compat"]["local_sync_calls"])
+        for r in runs
+    )
+    lines.append(
+        f"  {verdict(calls_ok)} new_group calls per rank = groups of the rank, all local: "
+        + ", ".join(f"{r['world']:,}/{r['rank']:,}: {r['compat']['new_group_calls'][0]}" for r in runs)
+    )
+    imp = [i for i in results["imports"] if i["module"] == "compat.parallel_state"]
+    if imp:
+        added = imp[0]["added_median_s"]
+        lines.append(f"  {verdict(added < 0.1)} import compat.parallel_state adds < 0.1 s: {added:.3f} s")
+    return lines
+
+
 def _print(line: str, out: list[str]) -> None:
     print(line, flush=True)
     out.append(line)
@@ -329,7 +396,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worlds", default="4096,65536,1048576", help="comma-separated world sizes")
     p.add_argument("--ranks", default="mid,last", help="ranks to simulate: 'mid' (world//2+3), 'last', or ints")
-    p.add_argument("--repeats", type=int, default=5, help="init/destroy cycles for compat and the floor")
+    p.add_argument("--repeats", type=int, default=7, help="init/destroy cycles per process for compat and the floor")
+    p.add_argument("--rounds", type=int, default=3, help="fresh processes for compat and the floor (alternating)")
     p.add_argument("--mcore-repeats", type=int, default=3, help="init/destroy cycles for MCore")
     p.add_argument("--mcore-max-world", type=int, default=65536, help="skip MCore above this world size")
     p.add_argument("--import-samples", type=int, default=5, help="fresh processes per import timing")
@@ -367,7 +435,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     _print(
         f"initialize_model_parallel, one simulated rank (fake backend), tp 8 pp 4 cp 2 ep 8, no gloo groups; "
-        f"median of {args.repeats} cycles (MCore: {args.mcore_repeats}); load {os.getloadavg()[0]:.2f}",
+        f"time: median of {args.rounds} processes x {args.repeats} cycles (MCore: 1 x {args.mcore_repeats}); "
+        f"load {os.getloadavg()[0]:.2f}",
         out,
     )
     header = (
@@ -382,14 +451,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         for spec in args.ranks.split(","):
             rank = _rank_of(spec, world)
             row: dict[str, Any] = {"world": world, "rank": rank}
-            for side in ("floor", "compat", "mcore"):
-                if side == "mcore" and world > args.mcore_max_world:
-                    row["mcore"] = None
-                    continue
-                reps = args.mcore_repeats if side == "mcore" else args.repeats
-                row[side] = _spawn(
-                    ["--worker", side, "--world", str(world), "--rank", str(rank), "--repeats", str(reps)], 1800
-                )
+            row.update(_measure(["floor", "compat"], world, rank, args.repeats, args.rounds))
+            row["mcore"] = None
+            if world <= args.mcore_max_world:
+                row["mcore"] = _measure(["mcore"], world, rank, args.mcore_repeats, 1)["mcore"]
             results["runs"].append(row)
             fl, co, mc = row["floor"], row["compat"], row["mcore"]
             if mc is None:
@@ -410,19 +475,21 @@ def main(argv: Optional[list[str]] = None) -> int:
                 )
             mc_s = mc["median_s"] if mc else None
             mc_calls = str(mc["new_group_calls"][0]) if mc else "—"
-            mc_mb = mc["peak_bytes"][0] if mc else None
+            mc_mb = mc["peak_first_init"] if mc else None
             _print(
                 f"{world:>9,} {rank:>9,} {len(fl['kinds']):>6} | {_fmt_s(mc_s):>8} {mc_calls:>7} {_fmt_mb(mc_mb):>7} | "
-                f"{_fmt_s(co['median_s']):>8} {co['new_group_calls'][0]:>6} {_fmt_mb(co['peak_bytes'][0]):>6} | "
-                f"{_fmt_s(fl['median_s']):>8} {_fmt_mb(fl['peak_bytes'][0]):>6} | "
+                f"{_fmt_s(co['median_s']):>8} {co['new_group_calls'][0]:>6} {_fmt_mb(co['peak_first_init']):>6} | "
+                f"{_fmt_s(fl['median_s']):>8} {_fmt_mb(fl['peak_first_init']):>6} | "
                 f"{_ratio(mc_s, co['median_s']):>12} {_ratio(co['median_s'], fl['median_s']):>14} "
-                f"{_ratio(co['peak_bytes'][0], fl['peak_bytes'][0]):>16} | {same}",
+                f"{_ratio(co['peak_first_init'], fl['peak_first_init']):>16} | {same}",
                 out,
             )
     _print("", out)
     _print(
         "groups: kinds of group the rank belongs to (MegatronLayout); calls: torch.distributed.new_group calls "
-        "during one init; MB: peak RSS growth of the first init (" + row["compat"]["peak_method"] + ").",
+        "during one init; MB: peak RSS growth of a process's first init, median over processes ("
+        + row["compat"]["peak_method"]
+        + ").",
         out,
     )
     for row in results["runs"]:
@@ -431,24 +498,26 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"  world {row['world']:,} rank {row['rank']:,}: {len(co['kinds'])} groups "
             f"({co['distinct_member_sets']} distinct member sets), sizes {co['group_sizes']}; "
             f"compat new_group calls {co['new_group_calls'][0]} ({co['local_sync_calls'][0]} with "
-            f"use_local_synchronization=True)",
+            f"use_local_synchronization=True); the floor's rank lists (built before its clock, not charged "
+            f"to it) take {_fmt_mb(row['floor']['rank_lists_bytes'])} MB",
             out,
         )
     for note in dict.fromkeys(notes):
         _print("  " + note, out)
 
     _print("", out)
-    base = None
     for module in ("compat.parallel_state", "megatron.core.parallel_state"):
         imp = _import_times(module, args.import_samples)
         results["imports"].append(imp)
-        base = imp["torch_distributed_median_s"] if base is None else base
         _print(
             f"import {module}: +{imp['added_median_s']:.3f} s over import torch.distributed "
             f"(median of {args.import_samples} fresh processes; torch.distributed itself "
             f"{imp['torch_distributed_median_s']:.2f} s)",
             out,
         )
+    _print("", out)
+    for line in _targets(results):
+        _print(line, out)
     results["machine"]["load_after"] = os.getloadavg()
     results["elapsed_s"] = time.perf_counter() - started
     _print(f"load average after: {os.getloadavg()[0]:.2f}; benchmark took {results['elapsed_s']:.0f} s", out)
