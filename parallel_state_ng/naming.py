@@ -7,9 +7,9 @@ first pipeline stage holds an embedding group, its neighbour does not) then comp
 names for their next common group, look for each other under different store prefixes, and
 wait until the timeout.
 
-:func:`new_member_group` names a group after what every member does know: its member set and
-how many groups with exactly that member set this process created before (every member of a
-set takes part in each creation of a group over it, so that count is the same on all of them).
+:func:`new_member_group` names a group after what every member does know: its rank list and
+how many groups with exactly that rank list this process created before (every member takes
+part in each creation of a group over it, so that count is the same on all of them).
 Names are never reused, so a re-created group never meets keys left in the store by an earlier
 one. :func:`destroy_groups` destroys groups and drops the per-name tag entry torch leaves
 behind, so repeated create/destroy cycles leave no trace in torch's registries.
@@ -33,19 +33,21 @@ _created_by_member_set: dict[str, int] = {}
 
 
 def member_set_digest(ranks: Sequence[int]) -> str:
-    """A short digest of the sorted member set (O(len(ranks)))."""
-    data = array("q", sorted(ranks)).tobytes()
-    return hashlib.sha1(data, usedforsecurity=False).hexdigest()[:24]
+    """A short digest of the rank list (O(len(ranks)), one 8-byte-per-rank buffer)."""
+    return hashlib.sha1(array("q", ranks), usedforsecurity=False).hexdigest()[:24]
 
 
 def new_member_group(ranks: Sequence[int], **kwargs: Any):
     """``new_group(ranks, use_local_synchronization=True, **kwargs)`` under a stable name.
 
-    Only the members call it; each member must create its groups over a given member set in
-    the same sequence (true for SPMD code). Other keyword arguments (``timeout``, ``backend``,
-    ``pg_options``, ``group_desc``) go to ``torch.distributed.new_group``.
+    Only the members call it, with the same rank list (same order); each member must create
+    its groups over a given rank list in the same sequence (true for SPMD code). A gloo group
+    is ready on every member when this returns (one barrier over it), so it may be destroyed
+    right away. Other keyword arguments (``timeout``, ``backend``, ``pg_options``,
+    ``group_desc``) go to ``torch.distributed.new_group``.
     """
-    ranks = list(ranks)
+    if not isinstance(ranks, list):
+        ranks = list(ranks)
     digest = member_set_digest(ranks)
     count = _created_by_member_set.get(digest, 0)
     name = f"psng-{digest}-{count}"
@@ -59,6 +61,11 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
         if original is not None:
             c10d._process_group_name = original
     _created_by_member_set[digest] = count + 1
+    if isinstance(group, dist.ProcessGroup) and len(ranks) > 1 and dist.get_backend(group) == "gloo":
+        # gloo connects every pair eagerly; a member that returned early and destroyed the
+        # group at once would close sockets a slower member is still connecting. A barrier
+        # here means: when creation returns, every member has finished connecting.
+        dist.barrier(group=group)
     return group
 
 
