@@ -286,6 +286,12 @@ def _report(config: DemoConfig, grid, seen_by_rank: list) -> tuple[str, bool]:
         lines.append(
             f"ranks {config.grid_size}..{config.world_size - 1} are outside the grid: they get no group and make no call"
         )
+    left_out = len(GROUP_KINDS) - len(config.kinds)
+    if left_out:
+        lines.append(
+            f"{left_out} of Megatron-Core's {len(GROUP_KINDS)} kinds left out: with size-1 dims dropped they are "
+            "single ranks or repeat a kind shown"
+        )
     lines.append("")
     failures, verified = [], 0
     for k, (label, view, dims) in enumerate(config.kinds):

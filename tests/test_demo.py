@@ -67,6 +67,7 @@ def test_default_run_verifies_every_group():
     assert lines[0] == "parallel_state_ng demo: 8 CPU processes, gloo on this machine"
     assert lines[1].startswith("dense layout:  tp=2 dp=2 pp=2  (order tp-dp-pp")
     assert lines[2].startswith("expert layout: etp=2 ep=2 edp=1 pp=2  (order etp-ep-edp-pp")
+    assert lines[3].startswith("5 of Megatron-Core's 14 kinds left out")  # cp and edp have size 1
     assert "tensor parallel [tp]: 4 groups of 2" in lines
     assert "  [0, 1] [2, 3] [4, 5] [6, 7]" in lines
     assert "pipeline parallel [pp]: 4 groups of 2" in lines
