@@ -95,7 +95,7 @@ class Layout:
         >>> lay = Layout([2, 2, 2], ["tp", "dp", "pp"])
         >>> lay.enumerate_groups("dp").tolist()
         [[0, 2], [1, 3], [4, 6], [5, 7]]
-        >>> lay.group_ranks(5, ["tp", "pp"])
+        >>> lay.group_ranks(5, ["dp", "pp"])
         [1, 3, 5, 7]
     """
 

@@ -82,6 +82,16 @@ class EmptyGroupError(ValueError, TypeError):
     """A user callable produced an empty group (MCore fails on it with ``TypeError``)."""
 
 
+def _quotient(world_size: int, **factors: int) -> int:
+    """``world_size`` divided by the product of ``factors``; ``RuntimeError`` (as MCore) if it
+    does not divide, naming every factor."""
+    product = math.prod(factors.values())
+    if world_size % product != 0:
+        named = " x ".join(f"{name} ({value})" for name, value in factors.items())
+        raise RuntimeError(f"world_size ({world_size}) is not divisible by {named} = {product}")
+    return world_size // product
+
+
 @dataclass(frozen=True)
 class GroupKind:
     """One kind of process group MCore builds.
@@ -150,13 +160,9 @@ class MegatronLayout:
         w = self.world_size
         tp, pp, cp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size, self.context_parallel_size
         ep = self.expert_model_parallel_size
-        model_size = tp * pp * cp
-        if w % model_size != 0:
-            raise RuntimeError(
-                f"world_size ({w}) is not divisible by tensor_model_parallel_size ({tp}) x "
-                f"pipeline_model_parallel_size ({pp}) x context_parallel_size ({cp}) = {model_size}"
-            )
-        self.data_parallel_size = w // model_size
+        self.data_parallel_size = _quotient(
+            w, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+        )
         dense = {"tp": tp, "pp": pp, "dp": self.data_parallel_size, "ep": 1, "cp": cp}
         self.order_tokens = normalize_order(self.order, dense)
         self.decoder = Layout([dense[t] for t in self.order_tokens], self.order_tokens)
@@ -164,13 +170,9 @@ class MegatronLayout:
         if self.expert_tensor_parallel_size is None:
             self.expert_tensor_parallel_size = tp
         etp = self.expert_tensor_parallel_size
-        etmp = etp * ep * pp
-        if w % etmp != 0:
-            raise RuntimeError(
-                f"world_size ({w}) is not divisible by expert_tensor_parallel_size ({etp}) x "
-                f"expert_model_parallel_size ({ep}) x pipeline_model_parallel_size ({pp}) = {etmp}"
-            )
-        self.expert_data_parallel_size = w // etmp
+        self.expert_data_parallel_size = _quotient(
+            w, expert_tensor_parallel_size=etp, expert_model_parallel_size=ep, pipeline_model_parallel_size=pp
+        )
         moe = {"tp": etp, "pp": pp, "dp": self.expert_data_parallel_size, "ep": ep, "cp": 1}
         expert_tokens = normalize_order(self.order, moe)
         self.expert = Layout([moe[t] for t in expert_tokens], expert_tokens)
