@@ -205,6 +205,23 @@ def _builtin_type(exc_type: type) -> type:
     return next(t for t in exc_type.__mro__ if t.__module__ == "builtins")
 
 
+def _clear_einops_caches() -> None:
+    """Forget einops' cached recipes.
+
+    MCore's hierarchical groups go through einops, which caches a recipe per (pattern, axis
+    lengths); a float length (``[2.0, 2.0]``) hashes like the int, so after MCore failed on it
+    every later call with the equal ints fails too, in this whole process. Other tests run
+    MCore after this file under pytest-xdist, so the poisoned entries must not outlive a case.
+    """
+    try:
+        import einops.einops as einops_impl
+    except ImportError:
+        return
+    for value in vars(einops_impl).values():
+        if callable(getattr(value, "cache_clear", None)):
+            value.cache_clear()
+
+
 def _mcore_outcome(megatron_ps, kwargs: dict) -> Optional[BaseException]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -214,6 +231,7 @@ def _mcore_outcome(megatron_ps, kwargs: dict) -> Optional[BaseException]:
             return exc
         finally:
             megatron_ps.destroy_model_parallel()
+            _clear_einops_caches()
     return None
 
 
