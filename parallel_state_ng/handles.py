@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .naming import destroy_groups, new_member_group
+from .objects import broadcast_object
 
 __all__ = ["GroupHandle"]
 
@@ -322,9 +323,7 @@ class GroupHandle:
         src = self._resolve_src(group_src, global_src)
         if self.size == 1:
             return obj
-        box = [obj if self._rank == src else None]
-        dist.broadcast_object_list(box, src=src, group=self.cpu_group)
-        return box[0]
+        return broadcast_object(obj, src, group=self.cpu_group)  # numpy-free, unlike torch's
 
     def barrier(self) -> None:
         """Block until every member reaches the barrier (on the CPU group)."""

@@ -30,8 +30,12 @@ import os
 import sys
 import tempfile
 import textwrap
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
+
+# torch warns once per process when numpy is absent; the demo needs only torch.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run from a checkout without installing the package
@@ -234,6 +238,7 @@ def _rank_main(rank: int, config: DemoConfig, store_path: str) -> None:
     import torch.distributed as dist
 
     from parallel_state_ng import HyperCommGrid
+    from parallel_state_ng.objects import all_gather_objects
 
     store = dist.FileStore(store_path, config.world_size)
     dist.init_process_group(
@@ -253,8 +258,8 @@ def _rank_main(rank: int, config: DemoConfig, store_path: str) -> None:
             one_hot[rank] = 1
             dist.all_reduce(one_hot, group=pg)
             seen.append(one_hot.nonzero().flatten().tolist())
-        gathered: Optional[list] = [None] * config.world_size if rank == 0 else None
-        dist.gather_object(seen, gathered, dst=0)
+        # torch's gather_object needs numpy; this project needs only torch.
+        gathered = all_gather_objects(seen)
         if rank == 0:
             report, ok = _report(config, grid, gathered)
             print(report, flush=True)
