@@ -59,6 +59,8 @@ from typing import Any, Optional, Union
 
 import torch.distributed as dist
 
+from .objects import all_gather_objects
+
 __all__ = [
     "AgreementError",
     "ParallelConfigMismatchError",
@@ -587,12 +589,11 @@ def realign_sequences(group: Any = None) -> dict[str, int]:
 
     Needed only after some rank skipped a check the others made (their next checks would
     otherwise look for each other under different keys and time out). Call it on every rank
-    of ``group`` (default: the world); it uses one ``all_gather_object``. Returns the new
+    of ``group`` (default: the world); it gathers every rank's numbers once. Returns the new
     numbers. On the fake backend it only returns this process's numbers.
     """
     if str(dist.get_backend()) != "fake":
-        gathered: list[Optional[dict[str, int]]] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, dict(_sequences), group=group)
+        gathered = all_gather_objects(dict(_sequences), group=group)  # numpy-free object gather
         for numbers_of_rank in gathered:
             for key, value in (numbers_of_rank or {}).items():
                 _sequences[key] = max(_sequences.get(key, 0), value)
