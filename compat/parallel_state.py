@@ -31,10 +31,10 @@ import torch.distributed as dist
 from parallel_state_ng.agreement import check_initialize_agreement
 from parallel_state_ng.layout import Layout
 from parallel_state_ng.naming import new_member_group
-from parallel_state_ng.megatron_layout import (
+from parallel_state_ng.megatron_layout import (  # the two defaults are MCore API, re-exported
     MegatronLayout,
-    default_embedding_ranks,
-    default_position_embedding_ranks,
+    default_embedding_ranks,  # noqa: F401
+    default_position_embedding_ranks,  # noqa: F401
     normalize_order,
 )
 
@@ -608,7 +608,7 @@ def initialize_model_parallel(
     only the groups it belongs to; a failure destroys whatever was created and leaves the
     module uninitialized; and a later :func:`destroy_model_parallel` destroys every group.
     """
-    global _STATE, _GLOBAL_MEMORY_BUFFER
+    global _STATE
     # Every rank must pass the same arguments: compare them across ranks before anything else
     # (a mismatch raises on every rank instead of hanging; see parallel_state_ng.agreement).
     check_initialize_agreement(locals())

@@ -28,7 +28,9 @@ from . import agreement as _agreement
 from .layout import DimsArg, Layout, UnknownDimError
 from .naming import destroy_groups, new_member_group
 
-__all__ = ["HyperCommGrid", "BASE_VIEW"]
+# UnknownDimError: megatron raises ValueError for an unknown name in a list and KeyError for an
+# unknown single name in get_pg; this error is both, and re-exported here.
+__all__ = ["HyperCommGrid", "BASE_VIEW", "UnknownDimError"]
 
 BASE_VIEW = "base"
 
@@ -312,8 +314,3 @@ class HyperCommGrid:
         from .mesh import device_mesh
 
         return device_mesh(self, dims, device_type, view=view, create=create)
-
-
-# megatron raises ValueError for an unknown name in a list and KeyError for an unknown single
-# name in get_pg; UnknownDimError is both.
-__all__.append("UnknownDimError")

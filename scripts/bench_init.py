@@ -40,7 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG: dict[str, int] = {
