@@ -20,7 +20,7 @@ setup(
     ),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=["parallel_state_ng", "parallel_state_ng.tools", "compat"],
+    packages=["parallel_state_ng", "parallel_state_ng.releases", "parallel_state_ng.tools", "compat"],
     python_requires=">=3.10",
     install_requires=["torch>=2.4"],
     extras_require={"megatron": ["megatron-core", "einops"], "test": TEST_REQUIRES},

@@ -1,0 +1,163 @@
+"""Which Megatron-Core release to mirror, and what differs between releases.
+
+Megatron-Core's ``parallel_state`` / ``hyper_comm_grid`` API moved between releases (functions
+added and removed, parameters inserted, new parallelism axes). Every such difference is stated
+as data in this package, keyed by release series (``"0.19"``); code elsewhere asks
+:class:`Release` questions and never compares version strings itself.
+
+Selection (:func:`select_release`), first match wins:
+
+1. ``$PSNG_MEGATRON_VERSION`` (``0.19`` or ``0.19.2``);
+2. the installed ``megatron-core`` distribution, read with :mod:`importlib.metadata`
+   (megatron is not imported);
+3. the newest supported release.
+
+A release newer than the newest supported one is served as the newest, with a warning naming
+both; an older unsupported one raises :class:`UnsupportedReleaseError` naming the supported
+range.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = [
+    "SUPPORTED_SERIES",
+    "ENV_VAR",
+    "Release",
+    "UnsupportedReleaseError",
+    "installed_megatron_version",
+    "parse_release",
+    "select_release",
+    "current_release",
+]
+
+# Supported release series, oldest first. A series is one entry whatever its patch releases:
+# within a series the files mirrored here are identical.
+SUPPORTED_SERIES: tuple[str, ...] = ("0.14", "0.15", "0.16", "0.17", "0.18", "0.19")
+ENV_VAR = "PSNG_MEGATRON_VERSION"
+
+_VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+class UnsupportedReleaseError(ValueError):
+    """The requested or installed megatron-core release is older than every supported one."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """One Megatron-Core release series being mirrored.
+
+    ``version`` is the version string as found (``"0.19.2"``, ``"0.16.0rc0"``) or requested;
+    ``series`` is its ``major.minor`` (the key of every per-release fact).
+    """
+
+    major: int
+    minor: int
+    version: str
+
+    @property
+    def series(self) -> str:
+        """``"major.minor"``, e.g. ``"0.19"``."""
+        return f"{self.major}.{self.minor}"
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Sortable ``(major, minor)``."""
+        return (self.major, self.minor)
+
+    def at_least(self, series: str) -> bool:
+        """Whether this release is ``series`` (``"0.17"``) or newer."""
+        return self.key >= _series_key(series)
+
+    def before(self, series: str) -> bool:
+        """Whether this release is older than ``series``."""
+        return self.key < _series_key(series)
+
+    def __str__(self) -> str:
+        return self.version
+
+
+def _series_key(series: str) -> tuple[int, int]:
+    match = _VERSION_RE.match(series)
+    if match is None:
+        raise ValueError(f"not a release series: {series!r} (expected e.g. '0.19')")
+    return (int(match.group(1)), int(match.group(2)))
+
+
+def parse_release(version: str) -> Release:
+    """Parse ``"0.19"``, ``"0.19.2"``, ``"0.16.0rc0"``, ... into a :class:`Release`.
+
+    Raises:
+        ValueError: ``version`` does not start with ``major.minor``.
+    """
+    match = _VERSION_RE.match(str(version))
+    if match is None:
+        raise ValueError(f"cannot read a megatron-core release from {version!r} (expected e.g. '0.19' or '0.19.2')")
+    return Release(int(match.group(1)), int(match.group(2)), str(version).strip())
+
+
+def installed_megatron_version() -> Optional[str]:
+    """The installed ``megatron-core`` distribution's version, or ``None`` (megatron not imported)."""
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _supported(release: Release, source: str) -> Release:
+    oldest, newest = parse_release(SUPPORTED_SERIES[0]), parse_release(SUPPORTED_SERIES[-1])
+    if release.key < oldest.key:
+        raise UnsupportedReleaseError(
+            f"megatron-core {release.version} ({source}) is not supported: parallel_state_ng mirrors "
+            f"releases {SUPPORTED_SERIES[0]} to {SUPPORTED_SERIES[-1]}; set {ENV_VAR} to one of "
+            f"{', '.join(SUPPORTED_SERIES)} or install a supported megatron-core"
+        )
+    if release.key > newest.key:
+        warnings.warn(
+            f"megatron-core {release.version} ({source}) is newer than the newest release parallel_state_ng "
+            f"knows ({SUPPORTED_SERIES[-1]}); serving the {SUPPORTED_SERIES[-1]} API",
+            stacklevel=3,
+        )
+        return Release(newest.major, newest.minor, release.version)
+    if release.series not in SUPPORTED_SERIES:
+        raise UnsupportedReleaseError(
+            f"megatron-core {release.version} ({source}) is not a known release series; supported: "
+            f"{', '.join(SUPPORTED_SERIES)}"
+        )
+    return release
+
+
+def select_release(requested: Optional[str] = None) -> Release:
+    """The release to mirror: ``requested``, else ``$PSNG_MEGATRON_VERSION``, else installed, else newest.
+
+    Raises:
+        UnsupportedReleaseError: the chosen release is older than the oldest supported one.
+        ValueError: ``requested`` / the environment variable is not a version string.
+    """
+    if requested is not None:
+        return _supported(parse_release(requested), "requested")
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return _supported(parse_release(env), f"from ${ENV_VAR}")
+    installed = installed_megatron_version()
+    if installed is not None:
+        return _supported(parse_release(installed), "installed")
+    newest = parse_release(SUPPORTED_SERIES[-1])
+    return newest
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_default() -> Release:
+    return select_release()
+
+
+def current_release() -> Release:
+    """:func:`select_release` with no argument, computed once per process."""
+    return _cached_default()
