@@ -202,6 +202,56 @@ def _check_views(report: _Report, theirs: type, ours: type) -> None:
         o.destroy()
 
 
+BRIDGE_GRIDS = [  # (shape, dim_names, rank_offset) over 32 ranks; bridge code needs tp, cp, pp, dp
+    ([2, 1, 2, 2], ["tp", "cp", "pp", "dp"], 0),
+    ([1, 1, 4, 2], ["tp", "cp", "pp", "dp"], 8),
+    ([2, 1, 2, 4], ["tp", "cp", "dp", "pp"], 16),
+    ([4, 1, 2, 1], ["pp", "tp", "dp", "cp"], 3),
+]
+
+
+def _bridge_module() -> Any:
+    """Megatron's ``bridge_communicator`` of this release, loaded without its package's
+    ``__init__`` (which imports the whole pipeline stack); ``None`` before 0.15."""
+    import importlib
+    import sys
+    import types
+
+    import megatron.core
+
+    name = "megatron.core.pipeline_parallel"
+    path = os.path.join(megatron.core.__path__[0], "pipeline_parallel")
+    if not os.path.isfile(os.path.join(path, "bridge_communicator.py")):
+        return None
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [path]
+        sys.modules[name] = package
+    return importlib.import_module(name + ".bridge_communicator")
+
+
+def _check_megatron_callers(report: _Report, theirs: type, ours: type) -> None:
+    """Megatron's own bridge code (it calls ``grid._gen_rank_enum``) on both grids."""
+    bridge = _bridge_module()
+    if bridge is None:
+        return
+    from types import SimpleNamespace
+
+    comm = bridge.BridgeCommunicator
+    os.environ["WORLD_SIZE"] = "32"
+    for shape, names, offset in BRIDGE_GRIDS:
+        t, o = theirs(shape, names, offset), ours(shape, names, offset)
+        for rank in range(offset, offset + 8):
+            me = SimpleNamespace(current_rank=rank)
+            for is_src in (True, False):
+                what = f"{names} {shape} +{offset} rank {rank} src={is_src}"
+                report.same("bridge_communicator", what, lambda: comm.get_leader_rank(me, t, is_src),
+                            lambda: comm.get_leader_rank(me, o, is_src))
+                report.same("bridge_communicator", what, lambda: comm.get_boundary_pp_stage_ranks(me, t, is_src),
+                            lambda: comm.get_boundary_pp_stage_ranks(me, o, is_src))
+    del os.environ["WORLD_SIZE"]
+
+
 def _bad_inputs(has: set[str]) -> list[tuple[str, Callable[[type], Any]]]:
     def grid(cls: type) -> Any:
         return cls([2, 2, 4], ["tp", "pp", "dp"])  # 16 ranks, pp stride 2
@@ -288,6 +338,7 @@ def run_checks(seed: int) -> dict[str, Any]:
     _check_surface(report, theirs, ours, Engine, facts)
     _check_enumerations(report, theirs, ours, seed)
     _check_membership(report, theirs, ours)
+    _check_megatron_callers(report, theirs, ours)
     if "register_view" in has:
         _check_views(report, theirs, ours)
         _check_views(report, theirs, Engine)  # the superset class has the 0.19 semantics too

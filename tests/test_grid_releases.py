@@ -4,7 +4,8 @@ One subprocess per release (``tests/mcore_releases.run_in_release``) runs the ba
 ``tests/grid_release_checks.py`` on torch's fake backend: public surface (methods present and
 absent, signatures; the superset class accepts every release's calls), seeded rank
 enumerations (``get_rank_enum``, ``_gen_rank_enum``), ``create_pg`` membership on several
-ranks, ``destroy`` / ``is_current_rank_in_grid`` (0.17+), the 0.19 views (``register_view``,
+ranks, Megatron's own ``BridgeCommunicator`` leader / boundary-stage helpers (0.15+, they call
+``grid._gen_rank_enum``) on both grids, ``destroy`` / ``is_current_rank_in_grid`` (0.17+), the 0.19 views (``register_view``,
 keyword-only ``view=``, shared dims reusing the base group) and bad input (the release's
 exception types). Then, in this process: the release classes themselves, and a real gloo run
 of the view semantics.
@@ -30,6 +31,7 @@ SEED = 20260421
 # What each release's run must have exercised (beyond the checks every release gets).
 EXPECTED_KINDS = {
     "0.14": {"surface", "_gen_rank_enum", "create_pg", "get_pg", "bad input"},
+    "0.15": {"bridge_communicator"},
     "0.16": {"get_rank_enum"},
     "0.17": {"destroy", "is_current_rank_in_grid"},
     "0.19": {"register_view", "view create_pg", "view get_rank_enum", "shared reuse", "view keyword-only"},
