@@ -29,7 +29,7 @@ import inspect
 from typing import Any, Callable
 
 from .grid import HyperCommGrid
-from .releases import SUPPORTED_SERIES, Release, current_release, parse_release, select_release
+from .releases import SUPPORTED_SERIES, Release, UnsupportedReleaseError, current_release, parse_release, select_release
 from .releases import hyper_comm_grid as _facts
 
 __all__ = ["hyper_comm_grid_class"]
@@ -117,7 +117,8 @@ def hyper_comm_grid_class(release: Release | str | None = None) -> type:
     and its ``megatron_release`` attribute names the series.
 
     Raises:
-        parallel_state_ng.releases.UnsupportedReleaseError: ``release`` is older than 0.14.
+        parallel_state_ng.releases.UnsupportedReleaseError: ``release`` is not supported or has
+            no ``HyperCommGrid`` (older than 0.14).
     """
     if release is None:
         rel = current_release()
@@ -125,4 +126,9 @@ def hyper_comm_grid_class(release: Release | str | None = None) -> type:
         rel = release
     else:
         rel = select_release(str(release))  # validates: too old raises, too new warns
+    if not _facts.has_class(rel):
+        raise UnsupportedReleaseError(
+            f"megatron-core {rel} has no HyperCommGrid (it came with {_facts.CLASS_SINCE}); "
+            f"use parallel_state_ng.HyperCommGrid directly"
+        )
     return _build(rel.series)

@@ -30,7 +30,18 @@ from typing import Any, Optional, Union
 
 from . import SUPPORTED_SERIES, Release, current_release, parse_release
 
-__all__ = ["METHODS", "ATTRIBUTES", "VIEW_SINCE", "methods", "method_names", "all_method_names", "signature"]
+__all__ = [
+    "METHODS",
+    "ATTRIBUTES",
+    "CLASS_SINCE",
+    "VIEW_SINCE",
+    "has_class",
+    "methods",
+    "method_names",
+    "all_method_names",
+    "signature",
+    "differences",
+]
 
 _EMPTY = inspect.Parameter.empty
 _POS = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -70,6 +81,9 @@ METHODS: dict[str, dict[str, Optional[tuple[Param, ...]]]] = {
 # Instance attributes every release sets (and Megatron's code reads).
 ATTRIBUTES: tuple[str, ...] = ("shape", "dim_names", "rank_offset", "size", "backend")
 
+# The first release with ``megatron/core/hyper_comm_grid.py`` (0.12 and 0.13 have none).
+CLASS_SINCE = "0.14"
+
 # The release that introduced views (``register_view``, ``view=``).
 VIEW_SINCE = "0.19"
 
@@ -91,6 +105,11 @@ def _params(name: str, release: Release) -> Optional[tuple[Param, ...]]:
         if release.at_least(series):
             found = params
     return found
+
+
+def has_class(release: ReleaseArg = None) -> bool:
+    """Whether ``release`` (default: the current one) has ``megatron.core.hyper_comm_grid.HyperCommGrid``."""
+    return _release(release).at_least(CLASS_SINCE)
 
 
 def signature(params: tuple[Param, ...]) -> inspect.Signature:
@@ -119,3 +138,17 @@ def method_names(release: ReleaseArg = None) -> list[str]:
 def all_method_names() -> list[str]:
     """Every method name any supported release has."""
     return [name for name in METHODS if any(name in methods(series) for series in SUPPORTED_SERIES)]
+
+
+def differences(old: ReleaseArg, new: ReleaseArg) -> dict[str, tuple[Optional[inspect.Signature], Optional[inspect.Signature]]]:
+    """Methods added, removed or changed from ``old`` to ``new``: name -> (old signature, new signature).
+
+    ``None`` on one side: the method does not exist in that release.
+    """
+    before, after = methods(old), methods(new)
+    out = {}
+    for name in METHODS:
+        a, b = before.get(name), after.get(name)
+        if a != b:
+            out[name] = (None if a is None else signature(a), None if b is None else signature(b))
+    return out
