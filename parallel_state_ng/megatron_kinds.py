@@ -104,7 +104,7 @@ def inject_gtp_remat(order: str, after: str) -> str:
     return "-".join(tokens)
 
 
-def normalize_order(order: str, sizes: dict[str, int]) -> list[str]:
+def normalize_order(order: str, sizes: dict[str, int], given: Optional[str] = None) -> list[str]:
     """MCore's reading of an ``order`` string for the given token sizes.
 
     ``sizes`` maps each token the rank generator knows (``ORDER_TOKENS``, plus ``gtp_remat``
@@ -112,25 +112,27 @@ def normalize_order(order: str, sizes: dict[str, int]) -> list[str]:
     ``RuntimeError`` (as MCore's RankGenerator does); tokens of size 1 missing from it are
     appended. Like MCore, "missing" is a substring test on the whole string. Unknown tokens
     raise ``KeyError`` like MCore; a repeated token raises ``ValueError`` (MCore silently
-    builds a wrong layout from it).
+    builds a wrong layout from it). ``given`` is the order as the user wrote it, named in
+    messages (default: ``order``).
     """
     if not isinstance(order, str):
         raise TypeError(f"order must be a str such as {DEFAULT_ORDER!r}, got {order!r}")
     text = order.lower()
+    shown = order if given is None else given
     for name, size in sizes.items():
         if name not in text:
             if size != 1:
                 raise RuntimeError(
-                    f"order {order!r} does not contain {name!r}, but its size is {size}; add {name!r} to order"
+                    f"order {shown!r} does not contain {name!r}, but its size is {size}; add {name!r} to order"
                 )
             text = f"{text}-{name}"
     tokens = text.split("-")
     for tok in tokens:
         if tok not in sizes:
-            raise KeyError(f"order {order!r} has unknown token {tok!r}; known tokens are {list(sizes)}")
+            raise KeyError(f"order {shown!r} has unknown token {tok!r}; known tokens are {list(sizes)}")
     dup = sorted({t for t in tokens if tokens.count(t) > 1})
     if dup:
-        raise ValueError(f"order {order!r} repeats token(s) {dup}; each token may appear once")
+        raise ValueError(f"order {shown!r} repeats token(s) {dup}; each token may appear once")
     return tokens
 
 

@@ -69,7 +69,7 @@ def _read_order(order: str, sizes: dict[str, int], gtp_after: Optional[str]) -> 
         return normalize_order(order, sizes)
     if not isinstance(order, str):
         raise TypeError(f"order must be a str such as {DEFAULT_ORDER!r}, got {order!r}")
-    tokens = normalize_order(inject_gtp_remat(order, gtp_after), sizes)
+    tokens = normalize_order(inject_gtp_remat(order, gtp_after), sizes, given=order)
     if "tp" not in tokens:
         message = (
             f"order {order!r} has no 'tp' token: megatron-core 0.19 mistakes the 'tp' in "
