@@ -21,6 +21,7 @@ No ``torch.distributed`` here: the compat module turns these rank lists into pro
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,26 @@ __all__ = [
 ]
 
 _ALL_GATHER_KINDS = ("dp_cp_ag", "ep_dp_ag")
+
+
+@functools.lru_cache(maxsize=None)
+def _token_kind_dims(gtp_axis: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Kind -> (view, dims) for the kinds read off a rank-generator token.
+
+    Without the GTP axis (before 0.19) the GTP kinds are absent and ``gtp_remat`` is dropped
+    from the tokens of the kinds that span it on 0.19.
+    """
+    out = {}
+    for name, kind in GROUP_KINDS.items():
+        if kind.view not in ("dense", "expert"):
+            continue
+        tokens = kind.token.split("-")
+        if GTP_TOKEN in tokens and not gtp_axis:
+            if kind.since == "0.19":
+                continue
+            tokens = [t for t in tokens if t != GTP_TOKEN]
+        out[name] = (kind.view, tuple(tokens))
+    return out
 
 
 def _read_order(order: str, sizes: dict[str, int], gtp_after: Optional[str]) -> list[str]:
@@ -243,17 +264,13 @@ class MegatronLayout:
 
     def _token_kinds(self) -> dict[str, tuple[Layout, tuple[str, ...]]]:
         """Kinds enumerated straight from a rank-generator token: (layout, dims)."""
-        out = {}
-        for name, kind in GROUP_KINDS.items():
-            if kind.view not in ("dense", "expert"):
-                continue
-            tokens = kind.token.split("-")
-            if GTP_TOKEN in tokens and not self.facts.gtp_remat_axis:
-                if kind.since == "0.19":
-                    continue  # a GTP kind: absent before 0.19
-                tokens = [t for t in tokens if t != GTP_TOKEN]
-            out[name] = (self.decoder if kind.view == "dense" else self.expert, tuple(tokens))
-        return out
+        views = {"dense": self.decoder, "expert": self.expert}
+        return {name: (views[view], dims) for name, (view, dims) in _token_kind_dims(self.facts.gtp_remat_axis).items()}
+
+    @property
+    def token_kinds(self) -> frozenset[str]:
+        """The kinds read straight off a rank-generator token (enumerated in MCore's order)."""
+        return frozenset(self._kind_dims)
 
     @property
     def hierarchical_levels(self) -> int:

@@ -171,7 +171,7 @@ def check_release(series: str, configs: list[dict], seed: int) -> dict:
             by_kind.setdefault(kind, []).append(group.ranks)
         if order != lay.kinds():
             mismatches.append(f"{tag}: kinds {lay.kinds()} != the release's creation order {order}")
-        token_kinds = set(lay._kind_dims) | {"dp_cp_ag", "ep_dp_ag"}
+        token_kinds = lay.token_kinds | {"dp_cp_ag", "ep_dp_ag"}
         for kind, groups in by_kind.items():
             stats["kinds"] += 1
             stats["groups"] += len(groups)
