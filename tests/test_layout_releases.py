@@ -12,6 +12,7 @@ the release rejects (same exception type).
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import pytest
@@ -88,12 +89,17 @@ def configs_for(series: str, seed: int = 10) -> list[dict]:
     out.append(big)
     if parse_release(series).at_least("0.19"):
         # 0.19 quirks: an order without "tp" (ValueError / AssertionError), an upper-case order
-        # (GTP axis injected first), GTP with two optimizer instances (AssertionError).
+        # (GTP axis injected first; rejected by the order.endswith("pp") check unless pp == 1 or
+        # the data-parallel sizes agree), GTP with two optimizer instances (AssertionError).
         out.append({"world_size": 8, "order": "cp-ep-dp-pp", "pipeline_model_parallel_size": 2})
         out.append({"world_size": 16, "order": "cp-ep-dp-pp", "tensor_model_parallel_size": 2})
         out.append({"world_size": 16, "order": "TP-CP-EP-DP-PP", "tensor_model_parallel_size": 2, "gtp_remat_size": 2,
                     "expert_model_parallel_size": 2, "expert_gtp_remat_size": 2})
         out.append({"world_size": 16, "gtp_remat_size": 2, "num_distributed_optimizer_instances": 2})
+        # gtp_remat placed by the user: kept where it is in both generators.
+        out.append({"world_size": 32, "order": "gtp_remat-tp-cp-ep-dp-pp", "tensor_model_parallel_size": 2,
+                    "gtp_remat_size": 2, "expert_model_parallel_size": 2, "expert_gtp_remat_size": 2,
+                    "pipeline_model_parallel_size": 2})
     return out
 
 
@@ -134,3 +140,21 @@ def test_gtp_sizes_one_equal_018() -> None:
         for kind in old.kinds():
             assert new.enumerate(kind) == old.enumerate(kind), kind
         assert set(new.kinds()) - set(old.kinds()) == {"gtp_remat", "expt_gtp_remat", "tp_ep_gtp_remat_pp"}
+
+
+def test_layout_tool_release_and_gtp(capsys) -> None:
+    from parallel_state_ng.__main__ import main
+
+    args = ["layout", "--world-size", "32", "--tp", "2", "--pp", "2", "--ep", "2", "--gtp-remat-size", "2",
+            "--expert-gtp-remat-size", "2", "--release", "0.19", "--format", "json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    lay = MegatronLayout(world_size=32, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                         expert_model_parallel_size=2, gtp_remat_size=2, expert_gtp_remat_size=2, release="0.19")
+    assert list(report["kinds"]) == lay.kinds()
+    assert report["kinds"]["gtp_remat"]["groups"] == lay.enumerate("gtp_remat") == [
+        [r, r + 2] for base in range(0, 32, 4) for r in (base, base + 1)
+    ]
+    assert report["config"]["expert_dims"] == {"etp": 2, "ep": 2, "egtp_remat": 2, "edp": 2, "pp": 2}
+    assert main(["layout", "--world-size", "32", "--gtp-remat-size", "2", "--release", "0.18"]) == 2
+    assert "--gtp-remat-size" in capsys.readouterr().err
