@@ -416,9 +416,14 @@ class MegatronLayout:
             )
         return members
 
-    def hybrid_group(self, rank: int, group_size: int) -> list[int]:
-        """``rank``'s hybrid dp×cp group of ``group_size``: a chunk of its dp-cp group (0.16+)."""
+    def hybrid_group(self, rank: int, group_size: int) -> Optional[list[int]]:
+        """``rank``'s hybrid dp×cp group of ``group_size``: a chunk of its dp-cp group (0.16+).
+
+        ``None`` for a rank outside the layout.
+        """
         ranks = self.group("dp_cp", rank)
+        if ranks is None:
+            return None
         start = (ranks.index(rank) // group_size) * group_size
         return ranks[start : start + group_size]
 
