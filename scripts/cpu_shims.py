@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 from typing import Any, Callable, Iterator
 
 import torch
@@ -169,6 +170,9 @@ class CpuShims:
             self._set(random, "_get_cuda_rng_state", lambda *args, **kwargs: torch.get_rng_state())
         if hasattr(random, "_set_cuda_rng_state"):
             self._set(random, "_set_cuda_rng_state", lambda state, *args, **kwargs: torch.set_rng_state(state))
+        # The tracker warns when the CPU generator changes inside a CUDA RNG fork; here the
+        # CUDA generator IS the CPU one, so every fork (dropout under tp) would warn.
+        self._set(logging.getLogger(random.__name__), "disabled", True)
         try:
             moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
             dispatcher = importlib.import_module("megatron.core.transformer.moe.token_dispatcher")

@@ -50,7 +50,7 @@ class TrainConfig:
     micro_batch: int = 2
     microbatches: int = 4
     dropout: float = 0.0
-    lr: float = 1e-3
+    lr: float = 3e-3
     clip_grad: float = 1.0
     init_from_names: bool = False
     megatron_path: Optional[str] = None

@@ -17,7 +17,9 @@ batch see the same samples.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import time
 import os
 import re
 import sys
@@ -211,7 +213,20 @@ def _digest(chunks: list) -> str:
     return h.hexdigest()
 
 
-def _train(cfg: TrainConfig, shims: CpuShims) -> dict[str, Any]:
+def _facts(ps) -> dict[str, str]:
+    """Which parallel_state module megatron's training code resolved to (while initialized)."""
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.tensor_parallel import layers
+
+    return {
+        "megatron.core.parallel_state": ps.__name__,
+        "schedules.parallel_state": schedules.parallel_state.__name__,
+        "layers.get_tensor_model_parallel_rank": layers.get_tensor_model_parallel_rank.__module__,
+        "initialized": str(ps.model_parallel_is_initialized()),
+    }
+
+
+def _train(cfg: TrainConfig) -> dict[str, Any]:
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
@@ -225,6 +240,7 @@ def _train(cfg: TrainConfig, shims: CpuShims) -> dict[str, Any]:
         virtual_pipeline_model_parallel_size=cfg.vpp,
         expert_model_parallel_size=cfg.ep,
     )
+    t0 = time.perf_counter()
     try:
         seed = cfg.seed + 100 * ps.get_pipeline_model_parallel_rank()
         torch.manual_seed(seed)
@@ -259,6 +275,7 @@ def _train(cfg: TrainConfig, shims: CpuShims) -> dict[str, Any]:
             model,
         )
         forward_backward = get_forward_backward_func()
+        t1 = time.perf_counter()
         last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         dp_group, dp_rank = ps.get_data_parallel_group(), ps.get_data_parallel_rank()
         reporter = last_stage and ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0
@@ -293,49 +310,91 @@ def _train(cfg: TrainConfig, shims: CpuShims) -> dict[str, Any]:
             "grad_norms": grad_norms,
             "digest": _digest(chunks),
             "params": sum(p.numel() for c in chunks for p in c.parameters()),
+            "facts": _facts(ps),
+            "seconds": {"setup": round(t1 - t0, 3), "steps": round(time.perf_counter() - t1, 3)},
         }
     finally:
         ps.destroy_model_parallel()
 
 
-def train_rank(cfg: TrainConfig) -> dict[str, Any]:
-    """Run ``cfg`` on this rank of the current gloo world; see the module doc.
+@contextlib.contextmanager
+def parallel_state_impl(impl: str, install: str = "after") -> Iterator[None]:
+    """Inside the block Megatron uses MCore's own parallel_state (``impl="mcore"``) or compat,
+    installed before megatron is first imported (``install="before"``: the process must not
+    have imported megatron yet) or after importing it; compat is uninstalled on exit."""
+    import compat
 
-    Returns ``rank``, ``losses`` (per step, last pipeline stage only, mean over microbatches and
-    data-parallel ranks; ``None`` elsewhere), ``grad_norms``, ``digest`` (this rank's final
-    parameters), ``params`` (local parameter count) and ``leaked_groups`` (process groups still
-    alive after ``destroy_model_parallel``; they are destroyed here so the world can be reused).
-    With ``impl="compat"`` compat is installed for the run and uninstalled afterwards.
-    """
-    assert dist.get_world_size() == cfg.world_size, (dist.get_world_size(), cfg.world_size)
-    torch.set_num_threads(1)
-    _use_megatron_path(cfg.megatron_path)
-    if cfg.impl == "compat" and cfg.install == "before":
+    if impl == "mcore":
+        if compat.is_installed():
+            raise RuntimeError("impl='mcore' but compat is installed")
+        import megatron.core.parallel_state  # noqa: F401
+
+        yield
+        return
+    if install == "before":
         loaded = sorted(m for m in sys.modules if m.split(".")[0] == "megatron")
         if loaded:
             raise RuntimeError(f"install='before' needs a process without megatron; loaded: {loaded[:3]}")
+    else:
+        import megatron.core.parallel_state  # noqa: F401  (megatron first)
+    compat.install()
+    try:
+        import megatron.core  # the package first: see the report on `import megatron.core.parallel_state`
+        from megatron.core import parallel_state as ps
+
+        if ps is not sys.modules["compat.parallel_state"]:
+            raise RuntimeError("compat.install() did not take effect")
+        yield
+    finally:
+        compat.uninstall()
+
+
+def run_once(cfg: TrainConfig) -> dict[str, Any]:
+    """Train ``cfg`` with whatever parallel_state megatron currently uses (see
+    :func:`parallel_state_impl`); the result of :func:`train_rank`."""
+    if dist.get_world_size() != cfg.world_size:
+        raise RuntimeError(f"world size {dist.get_world_size()} != tp * pp * dp = {cfg.world_size}")
+    torch.set_num_threads(1)
     before = set(dist.distributed_c10d._world.pg_map)
     with CpuShims() as shims:
-        installed = False
-        try:
-            if cfg.impl == "compat":
-                import compat
-
-                if cfg.install == "after":
-                    import megatron.core.parallel_state  # noqa: F401  (megatron first)
-                compat.install()
-                installed = True
-                assert sys.modules[TARGET] is sys.modules["compat.parallel_state"]
-            shims.patch_megatron()
-            with shims.cuda_to_cpu():
-                result = _train(cfg, shims)
-        finally:
-            if installed:
-                import compat
-
-                compat.uninstall()
+        shims.patch_megatron()
+        with shims.cuda_to_cpu():
+            result = _train(cfg)
     leaked = set(dist.distributed_c10d._world.pg_map) - before
     for group in leaked:
         dist.destroy_process_group(group)
     result["leaked_groups"] = len(leaked)
     return result
+
+
+def train_rank(cfg: TrainConfig) -> dict[str, Any]:
+    """Run ``cfg`` on this rank of the current gloo world (see the module doc), with the
+    parallel_state ``cfg.impl`` / ``cfg.install`` ask for.
+
+    Returns ``rank``, ``losses`` (per step, last pipeline stage only, mean over microbatches and
+    data-parallel ranks; ``None`` elsewhere), ``grad_norms``, ``digest`` (this rank's final
+    parameters), ``params`` (local parameter count), ``facts`` (which parallel_state module
+    megatron's code resolved to during the run), ``seconds`` (setup, steps) and
+    ``leaked_groups`` (process groups still alive after ``destroy_model_parallel``; they are
+    destroyed here so the world can be reused).
+    """
+    _use_megatron_path(cfg.megatron_path)
+    with parallel_state_impl(cfg.impl, cfg.install):
+        return run_once(cfg)
+
+
+VARIANTS = {"compat-before": ("compat", "before"), "mcore": ("mcore", "after"), "compat-after": ("compat", "after")}
+
+
+def train_variants(cfgs: list[TrainConfig], variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, list[dict]]:
+    """Run every config under each variant of :data:`VARIANTS`, in order (``compat-before``
+    first: the process must not have imported megatron); ``{variant: [result per config]}``.
+    compat stays installed across all configs of a compat variant."""
+    if cfgs:
+        _use_megatron_path(cfgs[0].megatron_path)
+    out: dict[str, list[dict]] = {}
+    for variant in variants:
+        impl, install = VARIANTS[variant]
+        with parallel_state_impl(impl, install):
+            out[variant] = [run_once(cfg.replace(impl=impl, install=install)) for cfg in cfgs]
+    return out

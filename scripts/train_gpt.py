@@ -69,7 +69,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--microbatches", type=int, default=4, help="microbatches per step and data-parallel rank")
     p.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--init-from-names", action="store_true",
                    help="set every weight from its global name (same model for every layout)")
     p.add_argument("--megatron-path", default=None, help="directory put first on sys.path in every rank")
