@@ -339,8 +339,7 @@ def parallel_state_impl(impl: str, install: str = "after") -> Iterator[None]:
         import megatron.core.parallel_state  # noqa: F401  (megatron first)
     compat.install()
     try:
-        import megatron.core  # the package first: see the report on `import megatron.core.parallel_state`
-        from megatron.core import parallel_state as ps
+        import megatron.core.parallel_state as ps  # with "before": megatron's first import
 
         if ps is not sys.modules["compat.parallel_state"]:
             raise RuntimeError("compat.install() did not take effect")
