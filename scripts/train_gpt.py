@@ -122,6 +122,7 @@ def launch(cfg: TrainConfig, timeout: float = 600.0) -> list[dict[str, Any]]:
         ctx.Process(target=_rank_main, args=(r, cfg, os.path.join(tmp, "store"), results), daemon=True)
         for r in range(cfg.world_size)
     ]
+    grace = 10.0  # seconds each process gets to exit on its own; none after a failure
     try:
         for proc in procs:
             proc.start()
@@ -131,30 +132,26 @@ def launch(cfg: TrainConfig, timeout: float = 600.0) -> list[dict[str, Any]]:
         while len(done) + len(errors) < cfg.world_size:
             try:
                 rank, ok, value = results.get(timeout=1.0)
+                (done if ok else errors)[rank] = value
             except queue.Empty:
-                if time.monotonic() > deadline:
+                for r, proc in enumerate(procs):
+                    if proc.exitcode not in (None, 0) and r not in done and r not in errors:
+                        errors[r] = f"process exited with code {proc.exitcode}"
+            if errors:  # the other ranks may wait forever for the failed one: report soon
+                deadline = min(deadline, time.monotonic() + 10)
+                grace = 0.1
+            if time.monotonic() > deadline:
+                grace = 0.1
+                if not errors:
                     raise RuntimeError(f"training did not finish in {timeout} s")
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
-                if dead and not errors:
-                    errors.update({r: f"process exited with code {procs[r].exitcode}" for r in dead})
-                if errors:
-                    time.sleep(5)  # give the other ranks' reports a moment, then stop
-                    while True:
-                        try:
-                            rank, ok, value = results.get_nowait()
-                        except queue.Empty:
-                            break
-                        (done if ok else errors)[rank] = value
-                    break
-                continue
-            (done if ok else errors)[rank] = value
+                break
         if errors:
             details = "\n".join(f"--- rank {r}:\n{msg}" for r, msg in sorted(errors.items()))
             raise RuntimeError(f"{len(errors)} rank(s) failed:\n{details}")
         return [done[r] for r in range(cfg.world_size)]
     finally:
         for proc in procs:
-            proc.join(timeout=10)
+            proc.join(timeout=grace)
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
