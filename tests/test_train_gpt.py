@@ -50,6 +50,7 @@ EIGHT_RANKS = [
     TrainConfig(tp=2, pp=2, dp=2, vpp=2),
     TrainConfig(tp=2, pp=2, dp=2, dist_opt=True),
     TrainConfig(tp=1, pp=2, dp=4, ep=2, experts=4, dispatcher="alltoall"),
+    TrainConfig(tp=1, pp=2, dp=4, ep=2, experts=4, dispatcher="allgather"),
 ]
 VARIANTS = tuple(gpt_training.VARIANTS)
 
