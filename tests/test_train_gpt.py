@@ -75,9 +75,14 @@ def _check_variants(results: list[dict], cfgs: list[TrainConfig]) -> dict[str, l
         assert len(reported[0]) == cfg.steps
         assert all(math.isfinite(x) and 0 < x < 2 * math.log(cfg.vocab) for x in reported[0]), reported[0]
         losses[label] = reported[0]
-    # different layouts and dropout really trained different things
-    digests = {tuple(r["mcore"][i]["digest"] for r in results) for i in range(len(cfgs))}
-    assert len(digests) == len(cfgs)
+    # Layouts and dropout really trained different things; the two MoE dispatchers compute the
+    # same numbers (a check of the allgather path against the alltoall one).
+    by_model: dict[TrainConfig, set] = {}
+    for i, cfg in enumerate(cfgs):
+        digests = tuple(r["mcore"][i]["digest"] for r in results)
+        by_model.setdefault(cfg.replace(dispatcher="alltoall"), set()).add(digests)
+    assert all(len(d) == 1 for d in by_model.values()), "alltoall and allgather dispatchers differ"
+    assert len({d for ds in by_model.values() for d in ds}) == len(by_model)
     return losses
 
 
