@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.util
 import sys
 from types import ModuleType
@@ -56,6 +57,36 @@ def _rebind_everywhere(old: ModuleType, new: ModuleType, record: bool, prefix: s
                 namespace[attr] = replacement
 
 
+class _TargetFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves compat as ``megatron.core.parallel_state`` when megatron is not loaded yet.
+
+    An entry in ``sys.modules`` alone would make ``import megatron.core.parallel_state`` return
+    compat without importing ``megatron`` and ``megatron.core`` first (the name is then
+    unbound: ``megatron.core`` missing). Found through ``sys.meta_path``, the import system
+    loads the parents first and binds the attribute on ``megatron.core``.
+    """
+
+    def find_spec(self, fullname, path=None, target=None):
+        """A spec for TARGET while installed, else None."""
+        if fullname == TARGET and _saved_module:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        """compat's module object itself (its own ``__spec__`` is kept, see exec_module)."""
+        from . import parallel_state as ours
+
+        self._own_spec = ours.__spec__
+        return ours
+
+    def exec_module(self, module):
+        """Nothing to execute; undo the import system's ``__spec__`` overwrite."""
+        module.__spec__ = self._own_spec
+
+
+_FINDER = _TargetFinder()
+
+
 def install() -> None:
     """See :func:`compat.install`."""
     if _saved_module:
@@ -64,7 +95,10 @@ def install() -> None:
 
     original = sys.modules.get(TARGET)
     _saved_module.append(original)
-    sys.modules[TARGET] = ours
+    if original is None and "megatron.core" not in sys.modules:
+        sys.meta_path.insert(0, _FINDER)
+    else:
+        sys.modules[TARGET] = ours
     if original is not None:
         _rebind_everywhere(original, ours, record=True)
     parent = sys.modules.get("megatron.core")
@@ -89,6 +123,8 @@ def uninstall() -> None:
     from . import parallel_state as ours
 
     original = _saved_module.pop()
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
     for namespace, attr, value in reversed(_patches):
         if value is _MISSING:
             namespace.pop(attr, None)
@@ -96,7 +132,7 @@ def uninstall() -> None:
             namespace[attr] = value
     _patches.clear()
     if original is None:
-        del sys.modules[TARGET]
+        sys.modules.pop(TARGET, None)
         # Modules imported while compat was installed bound compat's objects: give them
         # megatron's own, imported now that the real module can load.
         if importlib.util.find_spec("megatron") is not None and "megatron.core" in sys.modules:

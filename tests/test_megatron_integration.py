@@ -319,3 +319,41 @@ def test_compat_installed_before_megatron_import(fresh_world_2):
     results = fresh_world_2.run(_install_then_import, [2], timeout=400)
     # the names MCore's modules bind, from this world's own restored state
     _check(results, [2], expected_names=results[0]["restored"]["names"])
+
+
+_FIRST_IMPORT_IS_THE_MODULE = """
+import sys
+import compat
+import compat.parallel_state as cps
+
+compat.install()
+import megatron.core.parallel_state as ps  # megatron's first import names the module itself
+import megatron.core
+from megatron.core.tensor_parallel import layers
+
+facts = [ps is cps, megatron.core.parallel_state is cps, megatron.core.mpu is cps,
+         sys.modules["megatron.core.parallel_state"] is cps, cps.__spec__.name == "compat.parallel_state",
+         layers.get_tensor_model_parallel_rank.__module__ == "compat.parallel_state"]
+compat.uninstall()
+mcore = sys.modules["megatron.core.parallel_state"]
+facts += [mcore is not cps, mcore.__name__ == "megatron.core.parallel_state",
+          megatron.core.parallel_state is mcore,
+          layers.get_tensor_model_parallel_rank.__module__ == "megatron.core.parallel_state"]
+print(facts)
+assert all(facts)
+"""
+
+
+def test_install_then_import_the_module_itself():
+    """``compat.install()`` and then ``import megatron.core.parallel_state as ps`` (megatron not
+    imported before): the parent packages load, the name is bound, and it is compat."""
+    import os
+    import subprocess
+
+    pytest.importorskip("megatron.core.tensor_parallel")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", _FIRST_IMPORT_IS_THE_MODULE], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

@@ -1,0 +1,154 @@
+"""Options of the CPU GPT training example (``scripts/train_gpt.py``) and their validation.
+
+Importing this module imports neither torch nor megatron: options are checked before any
+process starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+IMPLS = ("mcore", "compat")
+INSTALL_MODES = ("before", "after")
+DISPATCHERS = ("alltoall", "allgather")
+MAX_WORLD_SIZE = 32
+
+
+class TrainOptionError(ValueError):
+    """Options that do not describe a run Megatron-Core can do on CPU processes."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run: parallel layout, model size, schedule and which parallel_state.
+
+    ``impl="mcore"`` uses megatron-core's own ``parallel_state``; ``impl="compat"`` runs the
+    same code after ``compat.install()``, done before megatron is imported
+    (``install="before"``) or after (``install="after"``).
+    """
+
+    impl: str = "mcore"
+    install: str = "after"
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    vpp: Optional[int] = None
+    ep: int = 1
+    experts: Optional[int] = None
+    topk: int = 2
+    dispatcher: str = "alltoall"
+    dist_opt: bool = False
+    steps: int = 3
+    seed: int = 1234
+    num_layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    vocab: int = 128
+    seq: int = 32
+    micro_batch: int = 2
+    microbatches: int = 4
+    dropout: float = 0.0
+    lr: float = 3e-3
+    clip_grad: float = 1.0
+    init_from_names: bool = False
+    megatron_path: Optional[str] = None
+    verbose: bool = False
+
+    @property
+    def world_size(self) -> int:
+        """Processes the run needs: tp * pp * dp."""
+        return self.tp * self.pp * self.dp
+
+    def replace(self, **changes) -> "TrainConfig":
+        """A copy with ``changes`` applied (not validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def label(self) -> str:
+        """Short description of the layout, e.g. ``tp2 pp2 dp2 vpp2 dist-opt``."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        if self.vpp:
+            parts.append(f"vpp{self.vpp}")
+        if self.experts:
+            parts.append(f"ep{self.ep} experts{self.experts} {self.dispatcher}")
+        if self.dist_opt:
+            parts.append("dist-opt")
+        if self.dropout:
+            parts.append(f"dropout{self.dropout:g}")
+        return " ".join(parts)
+
+
+def _positive(errors: list[str], name: str, value, minimum: int = 1) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        errors.append(f"--{name} must be an integer >= {minimum}, got {value!r}")
+        return False
+    return True
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Return ``cfg`` if Megatron-Core can run it on CPU processes, else raise
+    :class:`TrainOptionError` listing every problem."""
+    errors: list[str] = []
+    if cfg.impl not in IMPLS:
+        errors.append(f"--impl must be one of {', '.join(IMPLS)}, got {cfg.impl!r}")
+    if cfg.install not in INSTALL_MODES:
+        errors.append(f"--install must be one of {', '.join(INSTALL_MODES)}, got {cfg.install!r}")
+    if cfg.dispatcher not in DISPATCHERS:
+        errors.append(f"--dispatcher must be one of {', '.join(DISPATCHERS)}, got {cfg.dispatcher!r}")
+    ints = {
+        "tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "ep": cfg.ep, "steps": cfg.steps,
+        "num-layers": cfg.num_layers, "hidden": cfg.hidden, "heads": cfg.heads, "vocab": cfg.vocab,
+        "seq": cfg.seq, "micro-batch": cfg.micro_batch, "microbatches": cfg.microbatches,
+        "topk": cfg.topk,
+    }
+    ok = all([_positive(errors, name, value) for name, value in ints.items()])
+    if cfg.vpp is not None:
+        ok = _positive(errors, "vpp", cfg.vpp, minimum=2) and ok
+    if cfg.experts is not None:
+        ok = _positive(errors, "experts", cfg.experts) and ok
+    if not 0.0 <= cfg.dropout < 1.0:
+        errors.append(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if not cfg.lr > 0:
+        errors.append(f"--lr must be > 0, got {cfg.lr}")
+    if ok:
+        _check_layout(cfg, errors)
+    if errors:
+        raise TrainOptionError("invalid training options:\n  " + "\n  ".join(errors))
+    return cfg
+
+
+def _check_layout(cfg: TrainConfig, errors: list[str]) -> None:
+    if cfg.world_size > MAX_WORLD_SIZE:
+        errors.append(f"tp * pp * dp = {cfg.world_size} processes; at most {MAX_WORLD_SIZE} on CPU")
+    if cfg.hidden % cfg.heads:
+        errors.append(f"--hidden {cfg.hidden} is not divisible by --heads {cfg.heads}")
+    if cfg.heads % cfg.tp:
+        errors.append(f"--heads {cfg.heads} is not divisible by --tp {cfg.tp}")
+    if cfg.vocab % cfg.tp:
+        errors.append(f"--vocab {cfg.vocab} is not divisible by --tp {cfg.tp}")
+    chunks = cfg.pp * (cfg.vpp or 1)
+    if cfg.num_layers % chunks:
+        errors.append(f"--num-layers {cfg.num_layers} is not divisible by pp * vpp = {chunks}")
+    if cfg.vpp is not None:
+        if cfg.pp < 2:
+            errors.append("--vpp needs --pp > 1 (the interleaved schedule splits pipeline stages)")
+        elif cfg.microbatches % cfg.pp:
+            errors.append(
+                f"--microbatches {cfg.microbatches} must be a multiple of --pp {cfg.pp} with --vpp"
+            )
+    if cfg.experts is None:
+        if cfg.ep > 1:
+            errors.append("--ep > 1 needs --experts (a mixture-of-experts model)")
+        return
+    if cfg.tp > 1:
+        errors.append(
+            "--experts needs --tp 1: MoE with tensor parallelism requires sequence parallelism, "
+            "whose norms need TransformerEngine/apex (not available on CPU)"
+        )
+    if cfg.dp % cfg.ep:
+        errors.append(f"--ep {cfg.ep} does not divide the data-parallel size {cfg.dp}")
+    if cfg.experts % cfg.ep:
+        errors.append(f"--experts {cfg.experts} is not divisible by --ep {cfg.ep}")
+    if cfg.topk > cfg.experts:
+        errors.append(f"--topk {cfg.topk} exceeds --experts {cfg.experts}")

@@ -1,0 +1,200 @@
+"""Train a tiny Megatron-Core GPT on CPU processes, with MCore's parallel_state or with compat.
+
+    python scripts/train_gpt.py --impl compat --tp 2 --pp 2 --dp 2 --steps 5
+    python scripts/train_gpt.py --impl mcore --tp 2 --pp 2 --dp 2 --vpp 2 --dist-opt
+    python scripts/train_gpt.py --impl compat --install before --pp 2 --dp 4 --ep 2 --experts 4
+
+The script starts tp * pp * dp processes (spawn), joins them in a gloo world (``FileStore`` in a
+temporary directory: no port is opened) and runs Megatron's own training loop on every rank
+(see ``scripts/gpt_training.py``): ``GPTModel`` with the local layer spec, the pipeline schedule
+from ``get_forward_backward_func()``, ``DistributedDataParallel`` + ``finalize_model_grads``,
+``get_megatron_optimizer`` (Adam with gradient clipping; ``--dist-opt``: the distributed
+optimizer). ``--impl compat`` calls ``compat.install()`` before (``--install before``) or after
+(default) megatron is imported. Each step's loss (last pipeline stage, mean over microbatches
+and data-parallel ranks) is printed as it is computed; at the end a SHA-256 digest of all final
+parameters and ``losses: [...]``. Exit code 0 on success, 1 when a rank fails, 2 for bad options.
+
+CUDA is replaced by CPU stand-ins (``scripts/cpu_shims.py``); they are not needed on GPUs.
+``--megatron-path DIR`` (or ``PSNG_MEGATRON_PATH``) puts DIR first on ``sys.path`` in every rank,
+e.g. an unzipped megatron-core wheel of another release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from typing import Any, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for _p in (HERE, ROOT):  # run from a checkout without installing the package
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from gpt_config import DISPATCHERS, IMPLS, INSTALL_MODES, TrainConfig, TrainOptionError, validate  # noqa: E402
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
+    """Command line -> validated :class:`TrainConfig` (raises :class:`TrainOptionError`)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--impl", choices=IMPLS, default="compat", help="parallel_state implementation")
+    p.add_argument("--install", choices=INSTALL_MODES, default="after",
+                   help="with --impl compat: install before or after importing megatron")
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--dp", type=int, default=None, help="data-parallel size (default: world / (tp * pp), else 1)")
+    p.add_argument("--world-size", type=int, default=None, help="processes (default: tp * pp * dp)")
+    p.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per rank (interleaved schedule)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size (needs --experts)")
+    p.add_argument("--experts", type=int, default=None, help="MoE experts per layer")
+    p.add_argument("--topk", type=int, default=2, help="experts per token")
+    p.add_argument("--dispatcher", choices=DISPATCHERS, default="alltoall", help="MoE token dispatcher")
+    p.add_argument("--dist-opt", action="store_true", help="use the distributed optimizer")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--num-layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=128)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--microbatches", type=int, default=4, help="microbatches per step and data-parallel rank")
+    p.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--init-from-names", action="store_true",
+                   help="set every weight from its global name (same model for every layout)")
+    p.add_argument("--megatron-path", default=None, help="directory put first on sys.path in every rank")
+    args = p.parse_args(argv)
+    dp = args.dp
+    if args.world_size is not None:
+        model_parallel = args.tp * args.pp
+        if args.world_size < 1 or model_parallel < 1 or args.world_size % model_parallel:
+            raise TrainOptionError(
+                f"invalid training options:\n  --world-size {args.world_size} is not divisible by "
+                f"tp * pp = {model_parallel}"
+            )
+        if dp is not None and dp * model_parallel != args.world_size:
+            raise TrainOptionError(
+                f"invalid training options:\n  tp * pp * dp = {dp * model_parallel} != --world-size {args.world_size}"
+            )
+        dp = args.world_size // model_parallel
+    fields = {k: v for k, v in vars(args).items() if k not in ("world_size", "dp")}
+    fields["init_from_names"] = args.init_from_names
+    return validate(TrainConfig(dp=1 if dp is None else dp, verbose=True, **fields))
+
+
+def _rank_main(rank: int, cfg: TrainConfig, store_path: str, results) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    warnings.filterwarnings("ignore")
+    try:
+        import torch.distributed as dist
+
+        from gpt_training import train_rank
+
+        store = dist.FileStore(store_path, cfg.world_size)
+        dist.init_process_group("gloo", rank=rank, world_size=cfg.world_size, store=store)
+        try:
+            results.put((rank, True, train_rank(cfg)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:  # the parent reports it
+        results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def launch(cfg: TrainConfig, timeout: float = 600.0) -> list[dict[str, Any]]:
+    """Run ``cfg`` on ``cfg.world_size`` fresh processes; results ordered by rank.
+
+    Raises ``RuntimeError`` with the failing ranks' tracebacks, or when the run exceeds
+    ``timeout`` seconds (all processes are then killed)."""
+    ctx = mp.get_context("spawn")
+    tmp = tempfile.mkdtemp(prefix="psng-train-")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, cfg, os.path.join(tmp, "store"), results), daemon=True)
+        for r in range(cfg.world_size)
+    ]
+    grace = 10.0  # seconds each process gets to exit on its own; none after a failure
+    try:
+        for proc in procs:
+            proc.start()
+        done: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        while len(done) + len(errors) < cfg.world_size:
+            try:
+                rank, ok, value = results.get(timeout=1.0)
+                (done if ok else errors)[rank] = value
+            except queue.Empty:
+                for r, proc in enumerate(procs):
+                    if proc.exitcode not in (None, 0) and r not in done and r not in errors:
+                        errors[r] = f"process exited with code {proc.exitcode}"
+            if errors:  # the other ranks may wait forever for the failed one: report soon
+                deadline = min(deadline, time.monotonic() + 10)
+                grace = 0.1
+            if time.monotonic() > deadline:
+                grace = 0.1
+                if not errors:
+                    raise RuntimeError(f"training did not finish in {timeout} s")
+                break
+        if errors:
+            details = "\n".join(f"--- rank {r}:\n{msg}" for r, msg in sorted(errors.items()))
+            raise RuntimeError(f"{len(errors)} rank(s) failed:\n{details}")
+        return [done[r] for r in range(cfg.world_size)]
+    finally:
+        for proc in procs:
+            proc.join(timeout=grace)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Losses (checked equal on every last-stage rank), per-rank digests and their digest."""
+    reported = [r["losses"] for r in results if r["losses"] is not None]
+    if not reported or any(losses != reported[0] for losses in reported):
+        raise RuntimeError(f"last-stage ranks report different losses: {reported}")
+    digests = [r["digest"] for r in results]
+    return {
+        "losses": reported[0],
+        "grad_norms": results[0]["grad_norms"],
+        "rank_digests": digests,
+        "digest": hashlib.sha256("".join(digests).encode()).hexdigest(),
+        "leaked_groups": sum(r["leaked_groups"] for r in results),
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point; see the module doc for the exit codes."""
+    try:
+        cfg = parse_args(argv)
+    except TrainOptionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    impl = cfg.impl if cfg.impl == "mcore" else f"compat (install {cfg.install} importing megatron)"
+    print(f"GPT {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}, "
+          f"seq {cfg.seq}; {cfg.world_size} CPU processes (gloo): {cfg.label()}; parallel_state: {impl}",
+          flush=True)
+    start = time.monotonic()
+    try:
+        summary = summarize(launch(cfg))
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"parameter digest: {summary['digest']}")
+    print(f"losses: {summary['losses']}")
+    print(f"wall time: {time.monotonic() - start:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
