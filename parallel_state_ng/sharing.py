@@ -49,6 +49,7 @@ __all__ = [
 ENV_SHARE = "PSNG_SHARE_GROUPS"
 _override: Optional[bool] = None
 _recording: Optional[list["PlannedGroup"]] = None
+_recording_share: Optional[bool] = None
 
 
 def set_group_sharing(enabled: Optional[bool]) -> Optional[bool]:
@@ -129,20 +130,22 @@ class PlannedGroup:
 
 
 @contextmanager
-def record_requests() -> Iterator[list[PlannedGroup]]:
+def record_requests(share: Optional[bool] = None) -> Iterator[list[PlannedGroup]]:
     """Inside the block, every :class:`GroupPool` made records instead of creating groups.
 
     Yields the list the :class:`PlannedGroup` objects are appended to (one per group that
     would be created; with sharing on, a shared group once, its kinds in ``descs``). No
-    process group is created and ``torch.distributed`` need not be initialized. For tools
-    that count communicators (``python -m parallel_state_ng layout --share``).
+    process group is created and ``torch.distributed`` need not be initialized. ``share``
+    overrides the sharing setting of the pools made in the block (``None``: the setting).
+    For tools that count communicators (``python -m parallel_state_ng layout --share``).
     """
-    global _recording
-    saved, _recording = _recording, []
+    global _recording, _recording_share
+    saved = _recording, _recording_share
+    _recording, _recording_share = [], share
     try:
         yield _recording
     finally:
-        _recording = saved
+        _recording, _recording_share = saved
 
 
 class GroupPool:
@@ -153,8 +156,10 @@ class GroupPool:
     """
 
     def __init__(self, share: Optional[bool] = None, create: Optional[Callable[..., Any]] = None) -> None:
-        self.share = group_sharing_enabled() if share is None else share
         self._plan = _recording
+        if share is None and self._plan is not None:
+            share = _recording_share
+        self.share = group_sharing_enabled() if share is None else share
         self._create = create or new_member_group
         self._groups: dict[tuple, Any] = {}
         self.requests = 0
