@@ -355,3 +355,23 @@ def _destroy_with_a_member_that_never_marks(silent_rank: int) -> int:
 def test_destroy_wait_is_bounded_when_a_member_never_marks(gloo_world):
     world = gloo_world(4)
     assert world.run(_destroy_with_a_member_that_never_marks, 1, timeout=60) == [1] * 4
+
+
+# --------------------------------------------------------------------------- HyperCommGrid
+def test_grid_shares_groups_of_equal_dims_sets_only_when_on(fake_world, monkeypatch):
+    from parallel_state_ng import HyperCommGrid
+
+    fake_world(3, 16)
+    baseline = set(_WORLD.pg_map)
+    for share in (False, True):
+        monkeypatch.setattr(sharing, "_override", share)
+        grid = HyperCommGrid([2, 1, 8], ["tp", "cp", "dp"])
+        tp, tp_cp = grid.create_pg("tp"), grid.create_pg(["tp", "cp"])
+        dp = grid.create_pg("dp")
+        cp_dp = grid.create_pg(["cp", "dp"], timeout=timedelta(minutes=3))  # same members, other timeout
+        assert dist.get_process_group_ranks(tp) == dist.get_process_group_ranks(tp_cp) == [2, 3]
+        assert dist.get_process_group_ranks(dp) == dist.get_process_group_ranks(cp_dp)
+        assert (tp is tp_cp) is share
+        assert dp is not cp_dp
+        grid.destroy()
+        assert set(_WORLD.pg_map) == baseline
