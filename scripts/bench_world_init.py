@@ -259,6 +259,23 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
     return out
 
 
+def _report(w: int, per_rank: list[list[dict]]) -> list[dict]:
+    """Print the table rows of one world; return them."""
+    rows = summarize(per_rank)
+    for row in rows:
+        row["world"], row["rounds"] = w, len(row["jobs"])
+        ref = next((x for x in rows if x["impl"] == "mcore" and x["gloo"] == row["gloo"]), None)
+        row["vs_mcore"] = row["median"] / ref["median"] if ref else None
+        row["paired"] = statistics.median(a / b for a, b in zip(row["jobs"], ref["jobs"])) if ref else None
+        split = (f"{row['check']:6.3f} {row['create']:6.3f} {row['sync']:6.3f} {row['rest']:6.3f}"
+                 if row["impl"] != "mcore" else f"{'':6} {row['create']:6.3f} {row['sync']:6.3f} {'':6}")
+        ratio = (f"{row['vs_mcore']:7.2f}x {row['paired']:5.2f}x" if ref else f"{'—':>8} {'—':>6}")
+        print(f"{w:>3} {row['layout']:<16} {'on' if row['gloo'] else 'off':<4} {row['impl']:<13} {row['median']:7.3f} "
+              f"{row['min']:7.3f} {row['max']:7.3f} {row['communicators']:5.0f} {ratio} | {split} | {row['destroy']:7.3f}")
+    sys.stdout.flush()
+    return rows
+
+
 def _load() -> str:
     try:
         return "%.2f %.2f %.2f" % os.getloadavg()
@@ -275,6 +292,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--impls", default=",".join(IMPLS), help="subset of " + ",".join(IMPLS))
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per world")
     p.add_argument("--json", help="write every record and the summary to this file")
+    p.add_argument("--from-json", help="print the table of a file written by --json (no run)")
     a = p.parse_args(argv)
     worlds = [int(w) for w in a.worlds.split(",")]
     rounds = [int(x) for x in a.rounds.split(",")]
@@ -291,28 +309,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("job = slowest rank's initialize_model_parallel + one all-reduce on tp and dp; seconds; "
           "split = compat's slowest rank: agreement check / group creation / synchronization / rest")
     header = (f"{'W':>3} {'layout':<16} {'gloo':<4} {'impl':<13} {'median':>7} {'min':>7} {'max':>7} "
-              f"{'comms':>5} {'vs mcore':>8} | {'check':>6} {'create':>6} {'sync':>6} {'rest':>6} | {'destroy':>7}")
+              f"{'comms':>5} {'vs mcore':>8} {'paired':>6} | {'check':>6} {'create':>6} {'sync':>6} {'rest':>6} | {'destroy':>7}")
     print(header)
     print("-" * len(header))
     all_rows, raw = [], {}
+    if a.from_json:
+        with open(a.from_json) as f:
+            saved = json.load(f)
+        for w, per_rank in saved["records"].items():
+            all_rows += _report(int(w), per_rank)
+        print(f"(re-rendered from {a.from_json}; load before the run {saved['load_before']}, after {saved['load_after']})")
+        return 0
     for w, n in zip(worlds, rounds):
         layout = layouts.get(w, "tp2-pp2")
         per_rank = run_world(w, impls, make_plan(layout, gloo_modes, impls, n), a.timeout)
         raw[w] = per_rank
-        rows = summarize(per_rank)
-        for row in rows:
-            row["world"], row["rounds"] = w, n
-            ref = next((x for x in rows if x["impl"] == "mcore" and x["gloo"] == row["gloo"]), None)
-            row["vs_mcore"] = row["median"] / ref["median"] if ref else None
-            split = (f"{row['check']:6.3f} {row['create']:6.3f} {row['sync']:6.3f} {row['rest']:6.3f}"
-                     if row["impl"] != "mcore" else f"{'':6} {row['create']:6.3f} {row['sync']:6.3f} {'':6}")
-            ratio = f"{row['vs_mcore']:7.2f}x" if row["vs_mcore"] is not None else f"{'—':>8}"
-            print(f"{w:>3} {layout:<16} {'on' if row['gloo'] else 'off':<4} {row['impl']:<13} {row['median']:7.3f} "
-                  f"{row['min']:7.3f} {row['max']:7.3f} {row['communicators']:5.0f} {ratio} | {split} | {row['destroy']:7.3f}")
-            all_rows.append(row)
-        sys.stdout.flush()
-    print(f"vs mcore = compat's median job time / MCore's (same processes, same rounds); comms = communicators "
-          f"per rank; load after {_load()}; took {time.time() - started:.0f} s")
+        all_rows += _report(w, per_rank)
+    print(f"vs mcore = compat's median job time / MCore's; paired = median over rounds of the same ratio within a "
+          f"round (same processes, minutes apart at most); comms = communicators per rank; load after {_load()}; "
+          f"took {time.time() - started:.0f} s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": all_rows, "records": raw, "load_before": load_before, "load_after": _load()}, f, indent=1)

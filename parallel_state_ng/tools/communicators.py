@@ -64,5 +64,6 @@ def render_communicators(info: dict[str, Any]) -> list[str]:
         lines.append(f"  {rank:>9}  {entry['without_sharing']:>15}  {entry['with_sharing']:>12}")
     for rank, entry in info["ranks"].items():
         if entry["shared"]:
-            lines.append(f"  shared on rank {rank}: " + "; ".join(" = ".join(d) for d in entry["shared"]))
+            lines.append(f"  one group with sharing on rank {rank}:")
+            lines += [f"    {' = '.join(descs)}" for descs in entry["shared"]]
     return lines
