@@ -284,6 +284,7 @@ class HyperCommGrid:
         for handle in self.__dict__.pop("_handles", {}).values():
             handle.destroy()
         pgs, self._pgs = self._pgs, {}
+        self._pool = GroupPool()  # forget the destroyed groups: a later create_pg makes new ones
         destroy_groups(pgs.values())
 
     def __repr__(self) -> str:

@@ -375,3 +375,7 @@ def test_grid_shares_groups_of_equal_dims_sets_only_when_on(fake_world, monkeypa
         assert dp is not cp_dp
         grid.destroy()
         assert set(_WORLD.pg_map) == baseline
+        again = grid.create_pg("tp")  # after destroy: a new, live group (not the destroyed shared one)
+        assert again in _WORLD.pg_map and again is not tp
+        grid.destroy()
+        assert set(_WORLD.pg_map) == baseline
