@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from parallel_state_ng.handles import GroupHandle
 from parallel_state_ng.megatron_layout import MegatronLayout
-from parallel_state_ng.naming import destroy_groups, new_member_group
+from parallel_state_ng.naming import destroy_groups
+from parallel_state_ng.sharing import GroupPool
 
 __all__ = ["ParallelState", "build_state", "destroy_state", "destroy_groups"]
 
@@ -87,6 +88,7 @@ class _Creator:
     def __init__(self, state: ParallelState, timeout: timedelta) -> None:
         self.state = state
         self.timeout = timeout
+        self.pool = GroupPool()  # shares a group between kinds only when sharing is on
 
     def make(
         self,
@@ -97,15 +99,16 @@ class _Creator:
         pg_options: Any = None,
         timeout: Any = "default",
     ) -> Any:
-        pg = new_member_group(
+        pg, new = self.pool.get(
             ranks,
             timeout=self.timeout if timeout == "default" else timeout,
             backend=backend,
             pg_options=pg_options,
             group_desc=desc,
         )
-        self.state.created.append(pg)
-        self.state.process_group_list.append(pg)
+        if new:  # a shared group is listed (and destroyed) once
+            self.state.created.append(pg)
+            self.state.process_group_list.append(pg)
         return pg
 
 

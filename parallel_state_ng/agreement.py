@@ -60,6 +60,7 @@ from typing import Any, Optional, Union
 import torch.distributed as dist
 
 from .objects import all_gather_objects
+from .sharing import group_sharing_enabled
 
 __all__ = [
     "AgreementError",
@@ -581,7 +582,10 @@ def check_initialize_agreement(args: Mapping[str, Any], *, name: str = "initiali
     enabled, timeout = agreement_check_settings()
     if not enabled or not (dist.is_available() and dist.is_initialized()):
         return None
-    return check_agreement(dict(args), name=name, timeout=timeout)
+    fields = dict(args)
+    # Ranks that disagree on sharing would create different numbers of groups: compare it too.
+    fields["group sharing (PSNG_SHARE_GROUPS)"] = group_sharing_enabled()
+    return check_agreement(fields, name=name, timeout=timeout)
 
 
 def realign_sequences(group: Any = None) -> dict[str, int]:

@@ -24,6 +24,9 @@ Differences that matter at scale:
   dense one) live in one grid; dims shared between views are checked to have identical
   membership.
 * ``destroy()`` destroys every group the grid created.
+* With group sharing on (:mod:`parallel_state_ng.sharing`, ``PSNG_SHARE_GROUPS=1``), dims
+  sets whose groups have the same rank list and options share one process group (e.g.
+  ``["tp", "cp"]`` and ``"tp"`` when cp has size 1); ``destroy()`` destroys it once.
 
 A grid holds no global state: two grids in one process are independent.
 """
@@ -39,6 +42,7 @@ import torch.distributed as dist
 from . import agreement as _agreement
 from .layout import DimsArg, Layout, UnknownDimError
 from .naming import destroy_groups, new_member_group
+from .sharing import GroupPool, group_sharing_enabled
 
 # UnknownDimError: megatron raises ValueError for an unknown name in a list and KeyError for an
 # unknown single name in get_pg; this error is both, and re-exported here.
@@ -146,7 +150,13 @@ class HyperCommGrid:
             # Before any local validation, so a rank with a different (even invalid) shape
             # still meets the others and every rank gets the mismatch error.
             _agreement.check_agreement(
-                {"shape": shape, "dim_names": dim_names, "rank_offset": rank_offset, "backend": backend},
+                {
+                    "shape": shape,
+                    "dim_names": dim_names,
+                    "rank_offset": rank_offset,
+                    "backend": backend,
+                    "group sharing (PSNG_SHARE_GROUPS)": group_sharing_enabled(),
+                },
                 name="HyperCommGrid",
                 timeout=_agreement.agreement_check_settings()[1],
             )
@@ -172,6 +182,7 @@ class HyperCommGrid:
         self._views: dict[str, Layout] = {BASE_VIEW: layout}
         self._shared: dict[str, frozenset[str]] = {BASE_VIEW: frozenset()}
         self._pgs: dict[GroupKey, Any] = {}
+        self._pool = GroupPool()  # shares groups between dims sets only when sharing is on
 
     # ----------------------------------------------------------------- views
     @property
@@ -345,7 +356,10 @@ class HyperCommGrid:
                     pg = group
         elif layout.contains(rank):
             ranks = layout.group_ranks(rank, dims)
-            pg = new_member_group(ranks, backend=backend, **kwargs)
+            if set(kwargs) <= {"timeout", "pg_options", "group_desc"}:
+                pg, _ = self._pool.get(ranks, backend=backend, **kwargs)
+            else:  # options sharing cannot compare: never shared
+                pg = new_member_group(ranks, backend=backend, **kwargs)
         self._pgs[key] = pg
         return pg
 
@@ -407,6 +421,7 @@ class HyperCommGrid:
         for handle in self.__dict__.pop("_handles", {}).values():
             handle.destroy()
         pgs, self._pgs = self._pgs, {}
+        self._pool = GroupPool()  # forget the destroyed groups: a later create_pg makes new ones
         destroy_groups(pgs.values())
 
     def __repr__(self) -> str:

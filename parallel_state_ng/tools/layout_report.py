@@ -148,6 +148,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     view.add_argument("--format", choices=("text", "json", "svg"), default="text", help="output format (default text)")
     view.add_argument("--color-kind", default="tp", help="svg: the group kind to colour (default tp)")
     view.add_argument("--output", "-o", default=None, help="write to this file instead of stdout")
+    view.add_argument(
+        "--share",
+        action="store_true",
+        help="also count communicators per rank (rank 0, the last rank and --rank) with and without group sharing",
+    )
+    view.add_argument(
+        "--no-gloo-twins", action="store_true", help="--share: count as with create_gloo_process_groups=False"
+    )
 
 
 # --------------------------------------------------------------------------- model
@@ -411,6 +419,10 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
                 f"  {kind:<{kind_w}}  {loc['num_groups']:>7}  {_span_text(loc):>15}  "
                 f"{loc['crossing_groups']} of {loc['num_groups']}"
             )
+    if report.get("communicators"):
+        from .communicators import render_communicators
+
+        lines += render_communicators(report["communicators"])
     lines.append("")
     if report["warnings"]:
         lines += report["warnings"]
@@ -471,6 +483,11 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         )
     else:
         report = build_report(layout, gpus_per_node=gpus_per_node, kinds=args.kinds, rank=args.rank)
+        if args.share:
+            from .communicators import communicator_report
+
+            ranks = [0, args.world_size - 1] + ([] if args.rank is None else [args.rank])
+            report["communicators"] = communicator_report(layout, ranks, gloo=not args.no_gloo_twins)
         text = json.dumps(report) + "\n" if args.format == "json" else render_text(report, full=args.full)
     _write(text, args.output, stdout)
     return 0

@@ -1,0 +1,69 @@
+"""Communicators per rank with and without group sharing (``layout --share``).
+
+Counts the process groups ``compat.parallel_state.initialize_model_parallel`` would create on
+a rank, by running compat's group-creation sequence with :func:`parallel_state_ng.sharing.record_requests`
+(nothing is created, no processes): once as Megatron-Core does it (one communicator per group
+kind; MCore creates the same number on the rank) and once with sharing on
+(``PSNG_SHARE_GROUPS=1``), where kinds with identical rank lists and options share one.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from parallel_state_ng.megatron_layout import MegatronLayout
+from parallel_state_ng.sharing import PlannedGroup, record_requests
+
+__all__ = ["planned_groups", "communicator_report"]
+
+
+def planned_groups(layout: MegatronLayout, rank: int, *, gloo: bool, share: bool) -> list[PlannedGroup]:
+    """The groups initialize_model_parallel (default options) would create on ``rank``."""
+    from compat._state import build_state  # compat's creation order is the one source of truth
+
+    with record_requests(share=share) as planned:
+        build_state(
+            layout,
+            rank,
+            timeout=timedelta(minutes=30),
+            nccl_options=lambda _name: None,
+            create_gloo_process_groups=gloo,
+            create_all_gather_group=False,
+            pipeline_model_parallel_comm_backend=None,
+            sharp_enabled_group=None,
+            hybrid_context_parallel=False,
+        )
+    return list(planned)
+
+
+def communicator_report(layout: MegatronLayout, ranks: list[int], *, gloo: bool) -> dict[str, Any]:
+    """Per rank: communicators without and with sharing, and which kinds share."""
+    out: dict[str, Any] = {"gloo_twins": gloo, "ranks": {}}
+    for rank in dict.fromkeys(ranks):
+        without = planned_groups(layout, rank, gloo=gloo, share=False)
+        shared = planned_groups(layout, rank, gloo=gloo, share=True)
+        out["ranks"][str(rank)] = {
+            "without_sharing": len(without),
+            "with_sharing": len(shared),
+            "shared": [g.descs for g in shared if len(g.descs) > 1],
+        }
+    return out
+
+
+def render_communicators(info: dict[str, Any]) -> list[str]:
+    """Text lines for :func:`communicator_report`'s data."""
+    twins = "on" if info["gloo_twins"] else "off"
+    lines = [
+        "",
+        f"Communicators per rank (initialize_model_parallel defaults, gloo twins {twins}; "
+        "sharing: PSNG_SHARE_GROUPS=1):",
+        f"  {'rank':>9}  {'without sharing':>15}  {'with sharing':>12}",
+    ]
+    for rank, entry in info["ranks"].items():
+        lines.append(f"  {rank:>9}  {entry['without_sharing']:>15}  {entry['with_sharing']:>12}")
+    for rank, entry in info["ranks"].items():
+        if entry["shared"]:
+            lines.append(f"  one group with sharing on rank {rank}:")
+            lines += [f"    {' = '.join(descs)}" for descs in entry["shared"]]
+    return lines

@@ -1,0 +1,338 @@
+"""Job init time on real gloo worlds: Megatron-Core vs ``compat`` (with and without sharing).
+
+Spawns W real processes joined in a gloo world (rank 0 serves a ``TCPStore`` on a free port).
+In each round every process runs, one after the other in a rotating order, each
+implementation:
+
+* ``mcore``        — ``megatron.core.parallel_state.initialize_model_parallel``;
+* ``compat``       — ``compat.parallel_state.initialize_model_parallel`` (default settings);
+* ``compat_share`` — the same with group sharing on
+  (:func:`parallel_state_ng.sharing.set_group_sharing`).
+
+What is timed on every rank, from the end of a world barrier: ``initialize_model_parallel``
+plus one all-reduce on the tensor- and on the data-parallel group (checked for the right sum).
+The job's time is the slowest rank's; the table gives its median / min / max over rounds.
+Also per implementation: communicators per rank (process groups the init added to torch's
+registry, median over ranks) and, for compat, where the slowest rank's time went: agreement
+check, group creation (``torch.distributed.new_group``), synchronization
+(``torch.distributed.barrier`` and the readiness marks of :mod:`parallel_state_ng.naming`)
+and the rest (layout math, Python). Destroy time is reported separately (not in the job time).
+MCore's ``destroy_model_parallel`` leaves its non-gloo groups alive; the benchmark destroys
+them after each round so that rounds do not accumulate sockets.
+
+Usage::
+
+    python scripts/bench_world_init.py                        # 8, 16, 32 processes
+    python scripts/bench_world_init.py --worlds 8 --rounds 7 --gloo on --json out.json
+    python scripts/bench_world_init.py --layouts 8:tp2-pp2,16:tp2-pp2-cp2
+
+A benchmark, not a test: it prints figures and asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import queue
+import statistics
+import sys
+import time
+from typing import Any, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMPLS = ("mcore", "compat", "compat_share")
+ARG_OF = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+}
+DEFAULT_LAYOUTS = {8: "tp2-pp2", 16: "tp2-pp2-cp2", 32: "tp2-pp2-cp2-ep2"}
+
+
+def parse_layout(text: str) -> dict[str, int]:
+    """``"tp2-pp2-cp2"`` -> initialize_model_parallel keyword arguments."""
+    kwargs: dict[str, int] = {}
+    for part in text.split("-"):
+        name = part.rstrip("0123456789")
+        if name not in ARG_OF or name == part:
+            raise ValueError(f"bad layout part {part!r} in {text!r} (use e.g. tp2-pp2-cp2-ep2)")
+        kwargs[ARG_OF[name]] = int(part[len(name):])
+    return kwargs
+
+
+# --------------------------------------------------------------------------- worker side
+class _Clock:
+    """Wraps a function and sums the time spent in it."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.total = fn, 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.total += time.perf_counter() - t
+
+
+def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[str, _Clock]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    try:
+        from parallel_state_ng import sharing
+    except ImportError:  # an older checkout (for "before" figures): no sharing there
+        sharing = None
+        assert impl != "compat_share", "this checkout has no parallel_state_ng.sharing"
+
+    world = dist.distributed_c10d._world
+    mod = mods["mcore" if impl == "mcore" else "compat"]
+    if sharing is not None:
+        sharing.set_group_sharing(impl == "compat_share")
+    before = set(world.pg_map)
+    dist.barrier()
+    for c in clocks.values():
+        c.total = 0.0
+    t0 = time.perf_counter()
+    mod.initialize_model_parallel(**kwargs)
+    t_init = time.perf_counter() - t0
+    sums = []
+    for group in (mod.get_tensor_model_parallel_group(), mod.get_data_parallel_group()):
+        x = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(x, group=group)
+        sums.append((x.item(), float(sum(dist.get_process_group_ranks(group)))))
+    t_total = time.perf_counter() - t0
+    split = {name: c.total for name, c in clocks.items()}
+    created = [pg for pg in world.pg_map if pg not in before]
+    lists = getattr(mod, "_global_process_group_list", None) or []
+    t1 = time.perf_counter()
+    mod.destroy_model_parallel()
+    t_destroy = time.perf_counter() - t1
+    if impl == "mcore":  # MCore leaves its non-gloo groups alive
+        for pg in lists:
+            if pg is not None and pg in world.pg_map:
+                dist.destroy_process_group(pg)
+    if sharing is not None:
+        sharing.set_group_sharing(None)
+    assert all(a == b for a, b in sums), sums
+    assert not [pg for pg in world.pg_map if pg not in before], "groups left after destroy"
+    return {"total": t_total, "init": t_init, "destroy": t_destroy, "communicators": len(created), **split}
+
+
+def _worker(rank: int, world_size: int, inbox: Any, outbox: Any, impls: list[str], plan: list[dict]) -> None:
+    try:
+        os.environ["OMP_NUM_THREADS"] = "1"
+        sys.path.insert(0, ROOT)
+        import warnings
+
+        warnings.filterwarnings("ignore")  # megatron's "Transformer Engine and Apex are not installed"
+        import torch.distributed as dist
+
+        if rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+            outbox.put(("port", store.port))
+        else:
+            port = inbox.get()
+            store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, store=store)
+        mods: dict[str, Any] = {}
+        if "mcore" in impls:
+            from megatron.core import parallel_state as mcore_ps
+
+            mods["mcore"] = mcore_ps
+        import compat.parallel_state as compat_ps
+        from parallel_state_ng import naming
+
+        mods["compat"] = compat_ps
+        clocks = {"check": _Clock(compat_ps.check_initialize_agreement), "create": _Clock(dist.new_group)}
+        compat_ps.check_initialize_agreement = clocks["check"]
+        dist.new_group = clocks["create"]
+        sync = [_Clock(dist.barrier)]
+        dist.barrier = sync[0]
+        if hasattr(naming, "_mark_ready"):
+            sync.append(_Clock(naming._mark_ready))
+            naming._mark_ready = sync[1]
+
+        class _Sum:
+            @property
+            def total(self) -> float:
+                return sum(c.total for c in sync)
+
+            @total.setter
+            def total(self, value: float) -> None:
+                for c in sync:
+                    c.total = value
+
+        clocks["sync"] = _Sum()  # type: ignore[assignment]
+        dist.barrier()
+        records = []
+        for step in plan:
+            rec = _one(step["impl"], mods, step["kwargs"], clocks)
+            rec.update(step)
+            records.append(rec)
+        dist.barrier()
+        outbox.put(("done", rank, records))
+        dist.destroy_process_group()
+    except BaseException as exc:  # report, the parent stops the job
+        import traceback
+
+        outbox.put(("error", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def run_world(world_size: int, impls: list[str], plan: list[dict], timeout: float) -> list[list[dict]]:
+    """Run ``plan`` on ``world_size`` fresh processes; per rank, its list of records."""
+    ctx = mp.get_context("spawn")
+    outbox = ctx.Queue()
+    inboxes = [ctx.Queue() for _ in range(world_size)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, inboxes[r], outbox, impls, plan), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, list[dict]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < world_size:
+            try:
+                msg = outbox.get(timeout=max(1.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"world {world_size}: ranks {sorted(set(range(world_size)) - set(results))} timed out")
+            if msg[0] == "port":
+                for q in inboxes[1:]:
+                    q.put(msg[1])
+            elif msg[0] == "error":
+                raise RuntimeError(f"rank {msg[1]} failed:\n{msg[2]}")
+            else:
+                results[msg[1]] = msg[2]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world_size)]
+
+
+# --------------------------------------------------------------------------- parent side
+def make_plan(layout: str, gloo_modes: list[bool], impls: list[str], rounds: int) -> list[dict]:
+    """Rounds of every (gloo mode, implementation), the implementation order rotating."""
+    plan = []
+    kwargs = parse_layout(layout)
+    for r in range(rounds):
+        for gloo in gloo_modes:
+            order = impls[r % len(impls):] + impls[: r % len(impls)]
+            for impl in order:
+                plan.append({"impl": impl, "layout": layout, "gloo": gloo, "round": r,
+                             "kwargs": {**kwargs, "create_gloo_process_groups": gloo}})
+    return plan
+
+
+def summarize(per_rank: list[list[dict]]) -> list[dict]:
+    """One row per (layout, gloo, impl): job time stats, communicators, compat's split."""
+    rows: dict[tuple, dict] = {}
+    for step in range(len(per_rank[0])):
+        recs = [per_rank[r][step] for r in range(len(per_rank))]
+        slowest = max(recs, key=lambda x: x["total"])
+        key = (recs[0]["layout"], recs[0]["gloo"], recs[0]["impl"])
+        row = rows.setdefault(key, {"layout": key[0], "gloo": key[1], "impl": key[2], "jobs": [], "slowest": [],
+                                    "communicators": [], "destroy": []})
+        row["jobs"].append(slowest["total"])
+        row["slowest"].append(slowest)
+        row["communicators"].append(statistics.median(x["communicators"] for x in recs))
+        row["destroy"].append(max(x["destroy"] for x in recs))
+    out = []
+    for row in rows.values():
+        s = row.pop("slowest")
+        row.update(
+            median=statistics.median(row["jobs"]), min=min(row["jobs"]), max=max(row["jobs"]),
+            communicators=statistics.median(row["communicators"]), destroy=statistics.median(row["destroy"]),
+            check=statistics.median(x["check"] for x in s), create=statistics.median(x["create"] for x in s),
+            sync=statistics.median(x["sync"] for x in s),
+        )
+        row["rest"] = max(0.0, row["median"] - row["check"] - row["create"] - row["sync"])
+        out.append(row)
+    return out
+
+
+def _report(w: int, per_rank: list[list[dict]]) -> list[dict]:
+    """Print the table rows of one world; return them."""
+    rows = summarize(per_rank)
+    for row in rows:
+        row["world"], row["rounds"] = w, len(row["jobs"])
+        ref = next((x for x in rows if x["impl"] == "mcore" and x["gloo"] == row["gloo"]), None)
+        row["vs_mcore"] = row["median"] / ref["median"] if ref else None
+        row["paired"] = statistics.median(a / b for a, b in zip(row["jobs"], ref["jobs"])) if ref else None
+        split = (f"{row['check']:6.3f} {row['create']:6.3f} {row['sync']:6.3f} {row['rest']:6.3f}"
+                 if row["impl"] != "mcore" else f"{'':6} {row['create']:6.3f} {row['sync']:6.3f} {'':6}")
+        ratio = (f"{row['vs_mcore']:7.2f}x {row['paired']:5.2f}x" if ref else f"{'—':>8} {'—':>6}")
+        print(f"{w:>3} {row['layout']:<16} {'on' if row['gloo'] else 'off':<4} {row['impl']:<13} {row['median']:7.3f} "
+              f"{row['min']:7.3f} {row['max']:7.3f} {row['communicators']:5.0f} {ratio} | {split} | {row['destroy']:7.3f}")
+    sys.stdout.flush()
+    return rows
+
+
+def _load() -> str:
+    try:
+        return "%.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        return "?"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worlds", default="8,16,32", help="comma-separated numbers of processes")
+    p.add_argument("--layouts", default="", help="W:layout,... (default 8:tp2-pp2, 16:tp2-pp2-cp2, 32:tp2-pp2-cp2-ep2)")
+    p.add_argument("--rounds", default="9,7,4", help="rounds per world (one value, or one per world)")
+    p.add_argument("--gloo", choices=("on", "off", "both"), default="both", help="create_gloo_process_groups")
+    p.add_argument("--impls", default=",".join(IMPLS), help="subset of " + ",".join(IMPLS))
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds per world")
+    p.add_argument("--json", help="write every record and the summary to this file")
+    p.add_argument("--from-json", help="print the table of a file written by --json (no run)")
+    a = p.parse_args(argv)
+    worlds = [int(w) for w in a.worlds.split(",")]
+    rounds = [int(x) for x in a.rounds.split(",")]
+    rounds = rounds + [rounds[-1]] * (len(worlds) - len(rounds))
+    layouts = dict(DEFAULT_LAYOUTS)
+    for item in filter(None, a.layouts.split(",")):
+        w, lay = item.split(":")
+        layouts[int(w)] = lay
+    impls = [i for i in a.impls.split(",") if i]
+    gloo_modes = {"on": [True], "off": [False], "both": [True, False]}[a.gloo]
+    started, load_before = time.time(), _load()
+    print(f"job init time on real gloo worlds; {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, python {platform.python_version()}; load before {load_before}")
+    print("job = slowest rank's initialize_model_parallel + one all-reduce on tp and dp; seconds; "
+          "split = compat's slowest rank: agreement check / group creation / synchronization / rest")
+    header = (f"{'W':>3} {'layout':<16} {'gloo':<4} {'impl':<13} {'median':>7} {'min':>7} {'max':>7} "
+              f"{'comms':>5} {'vs mcore':>8} {'paired':>6} | {'check':>6} {'create':>6} {'sync':>6} {'rest':>6} | {'destroy':>7}")
+    print(header)
+    print("-" * len(header))
+    all_rows, raw = [], {}
+    if a.from_json:
+        with open(a.from_json) as f:
+            saved = json.load(f)
+        for w, per_rank in saved["records"].items():
+            all_rows += _report(int(w), per_rank)
+        print(f"(re-rendered from {a.from_json}; load before the run {saved['load_before']}, after {saved['load_after']})")
+        return 0
+    for w, n in zip(worlds, rounds):
+        layout = layouts.get(w, "tp2-pp2")
+        per_rank = run_world(w, impls, make_plan(layout, gloo_modes, impls, n), a.timeout)
+        raw[w] = per_rank
+        all_rows += _report(w, per_rank)
+    print(f"vs mcore = compat's median job time / MCore's; paired = median over rounds of the same ratio within a "
+          f"round (same processes, minutes apart at most); comms = communicators per rank; load after {_load()}; "
+          f"took {time.time() - started:.0f} s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": all_rows, "records": raw, "load_before": load_before, "load_after": _load()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
