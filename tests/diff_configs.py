@@ -19,6 +19,7 @@ returns the failures; the in-process test (installed release) and the per-releas
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import inspect
 import itertools
 import math
@@ -31,6 +32,7 @@ from typing import Any, Callable, Optional
 
 import differential as D
 import megatron.core.parallel_state as mcore_ps
+from parallel_state_ng.releases import Release, parse_release
 
 # --------------------------------------------------------------------------- embedding callables
 # MCore calls get_embedding_ranks(ranks) with one list of python ints per pipeline group. These
@@ -94,6 +96,7 @@ class Config:
     yaml: Optional[str] = None  # key of YAMLS: written to tmp_path, passed as the config path
     tag: str = ""  # extra id text for hand-written configs
     invalid: bool = False  # MCore is known to reject it on this CPU build
+    invalid_since: Optional[str] = None  # ... from this release series on (e.g. "0.19")
     hand_written: bool = False  # then ``invalid`` is checked against MCore
     # A documented deliberate difference (README, "Compatibility notes"): "rejects" — MCore
     # accepts it but compat refuses with a ValueError naming ``deliberate_arg``; "barrier-once"
@@ -101,6 +104,11 @@ class Config:
     deliberate: Optional[str] = None
     deliberate_arg: str = ""
     after_init: tuple = ()  # differential.Call's made after a good init (0.18+ all-gather groups)
+
+    @property
+    def expected_invalid(self) -> bool:
+        """Whether the reference release is known to reject this configuration."""
+        return self.invalid or (self.invalid_since is not None and reference_release().at_least(self.invalid_since))
 
     @property
     def id(self) -> str:
@@ -216,6 +224,12 @@ KNOWN_INIT_PARAMETERS = frozenset({
     "high_priority_stream_groups", "sharp_enabled_group", "create_all_gather_group", "rank_offset",
     "local_world_size",
 })
+
+
+@functools.lru_cache(maxsize=None)
+def reference_release() -> Release:
+    """The reference's release (the megatron-core distribution this process sees)."""
+    return parse_release(importlib.metadata.version("megatron-core"))
 
 
 def has(parameter: str) -> bool:
@@ -340,9 +354,10 @@ def _hand_written() -> list[Config]:
     base = {"create_gloo_process_groups": False}
 
     def c(w, tag="", env=None, cuda_stub=False, yaml=None, invalid=False, deliberate=None, deliberate_arg="",
-          after=(), **kw):
+          after=(), invalid_since=None, **kw):
         return Config(w, {**base, **kw}, env=env or {}, cuda_stub=cuda_stub, yaml=yaml, tag=tag, invalid=invalid,
-                      hand_written=True, deliberate=deliberate, deliberate_arg=deliberate_arg, after_init=after)
+                      hand_written=True, deliberate=deliberate, deliberate_arg=deliberate_arg, after_init=after,
+                      invalid_since=invalid_since)
 
     def ag(**kw):
         return D.Call("create_all_gather_groups", kw)
@@ -391,7 +406,9 @@ def _hand_written() -> list[Config]:
         bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp - dp-pp"),
         bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp_dp_pp"),
         bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="dp"),
-        bad(8, order=""), bad(1, order=""), c(1, order="dp"), c(8, order="dp"),
+        bad(8, order=""), bad(1, order=""),
+        # 0.19 injects its GTP axis next to 'tp' and then needs 'tp' in the order
+        c(1, order="dp", invalid_since="0.19"), c(8, order="dp", invalid_since="0.19"),
         bad(16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=4,
             expert_tensor_parallel_size=1, order="tp-cp-ep-pp-dp"),  # pp not last, edp != dp
         c(16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
@@ -409,8 +426,9 @@ def _hand_written() -> list[Config]:
         bad(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 3]),
         bad(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[8]),
         # SHARP: on a CPU build MCore's barrier needs torch.cuda; with the stub it runs
-        bad(8, use_sharp=True), c(8, use_sharp=True, cuda_stub=True),
-        c(8, use_sharp=True, sharp_enabled_group="dp", cuda_stub=True),
+        # (0.19 asserts its GTP-remat data-parallel group exists before creating it)
+        bad(8, use_sharp=True), c(8, use_sharp=True, cuda_stub=True, invalid_since="0.19"),
+        c(8, use_sharp=True, sharp_enabled_group="dp", cuda_stub=True, invalid_since="0.19"),
         bad(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2),
         c(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2, cuda_stub=True,
           deliberate="barrier-once"),
@@ -466,8 +484,8 @@ def _hand_written() -> list[Config]:
           expert_model_parallel_size=4),
         c(16, local_world_size=8, rank_offset=8, gtp_remat_size=2, expert_gtp_remat_size=2,
           expert_model_parallel_size=2),
-        c(8, rank_offset=4, tag="offset-without-local-world"),
-        c(8, local_world_size=16, tag="local-world-beyond-world"),
+        bad(8, rank_offset=4, tag="offset-without-local-world"),
+        bad(8, local_world_size=16, tag="local-world-beyond-world"),
         c(8, local_world_size=3, tensor_model_parallel_size=2, invalid=True),
         # 0.18+: all-gather groups made after init
         c(8, tensor_model_parallel_size=2, after=(ag(),)),
@@ -577,9 +595,10 @@ def compare_config(compat_ps: Any, cfg: Config, tmp_path: Path, tally: Tally) ->
                     failures.append(f"rank {rank}: barriers MCore {ref.barriers}, compat {got.barriers}")
         else:  # one side raised (or raised another type): the outcome is the difference
             diffs = [D.Difference("init:outcome", ref.outcome, got.outcome)]
-        if cfg.hand_written and (ref.outcome != "ok") != cfg.invalid:
+        if cfg.hand_written and (ref.outcome != "ok") != cfg.expected_invalid:
             failures.append(
-                f"rank {rank}: the test expects MCore to {'reject' if cfg.invalid else 'accept'} it; MCore says "
+                f"rank {rank}: the test expects MCore {reference_release()} to "
+                f"{'reject' if cfg.expected_invalid else 'accept'} it; MCore says "
                 f"{ref.error_message or 'ok'}"
             )
         if ref.outcome != "ok":
