@@ -198,9 +198,25 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
             problems.append(f"uninitialized (world {world}, rank {rank}): " + D.describe(diffs, limit=6))
 
     configs = C.all_configs({int(w): n for w, n in plan.items()}, hand_written=hand_written)[:max_configs]
+    features = {
+        "gtp": lambda c: c.kwargs.get("gtp_remat_size", 1) != 1 or c.kwargs.get("expert_gtp_remat_size", 1) != 1,
+        "sub_world": lambda c: "local_world_size" in c.kwargs or "rank_offset" in c.kwargs,
+        "after_init": lambda c: bool(c.after_init),
+    }
+    present = {"gtp": C.has("gtp_remat_size"), "sub_world": C.has("local_world_size"),
+               "after_init": C.has_function("create_all_gather_groups")}
     tally = C.Tally()
     worlds = set()
     with tempfile.TemporaryDirectory() as tmp:
+        # the harness against itself: the release compared with the release shows no difference
+        for name, is_feature in features.items():
+            sample = [c for c in configs if is_feature(c) and not c.expected_invalid][:1]
+            for cfg in sample + ([configs[0]] if name == "gtp" and configs else []):
+                rank = cfg.ranks()[-1]
+                first, second = (C.run_side(ref, cfg, rank, Path(tmp)) for _ in range(2))
+                diffs = D.compare(first.comparable(), second.comparable())
+                if diffs or (cfg.after_init and not first.after_init):
+                    problems.append(f"harness self-check {cfg.id} rank {rank}: " + D.describe(diffs, 4))
         for cfg in configs:
             worlds.add(cfg.world)
             failures = C.compare_config(ps, cfg, Path(tmp), tally)
@@ -212,10 +228,8 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
         "configs": tally.configs, "runs": tally.runs, "valid_runs": tally.valid_runs,
         "max_world": max(worlds, default=0),
         "getter_calls": len(D.getter_calls(8)),
-        "with_gtp": sum(1 for c in configs if c.kwargs.get("gtp_remat_size", 1) != 1
-                        or c.kwargs.get("expert_gtp_remat_size", 1) != 1),
-        "with_sub_world": sum(1 for c in configs if "local_world_size" in c.kwargs or "rank_offset" in c.kwargs),
-        "with_after_init": sum(1 for c in configs if c.after_init),
+        "features": present,
+        **{f"with_{name}": sum(1 for c in configs if is_feature(c)) for name, is_feature in features.items()},
         "mismatching_configs": len(tally.mismatches),
         "problems": problems,
     }
