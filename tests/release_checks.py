@@ -15,6 +15,7 @@ parent test asserts the lists are empty):
 * ``differential``: ``tests/diff_configs.py`` configurations (hand-written and seeded random,
   world sizes to 1,024, on the fake backend) on several ranks each, every getter and global of
   the release compared (``tests/differential.py``); plus the uninitialized state.
+* ``helpers``: ``RankGenerator`` and the public helper functions (``tests/helper_cases.py``).
 * ``bad_input``: the table of ``tests/test_bad_input.py`` restricted to the release's
   parameters: compat raises at once naming the argument, stays untouched, accepts a good call
   next; where the release raises, compat's exception is an instance of the release's type.
@@ -235,6 +236,34 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
     }
 
 
+# --------------------------------------------------------------------------- helpers
+
+
+def helpers_report() -> dict:
+    """``RankGenerator`` (attributes, every token combination, ``get_gtp_ranks``) and the public
+    helpers (``create_group``, ``update_pg_timeout``, ...) of compat against the release's."""
+    import torch.distributed as dist
+
+    import compat.parallel_state as ps
+    import helper_cases as H
+
+    problems: list[str] = []
+    generators, helpers = H.rank_generator_cases(), H.helper_cases()
+    for case in generators:
+        try:
+            problems += H.compare_rank_generator(ps, case)
+        except Exception:
+            problems.append(f"RankGenerator({H.case_id(case)}) crashed:\n{traceback.format_exc()[-2000:]}")
+    for case in helpers:
+        try:
+            problems += H.compare_helper(ps, case)
+        except Exception:
+            problems.append(f"helper {case} crashed:\n{traceback.format_exc()[-2000:]}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return {"rank_generator_cases": len(generators), "helper_cases": len(helpers), "problems": problems}
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -334,6 +363,7 @@ def run(version: str, plan: dict, hand_written: bool = True, max_configs: int = 
         return {**out, "problems": [f"process is bound to {out['installed']}, not {version}"]}
     _section("api", lambda: api_report(version), out)
     _section("differential", lambda: differential_report(plan, hand_written, max_configs), out)
+    _section("helpers", helpers_report, out)
     _section("bad_input", bad_input_report, out)
     out["seconds"] = round(time.perf_counter() - start, 2)
     return out

@@ -10,14 +10,14 @@ subclass), and compat must be atomic: after its failed init the state is what it
 
 from __future__ import annotations
 
-import itertools
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 import differential as D
+import helper_cases as H
 import megatron.core.parallel_state as mcore_ps
 from diff_configs import Config, Tally, all_configs, compare_config, emb_all, run_side
 from diff_configs import init_kwargs as _init_kwargs
@@ -278,124 +278,15 @@ def test_second_init_without_destroy(compat_ps, first, second):
 # --------------------------------------------------------------------------- public helpers
 
 
-def _rank_generator_facts(ps, tp, ep, dp, pp, cp, order, offset=0):
-    gen = ps.RankGenerator(tp=tp, ep=ep, dp=dp, pp=pp, cp=cp, order=order, rank_offset=offset)
-    facts = {a: D.encode(getattr(gen, a)) for a in ("tp", "ep", "dp", "pp", "cp", "rank_offset", "world_size",
-                                                    "name_to_size", "order", "ordered_size")}
-    tokens = ["tp", "cp", "ep", "dp", "pp", "xx"]
-    for n in (1, 2, 3):
-        for combo in itertools.combinations(tokens, n):
-            for token in {"-".join(combo), "-".join(reversed(combo))}:
-                facts[f"get_ranks({token})"] = _outcome(lambda: gen.get_ranks(token))
-                facts[f"get_mask({token})"] = _outcome(lambda: gen.get_mask(gen.order, token))
-    facts["get_ranks(all)"] = _outcome(lambda: gen.get_ranks("tp-cp-ep-dp-pp"))
-    return facts
-
-
-def _outcome(fn):
-    result, warned = D._call(fn, {})
-    value = D.raised(result) if isinstance(result, Exception) else D.encode(result)
-    return (value, warned) if warned else value
-
-
-RANK_GENERATOR_CASES = [
-    (2, 1, 4, 2, 1, "tp-cp-ep-dp-pp"), (2, 1, 2, 2, 2, "tp-cp-ep-dp-pp"), (1, 4, 2, 2, 1, "tp-cp-ep-dp-pp"),
-    (2, 2, 2, 2, 1, "tp-pp-dp"), (2, 1, 2, 2, 2, "cp-tp-dp-pp"), (3, 1, 2, 1, 1, "TP-DP"),
-    (2, 2, 1, 1, 2, "tp-cp-ep-dp-pp"), (2, 1, 2, 1, 1, "dp"), (2, 1, 2, 2, 1, "tp-dp-pp", 16),
-    (1, 1, 1, 1, 1, ""), (2, 1, 2, 1, 1, "tp-tp-dp"), (4, 2, 2, 2, 1, "pp-ep-dp-tp"),
-]
-
-
-@pytest.mark.parametrize("args", RANK_GENERATOR_CASES, ids=[f"rg{i}" for i in range(len(RANK_GENERATOR_CASES))])
-def test_rank_generator_matches(compat_ps, args):
+@pytest.mark.parametrize("case", H.rank_generator_cases(), ids=H.case_id)
+def test_rank_generator_matches(compat_ps, case):
     """``RankGenerator``: attributes, ``get_ranks`` and ``get_mask`` for every token combination."""
-    tokens = args[5].lower().split("-")
-    if len(set(tokens)) != len(tokens):  # deliberate: compat refuses a repeated token
-        mcore_ps.RankGenerator(*args)  # MCore builds it (and a wrong layout from it)
-        with pytest.raises(ValueError, match="repeats token"):
-            compat_ps.RankGenerator(*args)
-        return
-    results = []
-    for ps in (mcore_ps, compat_ps):
-        facts, _ = D._call(lambda: _rank_generator_facts(ps, *args), {})
-        results.append({"construction": D.raised(facts)} if isinstance(facts, Exception) else facts)
-    if any("construction" in r for r in results):  # one side refused to construct: only that counts
-        results = [{"construction": r.get("construction", "ok")} for r in results]
-    diffs = D.compare(*results)
-    assert not diffs, f"RankGenerator{args}: " + D.describe(diffs)
+    problems = H.compare_rank_generator(compat_ps, case)
+    assert not problems, "\n".join(problems)
 
 
-def _with_world(ps, fn, rank=1, world=8, cuda_stub=False):
-    """Run ``fn(ps)`` in a fresh fake world; return its encoded result, created-group metadata
-    and the module's ``_global_process_group_list`` afterwards."""
-    D.fake_world(rank, world)
-    D.forget_recorded_groups()
-    enc = D._Encoder()
-    with D.preserved_environment(), D.recording(cuda_stub=cuda_stub):
-        result, warned = D._call(lambda: fn(ps), {})
-        value = D.raised(result) if isinstance(result, Exception) else enc(result, "result")
-        out = {"result": value, "warnings": warned, **D._group_metadata(enc)}
-        snap = D.snapshot(ps, rank)
-        out["global_list"] = snap["global:_global_process_group_list"]
-    ps.destroy_model_parallel()
-    if ps is mcore_ps:
-        D.reset_mcore()
-    D.forget_recorded_groups()
-    return out
-
-
-def _timeout_then_update(ps):
-    from datetime import timedelta
-
-    ps.create_group([0, 1, 2], group_desc="X")
-    return ps.update_pg_timeout(timedelta(minutes=3))
-
-
-HELPER_CASES: dict[str, tuple[Callable, dict]] = {
-    "masked_groups_tp_dp": (lambda ps: ps.generate_masked_orthogonal_rank_groups(8, [2, 2, 2], [True, True, False]), {}),
-    "masked_groups_none": (lambda ps: ps.generate_masked_orthogonal_rank_groups(12, [2, 3, 2], [False, False, False]), {}),
-    "masked_groups_all": (lambda ps: ps.generate_masked_orthogonal_rank_groups(12, [2, 3, 2], [True, True, True]), {}),
-    "masked_groups_middle": (lambda ps: ps.generate_masked_orthogonal_rank_groups(24, [2, 3, 4], [False, True, False]), {}),
-    "masked_groups_small_world": (lambda ps: ps.generate_masked_orthogonal_rank_groups(4, [2, 2, 2], [True, False, False]), {}),
-    "masked_groups_big_world": (lambda ps: ps.generate_masked_orthogonal_rank_groups(16, [2, 2, 2], [True, False, False]), {}),
-    "default_embedding_1": (lambda ps: ps.default_embedding_ranks([5]), {}),
-    "default_embedding_3": (lambda ps: ps.default_embedding_ranks([1, 3, 5]), {}),
-    "default_embedding_empty": (lambda ps: ps.default_embedding_ranks([]), {}),
-    "default_position_embedding_3": (lambda ps: ps.default_position_embedding_ranks([1, 3, 5]), {}),
-    "default_position_embedding_empty": (lambda ps: ps.default_position_embedding_ranks([]), {}),
-    "overwrite_cfgs_new": (lambda ps: (lambda d: (ps.overwrite_nccl_comm_cfgs(d, "tp", ("max_ctas", 4)), d))({}), {}),
-    "overwrite_cfgs_existing": (
-        lambda ps: (lambda d: (ps.overwrite_nccl_comm_cfgs(d, "tp", ("max_ctas", 4)), d))({"tp": {"min_ctas": 1}}), {}),
-    "nccl_options_absent": (lambda ps: ps.get_nccl_options("dp", {"tp": {}}), {}),
-    "nccl_options_present": (lambda ps: ps.get_nccl_options("tp", {"tp": {"max_ctas": 2}}), {}),
-    "nccl_options_none_cfg": (lambda ps: ps.get_nccl_options("tp", None), {}),
-    "create_group_member": (lambda ps: ps.create_group([0, 1, 4], timeout=None, group_desc="MINE"), {}),
-    "create_group_not_member": (lambda ps: ps.create_group([2, 3], group_desc="OTHER"), {}),
-    "create_group_ranks_none": (lambda ps: ps.create_group(group_desc="ALL"), {}),
-    "create_group_local_sync": (lambda ps: ps.create_group([1, 2], use_local_synchronization=True), {}),
-    "hierarchical_member": (lambda ps: ps.create_hierarchical_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], [2, 2, 2], group_desc="H"), {}),
-    "hierarchical_two_levels": (lambda ps: ps.create_hierarchical_groups(1, [7, 5, 3, 1], [2, 2], pg_options=[None, None]), {}),
-    "hierarchical_not_member": (lambda ps: ps.create_hierarchical_groups(1, [0, 2, 4, 6], [2, 2]), {}),
-    "hierarchical_bad_sizes": (lambda ps: ps.create_hierarchical_groups(1, [0, 1, 2, 3], [2, 3]), {}),
-    "hybrid_member_8": (lambda ps: ps.create_hybrid_dp_cp_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], None), {}),
-    "hybrid_member_6": (lambda ps: ps.create_hybrid_dp_cp_groups(1, [0, 2, 4, 1, 3, 5], None), {}),
-    "hybrid_not_member": (lambda ps: ps.create_hybrid_dp_cp_groups(1, [0, 2, 4, 6], None), {}),
-    "update_pg_timeout_cpu": (_timeout_then_update, {}),
-    "update_pg_timeout_stubbed": (_timeout_then_update, {"cuda_stub": True}),
-}
-
-
-@pytest.mark.parametrize("case", sorted(HELPER_CASES))
+@pytest.mark.parametrize("case", H.helper_cases())
 def test_public_helper_matches(compat_ps, case):
     """Public helpers give MCore's results: values, groups (ranks, desc, timeout), global list."""
-    fn, options = HELPER_CASES[case]
-    ref = _with_world(mcore_ps, fn, **options)
-    got = _with_world(compat_ps, fn, **options)
-    if case == "hierarchical_bad_sizes":
-        # MCore's error comes from einops (EinopsError, a RuntimeError); compat does not use
-        # einops, so it raises the builtin base type that EinopsError extends.
-        assert ref["result"][:2] == ("raises", "EinopsError") and "RuntimeError" in ref["result"][2]
-        assert got["result"][:2] == ("raises", "RuntimeError")
-        ref, got = {k: v for k, v in ref.items() if k != "result"}, {k: v for k, v in got.items() if k != "result"}
-    diffs = D.compare(ref, got)
-    assert not diffs, D.describe(diffs)
+    problems = H.compare_helper(compat_ps, case)
+    assert not problems, "\n".join(problems)

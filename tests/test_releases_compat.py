@@ -34,13 +34,14 @@ INSTALLED_SAMPLE = 20
 
 # Minimum counts per section; the plan gives more (the child reports what it ran).
 MIN_FUNCTIONS, MIN_GLOBALS, MIN_BAD_INPUTS = 70, 40, 100
+MIN_RANK_GENERATOR_CASES, MIN_HELPER_CASES = 12, 20
 MIN_CONFIGS, MIN_RANKS_PER_CONFIG = 100, 3
 MIN_FEATURE_CONFIGS = 10  # GTP (0.19), sub-world (0.17+), all-gather groups after init (0.18+)
 
 
 def _summary(version: str, result: dict, wall: float) -> str:
     parts = [f"megatron-core {version}: {wall:.1f} s wall (child {result.get('seconds')} s)"]
-    for section in ("api", "differential", "bad_input"):
+    for section in ("api", "differential", "helpers", "bad_input"):
         info = {k: v for k, v in result.get(section, {}).items() if k != "problems"}
         parts.append(f"  {section}: {json.dumps(info)}; problems: {len(result.get(section, {}).get('problems', []))}")
     return "\n".join(parts)
@@ -48,7 +49,7 @@ def _summary(version: str, result: dict, wall: float) -> str:
 
 def _problems(result: dict, limit: int = 40) -> str:
     lines = []
-    for section in ("api", "differential", "bad_input"):
+    for section in ("api", "differential", "helpers", "bad_input"):
         problems = result.get(section, {}).get("problems", [])
         if problems:
             lines.append(f"== {section}: {len(problems)} problem(s)")
@@ -71,8 +72,11 @@ def test_compat_serves_release(version):
     print("\n" + _summary(version, result, wall))
     assert "problems" not in result, result["problems"]  # bound to the wrong release
 
-    api, diff, bad = result["api"], result["differential"], result["bad_input"]
+    api, diff, bad, helpers = result["api"], result["differential"], result["bad_input"], result["helpers"]
     counts = []
+    if "helper_cases" in helpers:
+        counts += [("RankGenerator cases", helpers["rank_generator_cases"], MIN_RANK_GENERATOR_CASES),
+                   ("helper cases", helpers["helper_cases"], MIN_HELPER_CASES)]
     if "functions" in api:
         counts += [("api functions", api["functions"], MIN_FUNCTIONS), ("api globals", api["globals"], MIN_GLOBALS)]
     if "cases" in bad:
