@@ -595,6 +595,10 @@ def compare_config(compat_ps: Any, cfg: Config, tmp_path: Path, tally: Tally) ->
                     failures.append(f"rank {rank}: barriers MCore {ref.barriers}, compat {got.barriers}")
         else:  # one side raised (or raised another type): the outcome is the difference
             diffs = [D.Difference("init:outcome", ref.outcome, got.outcome)]
+        if ref.outcome == "ok" and got.outcome == "ok":
+            left = D.destroy_differences(ref.after_destroy, got.after_destroy)
+            if left:
+                failures.append(f"rank {rank}: after destroy_model_parallel:\n" + D.describe(left))
         if cfg.hand_written and (ref.outcome != "ok") != cfg.expected_invalid:
             failures.append(
                 f"rank {rank}: the test expects MCore {reference_release()} to "

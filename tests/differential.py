@@ -547,6 +547,7 @@ class Observation:
     error_message: str = ""
     before: dict[str, Any] = field(default_factory=dict)  # snapshot before init, if asked
     after_init: dict[str, Any] = field(default_factory=dict)  # calls made after a good init
+    after_destroy: dict[str, Any] = field(default_factory=dict)  # the reference's globals after destroy
 
 
     def comparable(self) -> dict[str, Any]:
@@ -645,6 +646,7 @@ def observe(
             barriers, cuda_calls = tuple(_BARRIERS), tuple(_CUDA_CALLS)
         destroyed, _ = _call(ps.destroy_model_parallel, {})
         destroy = raised(destroyed) if isinstance(destroyed, Exception) else encode(destroyed)
+        after_destroy = globals_after_destroy(ps)
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
@@ -652,7 +654,28 @@ def observe(
             reset_mcore()
         forget_recorded_groups()
     return Observation(outcome, state, setters, buffers, env_changes, barriers, cuda_calls, destroy, message, before,
-                       later)
+                       later, after_destroy)
+
+
+def globals_after_destroy(ps: Any) -> dict[str, Any]:
+    """``global:<name>`` -> encoded value of every reference global (cheap: no getter calls)."""
+    return {f"global:{name}": encode(_getattr(ps, name)) for name in reference_globals()}
+
+
+def pristine_globals() -> dict[str, Any]:
+    """``global:<name>`` -> encoded import-time value of every reference global."""
+    return {f"global:{name}": encode(value() if isinstance(value, type) else value)
+            for name, value in _capture_pristine().items()}
+
+
+def destroy_differences(reference: dict[str, Any], other: dict[str, Any]) -> list[Difference]:
+    """Globals after ``destroy_model_parallel`` that match neither the reference's nor import time.
+
+    MCore's destroy leaves some globals set; compat may leave the same or reset them.
+    """
+    pristine = pristine_globals()
+    return [Difference(key, value, other.get(key, ABSENT)) for key, value in reference.items()
+            if other.get(key, ABSENT) not in (value, pristine.get(key, ABSENT))]
 
 
 def _after_init_phase(ps: Any, rank: int, calls: tuple[Call, ...]) -> dict[str, Any]:

@@ -104,6 +104,18 @@ def test_harness_detects_a_swapped_group():
     assert "get_tensor_model_parallel_rank()" in keys
 
 
+def test_harness_detects_a_global_left_after_destroy():
+    """A group left in a global after destroy (where MCore resets it) is reported; MCore's own
+    leftovers and import-time values are accepted."""
+    D.fake_world(5, 8)
+    cfg = Config(8, {"tensor_model_parallel_size": 2, "create_gloo_process_groups": False})
+    ref = D.observe(mcore_ps, 5, cfg.kwargs, setter_phase=False)
+    assert D.destroy_differences(ref.after_destroy, ref.after_destroy) == []
+    assert D.destroy_differences(ref.after_destroy, D.pristine_globals()) == []
+    leaky = dict(ref.after_destroy, **{"global:_TENSOR_MODEL_PARALLEL_GROUP": ("group", (4, 5))})
+    assert [d.key for d in D.destroy_differences(ref.after_destroy, leaky)] == ["global:_TENSOR_MODEL_PARALLEL_GROUP"]
+
+
 def test_harness_refuses_an_unknown_getter(monkeypatch):
     """A new reference getter with a parameter the snapshot cannot fill fails loudly."""
 
