@@ -40,7 +40,8 @@ MIN_FEATURE_CONFIGS = 10  # GTP (0.19), sub-world (0.17+), all-gather groups aft
 
 
 def _summary(version: str, result: dict, wall: float) -> str:
-    parts = [f"megatron-core {version}: {wall:.1f} s wall (child {result.get('seconds')} s)"]
+    parts = [f"megatron-core {version}: {wall:.1f} s wall (child {result.get('seconds')} s, "
+             f"{result.get('cpu_seconds')} s CPU)"]
     for section in ("api", "differential", "helpers", "bad_input"):
         info = {k: v for k, v in result.get(section, {}).items() if k != "problems"}
         parts.append(f"  {section}: {json.dumps(info)}; problems: {len(result.get(section, {}).get('problems', []))}")
