@@ -3,8 +3,11 @@
 :func:`build_state` turns a :class:`~parallel_state_ng.megatron_layout.MegatronLayout` into the
 process groups of ONE rank: it computes only that rank's groups (closed form, no loop over the
 world) and creates each with ``new_group(..., use_local_synchronization=True)`` under a name
-that depends only on its members (:mod:`parallel_state_ng.naming`), in MCore's creation order. If anything fails,
-every group created so far is destroyed before the error propagates (atomic initialization).
+that depends only on its members (:mod:`parallel_state_ng.naming`), in the creation order of
+the layout's release. Steps that only some releases take read as conditions on the layout
+(``lay.facts``: the release's layout facts, e.g. the 0.19 GTP axis) or on the release data
+(:mod:`parallel_state_ng.releases.parallel_state`). If anything fails, every group created so
+far is destroyed before the error propagates (atomic initialization).
 """
 
 from __future__ import annotations
