@@ -45,6 +45,8 @@ _SIZES = (
     "context_parallel_size",
     "expert_model_parallel_size",
     "num_distributed_optimizer_instances",
+    "gtp_remat_size",
+    "expert_gtp_remat_size",
 )
 _OPTIONAL_SIZES = ("expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size")
 _FLAGS = ("use_sharp", "hybrid_context_parallel", "create_gloo_process_groups")

@@ -1,8 +1,20 @@
 """``HyperCommGrid``: named-dim process groups over a :class:`~parallel_state_ng.layout.Layout`.
 
-Constructor- and method-compatible with ``megatron.core.hyper_comm_grid.HyperCommGrid``
-(``create_pg``, ``get_pg``, ``get_rank_enum``, ``rank_offset``, ``backend``), with these
-differences that matter at scale:
+Constructor- and method-compatible with ``megatron.core.hyper_comm_grid.HyperCommGrid`` of every
+supported release (0.14 ... 0.19): this class serves the *superset* of their APIs
+(``create_pg``, ``get_pg``, ``get_rank_enum``, ``_gen_rank_enum``, ``destroy``,
+``is_current_rank_in_grid``, ``register_view`` and the keyword-only ``view=``, the attributes
+``shape``, ``dim_names``, ``rank_offset``, ``size``, ``backend``), with the 0.19 view
+semantics: a request in a view over dims that are all shared with the base view *is* the base
+view's group (same key, same object). :func:`parallel_state_ng.grid_releases.hyper_comm_grid_class`
+gives a subclass whose Megatron-named methods are exactly one release's (absent ones absent,
+signatures equal), for ``compat.install(hyper_comm_grid=True)``.
+
+Where releases raise different exception types for the same mistake (an unknown dim is a
+``KeyError``, ``ValueError`` or einops' ``RuntimeError`` depending on release and call), the
+error raised here is an instance of each, so code written against any release catches it.
+
+Differences that matter at scale:
 
 * ``create_pg`` computes only the calling rank's own group (closed form) and creates it with
   ``new_group(..., use_local_synchronization=True)``: ranks outside the group make no call.
@@ -19,8 +31,8 @@ A grid holds no global state: two grids in one process are independent.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any, Optional
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional, Union
 
 import torch.distributed as dist
 
@@ -30,9 +42,30 @@ from .naming import destroy_groups, new_member_group
 
 # UnknownDimError: megatron raises ValueError for an unknown name in a list and KeyError for an
 # unknown single name in get_pg; this error is both, and re-exported here.
-__all__ = ["HyperCommGrid", "BASE_VIEW", "UnknownDimError"]
+__all__ = ["HyperCommGrid", "BASE_VIEW", "UnknownDimError", "RepeatedDimError", "ViewShapeError"]
 
 BASE_VIEW = "base"
+
+# A group's key: "b-a" (dims in megatron's order) in the base view, (view, ("b", "a")) in
+# another view, as megatron 0.19 keys them.
+GroupKey = Union[str, tuple[str, tuple[str, ...]]]
+
+
+class RepeatedDimError(ValueError, KeyError, RuntimeError):
+    """``dims`` names one dim twice.
+
+    Megatron lets the request through to a failure that depends on release and call
+    (einops' ``RuntimeError`` subclass, numpy's ``ValueError``, or ``KeyError`` from
+    ``get_pg``); this error is all three.
+    """
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ViewShapeError(TypeError, ValueError):
+    """A view's shape holds something that is not an int (``TypeError`` like the grid's own
+    shape check, ``ValueError`` like megatron 0.19's ``register_view``)."""
 
 
 def _world_size() -> int:
@@ -47,6 +80,25 @@ def _world_size() -> int:
         "Cannot determine the world size: set the WORLD_SIZE environment variable or call "
         "torch.distributed.init_process_group() before creating a HyperCommGrid."
     )
+
+
+def _as_dim_list(dims: DimsArg) -> list[str]:
+    if isinstance(dims, str):
+        return [dims]
+    if not isinstance(dims, Iterable):
+        raise TypeError(f"dims must be a dim name or a sequence of dim names, got {dims!r}")
+    return list(dims)
+
+
+def _check_dims(layout: Layout, dims: DimsArg, where: str) -> list[str]:
+    """``dims`` as a list, each a dim of ``layout``, none repeated (megatron's order kept)."""
+    names = _as_dim_list(dims)
+    for name in names:
+        if not isinstance(name, str) or name not in layout.names:
+            raise UnknownDimError(f"{name!r} is not a dim of {where} (dims {list(layout.names)})")
+    if len(set(names)) != len(names):
+        raise RepeatedDimError(f"dims {names} name a dim more than once")
+    return names
 
 
 class HyperCommGrid:
@@ -64,12 +116,21 @@ class HyperCommGrid:
             :class:`~parallel_state_ng.agreement.ParallelConfigMismatchError` on every rank
             instead of a hang later. Timeout from ``PSNG_AGREEMENT_TIMEOUT`` (default 60 s).
 
+    Raises:
+        ValueError: ``shape`` and ``dim_names`` differ in length, a name is empty or repeated,
+            a size is < 1, ``rank_offset`` < 0.
+        TypeError: a size or ``rank_offset`` is not an int.
+        RuntimeError: the world size is unknown (no ``WORLD_SIZE``, no process group), or
+            the grid does not fit in the world after ``rank_offset``.
+
     Example:
         >>> grid = HyperCommGrid([2, 2, 2], ["tp", "dp", "pp"])
         >>> tp = grid.create_pg("tp")                 # only this rank's tp group
         >>> dp_pp = grid.create_pg(["dp", "pp"], group_desc="DP_PP")
         >>> grid.register_view("expert", [2, 2, 2], ["ep", "edp", "pp"], shared_dims=["pp"])
         >>> ep = grid.create_pg("ep", view="expert")
+        >>> grid.create_pg("pp", view="expert") is grid.get_pg("pp")  # shared: the base group
+        True
     """
 
     def __init__(
@@ -89,8 +150,14 @@ class HyperCommGrid:
                 name="HyperCommGrid",
                 timeout=_agreement.agreement_check_settings()[1],
             )
-        layout = Layout(shape, dim_names, rank_offset)  # validates shape, names and offset
+        # Megatron's order of checks: lengths, then the world size, then the rest.
+        if hasattr(shape, "__len__") and hasattr(dim_names, "__len__") and len(shape) != len(dim_names):
+            raise ValueError(
+                f"len(shape) {len(shape)} != len(dim_names) {len(dim_names)}: shape={list(shape)}, "
+                f"dim_names={list(dim_names)}"
+            )
         world_size = _world_size()
+        layout = Layout(shape, dim_names, rank_offset)  # validates shape, names and offset
         if layout.size > world_size - layout.rank_offset:
             raise RuntimeError(
                 f"Grid shape {list(layout.sizes)} ({layout.size} ranks) does not fit in world size "
@@ -103,7 +170,8 @@ class HyperCommGrid:
         self.backend = backend
         self.world_size = world_size
         self._views: dict[str, Layout] = {BASE_VIEW: layout}
-        self._pgs: dict[str, Any] = {}
+        self._shared: dict[str, frozenset[str]] = {BASE_VIEW: frozenset()}
+        self._pgs: dict[GroupKey, Any] = {}
 
     # ----------------------------------------------------------------- views
     @property
@@ -112,7 +180,11 @@ class HyperCommGrid:
         return self._views[BASE_VIEW]
 
     def view_layout(self, view: Optional[str] = None) -> Layout:
-        """The layout of ``view`` (``None``: the base view)."""
+        """The layout of ``view`` (``None``: the base view).
+
+        Raises:
+            KeyError: no view of that name is registered.
+        """
         name = BASE_VIEW if view is None else view
         try:
             return self._views[name]
@@ -124,21 +196,41 @@ class HyperCommGrid:
         """Names of the registered views, the base view first."""
         return list(self._views)
 
+    def shared_dims(self, view: Optional[str] = None) -> list[str]:
+        """The dims ``view`` shares with the base view (their groups are the base view's)."""
+        self.view_layout(view)
+        return sorted(self._shared[BASE_VIEW if view is None else view])
+
     def register_view(
         self,
         name: str,
         shape: Sequence[int],
         dim_names: Sequence[str],
-        shared_dims: Sequence[str] = (),
+        shared_dims: Optional[Sequence[str]] = None,
     ) -> Layout:
         """Register another factorization of the same ranks under ``name``.
 
         ``shape`` must cover exactly the grid's ranks. Each dim in ``shared_dims`` must exist
         in the base view and in the new one with identical groups (same ranks, same order),
-        e.g. ``pp`` shared between the dense layout (tp, cp, dp, pp) and the expert layout
-        (etp, ep, edp, pp). Returns the view's layout.
+        each alone and all together, e.g. ``pp`` shared between the dense layout (tp, cp, dp,
+        pp) and the expert layout (etp, ep, edp, pp). A group over shared dims only is the
+        base view's group: ``create_pg("pp", view=name)`` creates (or finds already created)
+        the group ``get_pg("pp")`` returns. Returns the view's layout.
+
+        Raises:
+            ValueError: the name is taken or empty, the shape does not cover the grid's ranks,
+                ``shape`` and ``dim_names`` differ in length, a name or a shared dim repeats, a
+                size is < 1 (:class:`ViewShapeError`, also a ``TypeError``, for a non-int), a
+                shared dim is missing from either view or its groups differ.
         """
-        return self._add_view(name, Layout(shape, dim_names, self.rank_offset), shared_dims)
+        self._check_view_name(name)
+        if hasattr(shape, "__len__") and hasattr(dim_names, "__len__") and len(shape) != len(dim_names):
+            raise ValueError(f"len(shape) {len(shape)} != len(dim_names) {len(dim_names)} for view {name!r}")
+        try:
+            layout = Layout(shape, dim_names, self.rank_offset)
+        except TypeError as error:
+            raise ViewShapeError(f"view {name!r}: {error}") from None
+        return self._add_view(name, layout, shared_dims)
 
     def register_split_view(
         self,
@@ -151,46 +243,71 @@ class HyperCommGrid:
     ) -> Layout:
         """Register a view in which ``dims`` of ``of_view`` (taken together) become sub-dims.
 
-        See :meth:`Layout.split`. Every dim that was not split is shared with ``of_view``.
+        See :meth:`Layout.split`. Every dim that was not split keeps its groups of
+        ``of_view``, but the view's groups are its own (nothing is declared shared).
         Used for hierarchical context-parallel groups and partial data-parallel groups.
         """
+        self._check_view_name(name)
         parent = self.view_layout(of_view)
         layout = parent.split(dims, shape, dim_names)
-        return self._add_view(name, layout, ())
+        return self._add_view(name, layout, None)
 
-    def _add_view(self, name: str, layout: Layout, shared_dims: Sequence[str]) -> Layout:
+    def _check_view_name(self, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"view name must be a non-empty str, got {name!r}")
         if name in self._views:
             raise ValueError(f"view {name!r} is already registered")
+
+    def _add_view(self, name: str, layout: Layout, shared_dims: Optional[Sequence[str]]) -> Layout:
         if layout.size != self.size:
             raise ValueError(
                 f"view {name!r} has shape {list(layout.sizes)} ({layout.size} ranks) but the grid "
                 f"has {self.size} ranks"
             )
-        if isinstance(shared_dims, str):
-            shared_dims = [shared_dims]
-        for dim in shared_dims:
-            self.layout.dims(dim)
-            layout.dims(dim)
-            if not self.layout.same_groups(dim, layout):
+        shared = [] if shared_dims is None else _as_dim_list(shared_dims)
+        if len(set(shared)) != len(shared):
+            raise ValueError(f"View {name!r} has duplicate shared_dims: {shared}")
+        for dim in shared:
+            _check_dims(self.layout, dim, "the base view")
+            _check_dims(layout, dim, f"view {name!r}")
+        for dims in [[dim] for dim in shared] + ([shared] if len(shared) > 1 else []):
+            if not self.layout.same_groups(dims, layout):
+                what = f"shared dim {dims[0]!r}" if len(dims) == 1 else f"shared dims {dims}"
                 raise ValueError(
-                    f"shared dim {dim!r} of view {name!r} has different groups than in the base view: "
-                    f"the first base group is {self.layout.enumerate_groups(dim)[0].tolist()}, "
-                    f"the view's is {layout.enumerate_groups(dim)[0].tolist()}"
+                    f"{what} of view {name!r} has different groups than in the base view: "
+                    f"the first base group is {self.layout.enumerate_groups(dims)[0].tolist()}, "
+                    f"the view's is {layout.enumerate_groups(dims)[0].tolist()}"
                 )
         self._views[name] = layout
+        self._shared[name] = frozenset(shared)
         return layout
 
     # ------------------------------------------------------- megatron-compatible
     def _order_dims(self, dims: DimsArg, view: Optional[str] = None) -> tuple[list[str], str]:
-        """Dims in megatron's key order (reversed dim_names) and the group key."""
+        """Dims in megatron's key order (reversed dim_names) and their dash-joined key."""
         layout = self.view_layout(view)
-        ordered = list(reversed(layout.dims(dims)))
-        key = "-".join(ordered)
-        if view not in (None, BASE_VIEW):
-            key = f"{view}:{key}"
-        return ordered, key
+        ordered = list(reversed(layout.dims(_check_dims(layout, dims, self._where(view)))))
+        return ordered, "-".join(ordered)
+
+    @staticmethod
+    def _where(view: Optional[str]) -> str:
+        return "the base view" if view in (None, BASE_VIEW) else f"view {view!r}"
+
+    def _group_key(self, dims: DimsArg, view: Optional[str]) -> tuple[GroupKey, Layout]:
+        """The key a group over ``dims`` of ``view`` is kept under, and the layout it comes from.
+
+        Dims all shared with the base view resolve to the base view's key and layout.
+        """
+        layout = self.view_layout(view)
+        ordered, key = self._order_dims(dims, view)
+        name = BASE_VIEW if view is None else view
+        if name == BASE_VIEW or (ordered and set(ordered) <= self._shared[name]):
+            return self._order_dims(ordered)[1], self.layout
+        return (name, tuple(ordered)), layout
+
+    @staticmethod
+    def _describe(key: GroupKey) -> str:
+        return key if isinstance(key, str) else f"{key[0]}:{'-'.join(key[1])}"
 
     def create_pg(self, dims: DimsArg, *, view: Optional[str] = None, all_ranks: bool = False, **kwargs: Any):
         """Create the process group over ``dims`` for the calling rank and return it.
@@ -201,16 +318,22 @@ class HyperCommGrid:
         ``None``. ``all_ranks=True`` creates every group of the enumeration on every rank
         instead (megatron's collective behaviour). Keyword arguments (``timeout``,
         ``pg_options``, ``group_desc``, ``backend``) go to ``torch.distributed.new_group``.
+        In a view, dims all shared with the base view give the base view's group.
 
         Raises:
-            KeyError: the group over these dims was already created (in this view).
+            KeyError: the group over these dims was already created (in this view, or in
+                the base view for shared dims); the view is not registered.
+            UnknownDimError: a dim is not in the view (a ``ValueError``, ``KeyError`` and
+                ``RuntimeError``).
         """
-        layout = self.view_layout(view)
-        _, key = self._order_dims(dims, view)
+        return self._create_pg(dims, view, all_ranks, kwargs)
+
+    def _create_pg(self, dims: DimsArg, view: Optional[str], all_ranks: bool, kwargs: dict[str, Any]):
+        key, layout = self._group_key(dims, view)
         if key in self._pgs:
             raise KeyError(
-                f"Process group {dims} has already been created (key {key!r}); options cannot be "
-                f"compared, so a second create_pg for the same dims is refused. Use get_pg."
+                f"Process group {dims} ({self._describe(key)}) has already been created; options cannot "
+                f"be compared, so a second create_pg for the same dims is refused. Use get_pg."
             )
         backend = kwargs.pop("backend", self.backend)
         rank = dist.get_rank()
@@ -230,20 +353,34 @@ class HyperCommGrid:
         """The process group over ``dims`` made earlier by :meth:`create_pg`.
 
         Raises:
-            KeyError: no group was created for these dims.
+            KeyError: no group was created for these dims; the view is not registered.
+            UnknownDimError: a dim is not in the view.
         """
-        _, key = self._order_dims(dims, view)
+        return self._get_pg(dims, view)
+
+    def _get_pg(self, dims: DimsArg, view: Optional[str]):
+        key, _ = self._group_key(dims, view)
         if key not in self._pgs:
-            raise KeyError(f"Process group for {key} hasn't been created. Call create_pg first.")
+            raise KeyError(f"Process group for {self._describe(key)} hasn't been created. Call create_pg first.")
         return self._pgs[key]
 
     def has_pg(self, dims: DimsArg, *, view: Optional[str] = None) -> bool:
-        """Whether :meth:`create_pg` was called for ``dims``."""
-        return self._order_dims(dims, view)[1] in self._pgs
+        """Whether :meth:`create_pg` was called for ``dims`` (or, for shared dims, the base group)."""
+        return self._group_key(dims, view)[0] in self._pgs
 
     def get_rank_enum(self, dims: DimsArg, *, view: Optional[str] = None) -> list[list[int]]:
-        """All groups over ``dims`` as lists of ranks, exactly as megatron enumerates them."""
-        return self.view_layout(view).rank_enum(dims)
+        """All groups over ``dims`` of ``view`` as lists of ranks, exactly as megatron enumerates them."""
+        layout = self.view_layout(view)
+        return layout.rank_enum(_check_dims(layout, dims, self._where(view)))
+
+    def _gen_rank_enum(self, dims: Sequence[str]) -> list[list[int]]:
+        """All groups over ``dims`` of the base view, each ordered by ``dims`` as given: the
+        LAST dim varies fastest (megatron's order; ``get_rank_enum`` normalizes ``dims`` first).
+
+        Megatron's own code (``bridge_communicator``, ``multimodule_communicator``) calls it.
+        """
+        names = _check_dims(self.layout, dims, "the base view")
+        return self.layout.enumerate_groups(list(reversed(names)), keep_order=True).tolist()
 
     # ------------------------------------------------------------------ beyond
     def _rank(self, rank: Optional[int]) -> int:
@@ -291,15 +428,16 @@ class HyperCommGrid:
         from .handles import GroupHandle
 
         if create and not self.has_pg(dims, view=view):
-            self.create_pg(dims, view=view)
-        pg = self.get_pg(dims, view=view)
-        _, key = self._order_dims(dims, view)
+            self._create_pg(dims, view, False, {})
+        pg = self._get_pg(dims, view)
+        key, _ = self._group_key(dims, view)
+        name = self._describe(key)
         if pg is None:
-            raise ValueError(f"rank {dist.get_rank()} is outside the grid and has no group over {key!r}")
+            raise ValueError(f"rank {dist.get_rank()} is outside the grid and has no group over {name!r}")
         handles = self.__dict__.setdefault("_handles", {})
         handle = handles.get(key)
         if handle is None or handle.group is not pg:
-            handle = handles[key] = GroupHandle(self.group_ranks(dims, view=view), pg, name=key)
+            handle = handles[key] = GroupHandle(self.group_ranks(dims, view=view), pg, name=name)
         if cpu:
             handle.cpu_group
         return handle

@@ -1,15 +1,22 @@
-"""Megatron-Core's process-group kinds as pure layout math.
+"""Megatron-Core's process-group kinds as pure layout math, for every supported release.
 
-:class:`MegatronLayout` describes, for one ``initialize_model_parallel`` configuration, every
-group kind MCore 0.16.1 builds (tensor, pipeline, data, context, expert, ...) as groups of a
-:class:`~parallel_state_ng.layout.Layout`: the dense ("decoder") layout ``tp, cp, dp, pp`` and
-the expert layout ``etp, ep, edp, pp`` (same order string, pp shared), plus the derived kinds
-(hierarchical context parallel, partial data parallel, embedding, distributed-optimizer
-instance, hybrid dp×cp). For any rank it gives that rank's group of any kind in closed form,
-with MCore's in-group order; it can also enumerate all groups of a kind (for tools and tests).
+:class:`MegatronLayout` describes, for one ``initialize_model_parallel`` configuration of one
+release (0.14 … 0.19), every group kind that release builds as groups of a
+:class:`~parallel_state_ng.layout.Layout`: the dense ("decoder") layout ``tp, cp, dp, pp``
+and the expert layout ``etp, ep, edp, pp`` (same order string, pp shared), plus the derived
+kinds (hierarchical context parallel, partial data parallel, embedding,
+distributed-optimizer instance, hybrid dp×cp). Release 0.17 adds ``rank_offset`` /
+``local_world_size`` (both layouts cover ``[rank_offset, rank_offset + local_world_size)``);
+release 0.19 adds the GTP weight-rematerialization axis ``gtp_remat`` (size
+``gtp_remat_size`` in the dense layout, injected after ``tp``; ``expert_gtp_remat_size`` in
+the expert layout, injected after ``ep``) and its kinds. With GTP sizes 1 a 0.19 layout has
+0.18's groups. For any rank it gives that rank's group of any kind in closed form (O(group
+size)), with MCore's in-group order; it can also enumerate all groups of a kind (for tools
+and tests).
 
+The kinds, their MCore globals and tokens are listed in :mod:`parallel_state_ng.megatron_kinds`
+(:data:`GROUP_KINDS`); the per-release facts in :mod:`parallel_state_ng.releases.layout`.
 No ``torch.distributed`` here: the compat module turns these rank lists into process groups.
-Kinds are named after MCore's NCCL communicator-config keys where one exists.
 """
 
 from __future__ import annotations
@@ -19,7 +26,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .layout import Layout
+from .layout import Layout, _check_int
+from .megatron_kinds import (
+    DEFAULT_ORDER,
+    GROUP_KINDS,
+    GTP_TOKEN,
+    ORDER_TOKENS,
+    EmptyGroupError,
+    GroupKind,
+    default_embedding_ranks,
+    default_position_embedding_ranks,
+    inject_gtp_remat,
+    normalize_order,
+    quotient,
+)
+from .releases.layout import LayoutFacts, layout_facts
 
 __all__ = [
     "MegatronLayout",
@@ -32,114 +53,47 @@ __all__ = [
     "EmptyGroupError",
 ]
 
-# Tokens of MCore's ``order`` string, in the order its RankGenerator checks them.
-ORDER_TOKENS = ("tp", "pp", "dp", "ep", "cp")
+_ALL_GATHER_KINDS = ("dp_cp_ag", "ep_dp_ag")
 
 
-def default_embedding_ranks(pp_ranks: Sequence[int]) -> list[int]:
-    """Ranks holding the word embeddings: first and last pipeline stage (one if pp == 1)."""
-    if len(pp_ranks) == 1:
-        return [pp_ranks[0]]
-    return [pp_ranks[0], pp_ranks[-1]]
+def _read_order(order: str, sizes: dict[str, int], gtp_after: Optional[str]) -> list[str]:
+    """The tokens of ``order`` as one of MCore's rank generators reads them.
 
-
-def default_position_embedding_ranks(pp_ranks: Sequence[int]) -> list[int]:
-    """Ranks holding the position embeddings: the first pipeline stage."""
-    return [pp_ranks[0]]
-
-
-def normalize_order(order: str, sizes: dict[str, int]) -> list[str]:
-    """MCore's reading of an ``order`` string for the given token sizes.
-
-    Lower-cases it; a token of size > 1 missing from it raises ``RuntimeError`` (as MCore's
-    RankGenerator does); tokens of size 1 missing from it are appended. Unknown tokens raise
-    ``KeyError`` like MCore; a repeated token raises ``ValueError`` (MCore silently builds a
-    wrong layout from it).
+    ``gtp_after`` is the token the 0.19 GTP axis is injected after (``None`` before 0.19).
+    0.19 tests token presence by substring, so an order without ``tp`` passes the check
+    through ``gtp_remat`` and then lacks ``tp``: MCore fails later (``AssertionError`` from
+    its rank arithmetic when a tensor size > 1 is lost, ``ValueError`` looking ``tp`` up
+    otherwise); this raises the same types up front.
     """
+    if gtp_after is None:
+        return normalize_order(order, sizes)
     if not isinstance(order, str):
-        raise TypeError(f"order must be a str such as 'tp-cp-ep-dp-pp', got {order!r}")
-    text = order.lower()
-    for name in ORDER_TOKENS:
-        # MCore tests membership on the string, so keep that reading.
-        if name not in text:
-            if sizes[name] != 1:
-                raise RuntimeError(
-                    f"order {order!r} does not contain {name!r}, but its size is {sizes[name]}; "
-                    f"add {name!r} to order"
-                )
-            text = f"{text}-{name}"
-    tokens = text.split("-")
-    for tok in tokens:
-        if tok not in ORDER_TOKENS:
-            raise KeyError(f"order {order!r} has unknown token {tok!r}; known tokens are {list(ORDER_TOKENS)}")
-    dup = sorted({t for t in tokens if tokens.count(t) > 1})
-    if dup:
-        raise ValueError(f"order {order!r} repeats token(s) {dup}; each token may appear once")
+        raise TypeError(f"order must be a str such as {DEFAULT_ORDER!r}, got {order!r}")
+    tokens = normalize_order(inject_gtp_remat(order, gtp_after), sizes)
+    if "tp" not in tokens:
+        message = (
+            f"order {order!r} has no 'tp' token: megatron-core 0.19 mistakes the 'tp' in "
+            f"'gtp_remat' for it and cannot build the tensor-parallel groups; add 'tp' to order"
+        )
+        raise AssertionError(message) if sizes["tp"] != 1 else ValueError(message)
     return tokens
-
-
-class EmptyGroupError(ValueError, TypeError):
-    """A user callable produced an empty group (MCore fails on it with ``TypeError``)."""
-
-
-def _quotient(world_size: int, **factors: int) -> int:
-    """``world_size`` divided by the product of ``factors``; ``RuntimeError`` (as MCore) if it
-    does not divide, naming every factor."""
-    product = math.prod(factors.values())
-    if world_size % product != 0:
-        named = " x ".join(f"{name} ({value})" for name, value in factors.items())
-        raise RuntimeError(f"world_size ({world_size}) is not divisible by {named} = {product}")
-    return world_size // product
-
-
-@dataclass(frozen=True)
-class GroupKind:
-    """One kind of process group MCore builds.
-
-    ``name`` is MCore's NCCL config key for it (or a descriptive name), ``desc`` the
-    ``group_desc`` MCore gives it, ``view`` the layout it lives in ("decoder"/"expert"/derived).
-    """
-
-    name: str
-    desc: str
-    what: str
-
-
-GROUP_KINDS: dict[str, GroupKind] = {
-    k.name: k
-    for k in [
-        GroupKind("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP", "data parallel with context parallel (dp × cp)"),
-        GroupKind("intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", "one distributed-optimizer instance's share of dp × cp"),
-        GroupKind("dp", "DATA_PARALLEL_GROUP", "data parallel"),
-        GroupKind("cp", "CONTEXT_PARALLEL_GROUP", "context parallel"),
-        GroupKind("mp", "MODEL_PARALLEL_GROUP", "model parallel (tp × pp)"),
-        GroupKind("tp", "TENSOR_MODEL_PARALLEL_GROUP", "tensor model parallel"),
-        GroupKind("pp", "PIPELINE_MODEL_PARALLEL_GROUP", "pipeline model parallel"),
-        GroupKind("embd", "EMBEDDING_GROUP", "word-embedding stages of a pipeline"),
-        GroupKind("pos_embd", "POSITION_EMBEDDING_GROUP", "position-embedding stages of a pipeline"),
-        GroupKind("tp_dp_cp", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", "tp × dp × cp"),
-        GroupKind("tp_dp", "TENSOR_AND_DATA_PARALLEL_GROUP", "tp × dp"),
-        GroupKind("tp_cp", "TENSOR_AND_CONTEXT_PARALLEL_GROUP", "tp × cp"),
-        GroupKind("ep", "EXPERT_MODEL_PARALLEL_GROUP", "expert model parallel"),
-        GroupKind("ep_tp", "EXPERT_TENSOR_PARALLEL_GROUP", "expert tensor parallel"),
-        GroupKind("tp_ep_mp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "expert tp × ep"),
-        GroupKind("tp_ep_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", "expert tp × ep × pp"),
-        GroupKind("ep_dp", "EXPERT_DATA_PARALLEL_GROUP", "expert data parallel"),
-        GroupKind("intra_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L0", "one distributed-optimizer instance's share of expert dp"),
-        GroupKind("inter_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L1", "expert dp across distributed-optimizer instances"),
-        GroupKind("intra_dist_opt_instance", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", "all ranks of one distributed-optimizer instance"),
-    ]
-}
 
 
 @dataclass
 class MegatronLayout:
-    """The layout ``initialize_model_parallel`` would build, as pure math.
+    """The layout ``initialize_model_parallel`` of one release would build, as pure math.
 
-    Sizes use MCore's argument names. ``order`` is read as MCore reads it. Validation follows
-    MCore's checks and exception types (``RuntimeError`` for an indivisible world or a size > 1
-    missing from ``order``, ``AssertionError`` for its asserted conditions), with messages
-    that name the argument and its value.
+    Sizes use MCore's argument names. ``world_size`` is the number of ranks of the job;
+    ``local_world_size`` (0.17+) the number the layout covers, from ``rank_offset`` (0.17+).
+    ``release`` is the series mirrored (``"0.19"``; ``None``: the selected release, see
+    :func:`parallel_state_ng.releases.current_release`). ``order`` is read as that release
+    reads it. Validation follows MCore's checks and exception types (``RuntimeError`` for an
+    indivisible world or a size > 1 missing from ``order``, ``AssertionError`` for its asserted
+    conditions), with messages that name the argument and its value; arguments the release
+    does not have raise ``TypeError``.
+
+    Ranks outside ``[rank_offset, rank_offset + local_world_size)`` are in no group:
+    :meth:`group` returns ``None`` for them.
     """
 
     world_size: int
@@ -148,34 +102,55 @@ class MegatronLayout:
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: Optional[int] = None
-    order: str = "tp-cp-ep-dp-pp"
+    order: str = DEFAULT_ORDER
     num_distributed_optimizer_instances: int = 1
     hierarchical_context_parallel_sizes: Optional[Sequence[int]] = None
     get_embedding_ranks: Optional[Callable] = None
     get_position_embedding_ranks: Optional[Callable] = None
+    rank_offset: int = 0
+    local_world_size: Optional[int] = None
+    gtp_remat_size: int = 1
+    expert_gtp_remat_size: int = 1
+    release: Optional[str] = None
     decoder: Layout = field(init=False, repr=False)
     expert: Layout = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        w = self.world_size
+        self._check_release_arguments()
+        w = self.layout_world_size
         tp, pp, cp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size, self.context_parallel_size
-        ep = self.expert_model_parallel_size
-        self.data_parallel_size = _quotient(
-            w, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+        ep, n = self.expert_model_parallel_size, self.num_distributed_optimizer_instances
+        gtp, egtp = self.gtp_remat_size, self.expert_gtp_remat_size
+        axis = self.facts.gtp_remat_axis
+        if self.facts.gtp_requires_single_instance and (gtp > 1 or egtp > 1) and n > 1:
+            raise AssertionError(
+                f"gtp_remat_size ({gtp}) / expert_gtp_remat_size ({egtp}) > 1 needs "
+                f"num_distributed_optimizer_instances == 1, got {n}"
+            )
+        what = "local_world_size" if self.local_world_size is not None else "world_size"
+        gtp_factor = {"gtp_remat_size": gtp} if axis else {}
+        self.data_parallel_size = quotient(
+            w, what, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp, **gtp_factor
         )
         dense = {"tp": tp, "pp": pp, "dp": self.data_parallel_size, "ep": 1, "cp": cp}
-        self.order_tokens = normalize_order(self.order, dense)
-        self.decoder = Layout([dense[t] for t in self.order_tokens], self.order_tokens)
+        if axis:
+            dense[GTP_TOKEN] = gtp
+        self.order_tokens = _read_order(self.order, dense, "tp" if axis else None)
+        self.decoder = Layout([dense[t] for t in self.order_tokens], self.order_tokens, self.rank_offset)
 
         if self.expert_tensor_parallel_size is None:
             self.expert_tensor_parallel_size = tp
         etp = self.expert_tensor_parallel_size
-        self.expert_data_parallel_size = _quotient(
-            w, expert_tensor_parallel_size=etp, expert_model_parallel_size=ep, pipeline_model_parallel_size=pp
+        egtp_factor = {"expert_gtp_remat_size": egtp} if axis else {}
+        self.expert_data_parallel_size = quotient(
+            w, what, expert_tensor_parallel_size=etp, expert_model_parallel_size=ep,
+            pipeline_model_parallel_size=pp, **egtp_factor,
         )
         moe = {"tp": etp, "pp": pp, "dp": self.expert_data_parallel_size, "ep": ep, "cp": 1}
-        expert_tokens = normalize_order(self.order, moe)
-        self.expert = Layout([moe[t] for t in expert_tokens], expert_tokens)
+        if axis:
+            moe[GTP_TOKEN] = egtp
+        expert_tokens = _read_order(self.order, moe, "ep" if axis else None)
+        self.expert = Layout([moe[t] for t in expert_tokens], expert_tokens, self.rank_offset)
 
         if not (self.order.endswith("pp") or pp == 1 or self.expert_data_parallel_size == self.data_parallel_size):
             raise AssertionError(
@@ -190,7 +165,6 @@ class MegatronLayout:
                 f"(first group); choose an order ending in 'pp' or matching tensor sizes"
             )
 
-        n = self.num_distributed_optimizer_instances
         dp_cp = self.data_parallel_size * cp
         if dp_cp % n != 0:
             raise AssertionError(
@@ -222,56 +196,114 @@ class MegatronLayout:
             self.get_embedding_ranks = default_embedding_ranks
         if self.get_position_embedding_ranks is None:
             self.get_position_embedding_ranks = default_position_embedding_ranks
+        self._kind_dims = self._token_kinds()
+        self._all_gather: dict[str, Optional[Layout]] = {}
+
+    def _check_release_arguments(self) -> None:
+        """Resolve ``release`` and reject arguments it does not have, or bad offsets/sizes."""
+        if self.release is None:
+            from .releases import current_release
+
+            self.release = current_release().series
+        self.facts: LayoutFacts = layout_facts(self.release)
+        self.release = self.facts.series
+        if not self.facts.rank_offset and (self.rank_offset != 0 or self.local_world_size is not None):
+            raise TypeError(
+                f"megatron-core {self.release} has no rank_offset / local_world_size (added in 0.17); "
+                f"got rank_offset={self.rank_offset!r}, local_world_size={self.local_world_size!r}"
+            )
+        if not self.facts.gtp_remat_axis and (self.gtp_remat_size != 1 or self.expert_gtp_remat_size != 1):
+            raise TypeError(
+                f"megatron-core {self.release} has no gtp_remat_size / expert_gtp_remat_size (added in 0.19); "
+                f"got gtp_remat_size={self.gtp_remat_size!r}, expert_gtp_remat_size={self.expert_gtp_remat_size!r}"
+            )
+        _check_int(self.world_size, "world_size", minimum=1)
+        _check_int(self.rank_offset, "rank_offset", minimum=0)
+        _check_int(self.gtp_remat_size, "gtp_remat_size", minimum=1)
+        _check_int(self.expert_gtp_remat_size, "expert_gtp_remat_size", minimum=1)
+        if self.local_world_size is not None:
+            _check_int(self.local_world_size, "local_world_size", minimum=1)
+        end = self.rank_offset + self.layout_world_size
+        if end > self.world_size:
+            # MCore would hand ranks >= world_size to new_group, which raises ValueError.
+            raise ValueError(
+                f"rank_offset ({self.rank_offset}) + local_world_size ({self.layout_world_size}) = {end} "
+                f"exceeds world_size ({self.world_size})"
+            )
 
     # ----------------------------------------------------------------- kinds
-    _DECODER_DIMS = {
-        "dp_cp": ("dp", "cp"),
-        "dp": ("dp",),
-        "cp": ("cp",),
-        "mp": ("tp", "pp"),
-        "tp": ("tp",),
-        "pp": ("pp",),
-        "tp_dp_cp": ("tp", "dp", "cp"),
-        "tp_dp": ("tp", "dp"),
-        "tp_cp": ("tp", "cp"),
-    }
-    _EXPERT_DIMS = {
-        "ep": ("ep",),
-        "ep_tp": ("tp",),
-        "tp_ep_mp": ("tp", "ep"),
-        "tp_ep_pp": ("tp", "ep", "pp"),
-        "ep_dp": ("dp",),
-    }
+    @property
+    def layout_world_size(self) -> int:
+        """Number of ranks the layout covers: ``local_world_size``, else ``world_size``."""
+        return self.world_size if self.local_world_size is None else self.local_world_size
+
+    def contains(self, rank: int) -> bool:
+        """Whether ``rank`` lies in ``[rank_offset, rank_offset + local_world_size)``."""
+        return self.decoder.contains(rank)
+
+    def _token_kinds(self) -> dict[str, tuple[Layout, tuple[str, ...]]]:
+        """Kinds enumerated straight from a rank-generator token: (layout, dims)."""
+        out = {}
+        for name, kind in GROUP_KINDS.items():
+            if kind.view not in ("dense", "expert"):
+                continue
+            tokens = kind.token.split("-")
+            if GTP_TOKEN in tokens and not self.facts.gtp_remat_axis:
+                if kind.since == "0.19":
+                    continue  # a GTP kind: absent before 0.19
+                tokens = [t for t in tokens if t != GTP_TOKEN]
+            out[name] = (self.decoder if kind.view == "dense" else self.expert, tuple(tokens))
+        return out
 
     @property
     def hierarchical_levels(self) -> int:
         """Number of hierarchical context-parallel levels (0 when not configured)."""
         return 0 if self._hcp is None else len(self.hierarchical_context_parallel_sizes)
 
+    @property
+    def gtp_active(self) -> bool:
+        """Whether a GTP size (dense or expert) is > 1."""
+        return self.gtp_remat_size > 1 or self.expert_gtp_remat_size > 1
+
     def kinds(self) -> list[str]:
-        """Every group kind of this configuration, in MCore's creation order."""
-        out = ["dp_cp"]
-        if self.num_distributed_optimizer_instances > 1:
-            out.append("intra_dp_cp")
-        out += ["dp", "cp"]
+        """Every group kind ``initialize_model_parallel`` builds here, in the release's creation order.
+
+        Hybrid dp×cp groups (:meth:`hybrid_group`) and the all-gather kinds (``dp_cp_ag``,
+        ``ep_dp_ag``) are built on request only and are not listed.
+        """
+        gtp = self.facts.gtp_remat_axis
+        multi = self.num_distributed_optimizer_instances > 1
+        out = ["gtp_remat"] if gtp else []
+        out += ["dp_cp"] + (["intra_dp_cp"] if multi else []) + ["dp"]
+        if gtp and self.gtp_remat_size > 1:
+            out += ["gtp_remat_dp", "gtp_remat_dp_cp"]
+        out.append("cp")
         out += [f"hcp{i}" for i in range(self.hierarchical_levels)]
         out += ["mp", "tp", "pp", "embd", "pos_embd", "tp_dp_cp", "tp_dp", "tp_cp"]
-        out += ["ep", "ep_tp", "tp_ep_mp", "tp_ep_pp", "ep_dp"]
-        if self.num_distributed_optimizer_instances > 1:
-            out += ["intra_ep_dp", "inter_ep_dp"]
+        out += ["expt_gtp_remat"] if gtp else []
+        out += ["ep", "ep_tp", "tp_ep_mp", "tp_ep_pp"] + (["tp_ep_gtp_remat_pp"] if gtp else []) + ["ep_dp"]
+        out += ["intra_ep_dp", "inter_ep_dp"] if multi else []
+        if gtp and self.expert_gtp_remat_size > 1:
+            out.append("ep_gtp_remat_dp")
         out.append("intra_dist_opt_instance")
         return out
 
     def group(self, kind: str, rank: int) -> Optional[list[int]]:
         """``rank``'s group of ``kind`` in MCore's order, or ``None`` if it is in none.
 
-        O(group size). Only ``embd`` / ``pos_embd`` can be ``None`` (ranks that hold no
-        embedding).
+        O(group size). ``None`` for a rank outside the layout's ranks, for ``embd`` /
+        ``pos_embd`` on a rank that holds no embedding, and for an all-gather kind on a rank
+        outside that kind's own generator (0.18+, see :meth:`all_gather_layout`).
         """
-        if kind in self._DECODER_DIMS:
-            return self.decoder.group_ranks(rank, self._DECODER_DIMS[kind])
-        if kind in self._EXPERT_DIMS:
-            return self.expert.group_ranks(rank, self._EXPERT_DIMS[kind])
+        if kind in _ALL_GATHER_KINDS:
+            return self._all_gather_group(kind, rank)
+        if not self.contains(rank):
+            if kind in self._kind_dims or kind in self.kinds() or kind in GROUP_KINDS:
+                return None
+            raise KeyError(f"unknown group kind {kind!r}; kinds of this layout: {self.kinds()}")
+        if kind in self._kind_dims:
+            lay, dims = self._kind_dims[kind]
+            return lay.group_ranks(rank, dims)
         if kind == "intra_dp_cp":
             return self._intra_dp_cp.group_ranks(rank, "intra_dp_cp")
         if kind.startswith("hcp") and self._hcp is not None and kind[3:].isdigit():
@@ -280,6 +312,9 @@ class MegatronLayout:
         if kind in ("intra_ep_dp", "inter_ep_dp"):
             return self._edp_split.group_ranks(rank, kind)
         if kind == "intra_dist_opt_instance":
+            if self.facts.gtp_remat_axis and self.gtp_active:
+                # 0.19 with GTP: one group of every rank of the layout (one optimizer instance).
+                return list(range(self.rank_offset, self.rank_offset + self.layout_world_size))
             dims = self._edp_split.dims(["tp", "ep", "pp"]) + ("intra_ep_dp",)
             return self._edp_split.group_ranks(rank, dims, keep_order=True)
         if kind in ("embd", "pos_embd"):
@@ -287,6 +322,59 @@ class MegatronLayout:
             return members if rank in members else None
         raise KeyError(f"unknown group kind {kind!r}; kinds of this layout: {self.kinds()}")
 
+    def rank_in_group(self, kind: str, rank: int) -> Optional[int]:
+        """Position of ``rank`` in its group of ``kind`` (``None`` when it is in none)."""
+        members = self.group(kind, rank)
+        return None if members is None else members.index(rank)
+
+    def all_ranks(self, rank: int) -> str:
+        """What the release's ``get_all_ranks()`` returns on ``rank``: its in-group ranks joined by ``_``."""
+        return "_".join(str(self.rank_in_group(kind, rank) or 0) for kind in self.facts.all_ranks_kinds)
+
+    # --------------------------------------------------------- all-gather kinds
+    def all_gather_layout(self, kind: str) -> Optional[Layout]:
+        """The layout ``create_all_gather_groups()`` (0.18+) enumerates ``kind`` from.
+
+        That function builds its own rank generator: the default order (with the GTP axis
+        injected on 0.19), rank offset 0, and sizes read back from the getters, whose
+        data-parallel size includes the GTP axis on 0.19. With a GTP size > 1 this generator
+        is larger than the world (MCore then asks ``new_group`` for ranks that do not exist);
+        the layout reproduces its ranks as they are. ``None`` before 0.18 (the
+        ``dp_cp_ag`` group then has the ranks of ``dp_cp``).
+        """
+        if kind not in _ALL_GATHER_KINDS:
+            raise KeyError(f"{kind!r} is not an all-gather kind; those are {list(_ALL_GATHER_KINDS)}")
+        if not self.facts.all_gather_groups_function:
+            return None
+        if kind not in self._all_gather:
+            axis = self.facts.gtp_remat_axis
+            if kind == "dp_cp_ag":
+                gtp = self.gtp_remat_size
+                sizes = {"tp": self.tensor_model_parallel_size, "pp": self.pipeline_model_parallel_size,
+                         "dp": self.data_parallel_size * gtp, "ep": 1, "cp": self.context_parallel_size}
+                after = "tp"
+            else:
+                gtp = self.expert_gtp_remat_size
+                sizes = {"tp": self.expert_tensor_parallel_size, "pp": self.pipeline_model_parallel_size,
+                         "dp": self.expert_data_parallel_size * gtp, "ep": self.expert_model_parallel_size, "cp": 1}
+                after = "ep"
+            if axis:
+                sizes[GTP_TOKEN] = gtp
+            tokens = _read_order(DEFAULT_ORDER, sizes, after if axis else None)
+            self._all_gather[kind] = Layout([sizes[t] for t in tokens], tokens)
+        return self._all_gather[kind]
+
+    def _all_gather_group(self, kind: str, rank: int) -> Optional[list[int]]:
+        lay = self.all_gather_layout(kind)
+        if lay is None:
+            if kind == "ep_dp_ag":
+                raise KeyError(f"megatron-core {self.release} has no {kind!r} group (added in 0.18)")
+            return self.group("dp_cp", rank)
+        if not lay.contains(rank):
+            return None
+        return lay.group_ranks(rank, ("dp", "cp") if kind == "dp_cp_ag" else ("dp",))
+
+    # ------------------------------------------------------- derived helpers
     def embedding_ranks(self, kind: str, pp_ranks: list[int]) -> list[int]:
         """The embedding (``embd``) or position-embedding (``pos_embd``) ranks of one pipeline.
 
@@ -312,7 +400,7 @@ class MegatronLayout:
         return members
 
     def hybrid_group(self, rank: int, group_size: int) -> list[int]:
-        """``rank``'s hybrid dp×cp group of ``group_size``: a chunk of its dp-cp group."""
+        """``rank``'s hybrid dp×cp group of ``group_size``: a chunk of its dp-cp group (0.16+)."""
         ranks = self.group("dp_cp", rank)
         start = (ranks.index(rank) // group_size) * group_size
         return ranks[start : start + group_size]
@@ -323,16 +411,27 @@ class MegatronLayout:
         return [2**i for i in range(1, int(math.log2(n)))] if n > 0 else []
 
     def enumerate(self, kind: str) -> list[list[int]]:
-        """All groups of ``kind`` (O(world size); for tools and tests, not the init path)."""
-        if kind in self._DECODER_DIMS:
-            return self.decoder.rank_enum(self._DECODER_DIMS[kind])
-        if kind in self._EXPERT_DIMS:
-            return self.expert.rank_enum(self._EXPERT_DIMS[kind])
+        """All groups of ``kind`` (O(world size); for tools and tests, not the init path).
+
+        Token kinds come in the order of MCore's ``get_ranks``; derived kinds in the order of
+        the first rank of each group (MCore may create ``intra_dp_cp``, ``intra_ep_dp`` and
+        ``inter_ep_dp`` in another order: compare those as sets of groups).
+        """
+        if kind in self._kind_dims:
+            lay, dims = self._kind_dims[kind]
+            return lay.rank_enum(dims)
         if kind in ("embd", "pos_embd"):
             return [self.embedding_ranks(kind, g) for g in self.decoder.rank_enum("pp")]
+        if kind in _ALL_GATHER_KINDS:
+            lay = self.all_gather_layout(kind)
+            if lay is not None:
+                return lay.rank_enum(("dp", "cp") if kind == "dp_cp_ag" else ("dp",))
+            if kind == "ep_dp_ag":
+                raise KeyError(f"megatron-core {self.release} has no {kind!r} group (added in 0.18)")
+            return self.enumerate("dp_cp")
         seen: set[int] = set()
         groups = []
-        for r in range(self.world_size):
+        for r in range(self.rank_offset, self.rank_offset + self.layout_world_size):
             if r in seen:
                 continue
             g = self.group(kind, r)

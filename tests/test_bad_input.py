@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 import compat
 import compat.parallel_state as ps
+from compat import _publish as _published
 
 WORLD = 8
 RANK = 3
@@ -220,8 +221,8 @@ def _assert_pristine(pg_before: set) -> None:
     """Not initialized, every module global reset, no process group left behind."""
     assert not ps.is_initialized()
     assert ps.get_state() is None
-    for name in (*ps._STATE_GLOBALS, *ps._OVERRIDE_GLOBALS, "_GLOBAL_MEMORY_BUFFER", "_GLOBAL_SYMMETRIC_MEMORY_BUFFER"):
-        assert getattr(ps, name) is None, name
+    for name in (*_published.state_globals(vars(ps)), *_published.OVERRIDE_GLOBALS, *_published.BUFFER_GLOBALS):
+        assert name == "_HYBRID_DP_CP_GROUPS" or getattr(ps, name, None) is None, name
     assert ps._HYBRID_DP_CP_GROUPS == {}
     assert set(dist.distributed_c10d._world.pg_map) == pg_before
 
