@@ -9,8 +9,9 @@ counts and problem lists; this side asserts the counts reach the plan (a silentl
 fails) and the problem lists are empty.
 
 The release installed in this interpreter is also compared in-process by
-``tests/test_compat_differential.py`` with its full plan (321 configurations); its subprocess
-here runs the API and bad-input checks and a differential sample only, not the same plan twice.
+``tests/test_compat_differential.py`` with the full plan (``diff_configs.WORLD_PLAN``, 321
+configurations on 0.16.1); its subprocess here runs the API, helper and bad-input checks and a
+differential sample only, not the same plan twice.
 """
 
 from __future__ import annotations
