@@ -182,6 +182,7 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
 
     import compat.parallel_state as ps
     import diff_configs as C
+    import diff_run
     import differential as D
     import megatron.core.parallel_state as ref
 
@@ -207,7 +208,7 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
     }
     present = {"gtp": C.has("gtp_remat_size"), "sub_world": C.has("local_world_size"),
                "after_init": C.has_function("create_all_gather_groups")}
-    tally = C.Tally()
+    tally = diff_run.Tally()
     worlds = set()
     with tempfile.TemporaryDirectory() as tmp:
         # the harness against itself: the release compared with itself shows no difference, on
@@ -216,13 +217,13 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
                                 for name, is_feature in features.items() if present[name]]
         for cfg in filter(None, sample):
             rank = cfg.ranks()[-1]
-            first, second = (C.run_side(ref, cfg, rank, Path(tmp)) for _ in range(2))
+            first, second = (diff_run.run_side(ref, cfg, rank, Path(tmp)) for _ in range(2))
             diffs = D.compare(first.comparable(), second.comparable())
             if diffs or (cfg.after_init and first.outcome == "ok" and not first.after_init):
                 problems.append(f"harness self-check {cfg.id} rank {rank}: " + D.describe(diffs, 4))
         for cfg in configs:
             worlds.add(cfg.world)
-            failures = C.compare_config(ps, cfg, Path(tmp), tally)
+            failures = diff_run.compare_config(ps, cfg, Path(tmp), tally)
             if failures:
                 problems.append(f"{cfg.id}\n" + "\n\n".join(failures)[:6000])
     if dist.is_initialized():

@@ -19,8 +19,9 @@ import pytest
 import differential as D
 import helper_cases as H
 import megatron.core.parallel_state as mcore_ps
-from diff_configs import Config, Tally, all_configs, compare_config, emb_all, run_side
-from diff_configs import init_kwargs as _init_kwargs
+from diff_configs import Config, all_configs, emb_all
+from diff_run import Tally, compare_config, run_side
+from diff_run import init_kwargs as _init_kwargs
 
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
 
