@@ -11,14 +11,9 @@ from parallel_state_ng.releases import parallel_state as api
 from . import parallel_state as ps
 from ._buffers import GlobalMemoryBuffer
 from ._getters import (
-    GTP_DEFAULT,
     checked,
     distributed,
-    get_context_parallel_rank,
-    get_data_parallel_rank,
-    get_pipeline_model_parallel_rank,
-    get_tensor_model_parallel_group,
-    get_tensor_model_parallel_rank,
+    gtp_keyword,
     required,
 )
 
@@ -40,7 +35,7 @@ def get_expert_model_parallel_world_size():
     """Size of this rank's expert-model-parallel group (or the override; 0 without dist)."""
     if ps._MPU_EXPERT_MODEL_PARALLEL_WORLD_SIZE is not None:
         return ps._MPU_EXPERT_MODEL_PARALLEL_WORLD_SIZE
-    return get_expert_model_parallel_group().size() if distributed() else 0
+    return ps.get_expert_model_parallel_group().size() if distributed() else 0
 
 
 def set_expert_model_parallel_world_size(world_size):
@@ -52,7 +47,7 @@ def get_expert_model_parallel_rank():
     """This rank's position in its expert-model-parallel group (or the override)."""
     if ps._MPU_EXPERT_MODEL_PARALLEL_RANK is not None:
         return ps._MPU_EXPERT_MODEL_PARALLEL_RANK
-    return get_expert_model_parallel_group().rank() if distributed() else 0
+    return ps.get_expert_model_parallel_group().rank() if distributed() else 0
 
 
 def set_expert_model_parallel_rank(rank):
@@ -71,7 +66,7 @@ def get_expert_tensor_parallel_world_size():
         return ps._MPU_EXPERT_TENSOR_PARALLEL_WORLD_SIZE
     if not ps._EXPERT_TENSOR_PARALLEL_GROUP:
         return ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE
-    return get_expert_tensor_parallel_group().size()
+    return ps.get_expert_tensor_parallel_group().size()
 
 
 def set_expert_tensor_parallel_world_size(world_size):
@@ -85,7 +80,7 @@ def get_expert_tensor_parallel_rank():
         return ps._MPU_EXPERT_TENSOR_PARALLEL_RANK
     if not ps._EXPERT_TENSOR_PARALLEL_GROUP:
         return ps._MPU_TENSOR_MODEL_PARALLEL_RANK
-    return get_expert_tensor_parallel_group().rank()
+    return ps.get_expert_tensor_parallel_group().rank()
 
 
 def set_expert_tensor_parallel_rank(rank):
@@ -100,12 +95,12 @@ def get_expert_tensor_and_model_parallel_group(check_initialized=True):
 
 def get_expert_tensor_and_model_parallel_world_size():
     """Size of this rank's expert tp × ep group (0 without torch.distributed)."""
-    return get_expert_tensor_and_model_parallel_group().size() if distributed() else 0
+    return ps.get_expert_tensor_and_model_parallel_group().size() if distributed() else 0
 
 
 def get_expert_tensor_and_model_parallel_rank():
     """This rank's position in its expert tp × ep group (0 without torch.distributed)."""
-    return get_expert_tensor_and_model_parallel_group().rank() if distributed() else 0
+    return ps.get_expert_tensor_and_model_parallel_group().rank() if distributed() else 0
 
 
 def get_expert_tensor_model_pipeline_parallel_group(check_initialized=True, with_egtp_remat=False):
@@ -142,7 +137,7 @@ def get_data_modulo_expert_parallel_group(partial_expert_data_parallel=False):
         "get_data_modulo_expert_parallel_group is deprecated, please use get_expert_data_parallel_group instead.",
         DeprecationWarning,
     )
-    return get_expert_data_parallel_group(partial_expert_data_parallel=partial_expert_data_parallel)
+    return ps.get_expert_data_parallel_group(partial_expert_data_parallel=partial_expert_data_parallel)
 
 
 def get_expert_data_parallel_group_gloo(partial_expert_data_parallel=False):
@@ -156,8 +151,8 @@ def get_expert_data_parallel_rank(with_gtp_remat=False, partial_expert_data_para
     """This rank's position in its expert-data-parallel group (0 without torch.distributed)."""
     if not distributed():
         return 0
-    return get_expert_data_parallel_group(
-        with_gtp_remat=with_gtp_remat, partial_expert_data_parallel=partial_expert_data_parallel
+    return ps.get_expert_data_parallel_group(
+        partial_expert_data_parallel=partial_expert_data_parallel, **gtp_keyword(with_gtp_remat)
     ).rank()
 
 
@@ -165,8 +160,8 @@ def get_expert_data_parallel_world_size(with_gtp_remat=False, partial_expert_dat
     """Size of this rank's expert-data-parallel group (0 without torch.distributed)."""
     if not distributed():
         return 0
-    return get_expert_data_parallel_group(
-        with_gtp_remat=with_gtp_remat, partial_expert_data_parallel=partial_expert_data_parallel
+    return ps.get_expert_data_parallel_group(
+        partial_expert_data_parallel=partial_expert_data_parallel, **gtp_keyword(with_gtp_remat)
     ).size()
 
 
@@ -192,13 +187,13 @@ def get_gtp_weight_remat_group(check_initialized=True):
 
 def get_gtp_weight_remat_world_size():
     """Size of this rank's GTP group (0 without torch.distributed or before init)."""
-    group = get_gtp_weight_remat_group(check_initialized=False) if distributed() else None
+    group = ps.get_gtp_weight_remat_group(check_initialized=False) if distributed() else None
     return 0 if group is None else group.size()
 
 
 def get_gtp_weight_remat_rank():
     """This rank's position in its GTP group (0 without torch.distributed or before init)."""
-    group = get_gtp_weight_remat_group(check_initialized=False) if distributed() else None
+    group = ps.get_gtp_weight_remat_group(check_initialized=False) if distributed() else None
     return 0 if group is None else group.rank()
 
 
@@ -214,13 +209,13 @@ def get_expert_gtp_weight_remat_group(check_initialized=True):
 
 def get_expert_gtp_weight_remat_world_size():
     """Size of this rank's expert GTP group (0 without torch.distributed or before init)."""
-    group = get_expert_gtp_weight_remat_group(check_initialized=False) if distributed() else None
+    group = ps.get_expert_gtp_weight_remat_group(check_initialized=False) if distributed() else None
     return 0 if group is None else group.size()
 
 
 def get_expert_gtp_weight_remat_rank():
     """This rank's position in its expert GTP group (0 without torch.distributed or before init)."""
-    group = get_expert_gtp_weight_remat_group(check_initialized=False) if distributed() else None
+    group = ps.get_expert_gtp_weight_remat_group(check_initialized=False) if distributed() else None
     return 0 if group is None else group.rank()
 
 
@@ -247,7 +242,7 @@ def set_global_symmetric_memory_buffer() -> None:
     from megatron.core.utils import GlobalSymmetricMemoryBuffer
 
     ps._GLOBAL_SYMMETRIC_MEMORY_BUFFER = GlobalSymmetricMemoryBuffer(
-        size_in_mb=256, process_group=get_tensor_model_parallel_group()
+        size_in_mb=256, process_group=ps.get_tensor_model_parallel_group()
     )
 
 
@@ -276,13 +271,13 @@ _WITH_GTP_RANK = api.has("all_ranks_with_gtp", ps.MEGATRON_RELEASE)
 
 def get_all_ranks():
     """This rank's tp, (0.19: gtp_remat,) dp, cp, pp and ep ranks joined by ``_`` (``'1_0_0_2_0'``)."""
-    ranks = [get_tensor_model_parallel_rank()]
+    ranks = [ps.get_tensor_model_parallel_rank()]
     if _WITH_GTP_RANK:
-        ranks.append(get_gtp_weight_remat_rank())
+        ranks.append(ps.get_gtp_weight_remat_rank())
     ranks += [
-        get_data_parallel_rank(with_gtp_remat=GTP_DEFAULT),
-        get_context_parallel_rank(),
-        get_pipeline_model_parallel_rank(),
-        get_expert_model_parallel_rank(),
+        ps.get_data_parallel_rank(),
+        ps.get_context_parallel_rank(),
+        ps.get_pipeline_model_parallel_rank(),
+        ps.get_expert_model_parallel_rank(),
     ]
     return "_".join(str(r or 0) for r in ranks)

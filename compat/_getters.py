@@ -22,9 +22,17 @@ from . import parallel_state as ps
 __all__: list[str] = []  # served through compat.parallel_state
 
 _PARTIAL_CHECK_FIRST = api.has("data_parallel_partial_check_first", ps.MEGATRON_RELEASE)
-# What the data-parallel getters mean without with_gtp_remat in the served release (its default;
-# False before the parameter existed): MCore's own internal calls rely on it.
-GTP_DEFAULT: bool = dict(api.signature("get_data_parallel_world_size", ps.MEGATRON_RELEASE)).get("with_gtp_remat", False)
+# Whether the served release's data-parallel getters take with_gtp_remat (0.19).
+_GTP_PARAMETER = "with_gtp_remat" in dict(api.signature("get_data_parallel_group", ps.MEGATRON_RELEASE))
+
+
+def gtp_keyword(with_gtp_remat: bool) -> dict[str, bool]:
+    """``with_gtp_remat`` as a keyword for the served functions, where the release has it.
+
+    Internal calls go through the module (``ps.get_...``) as MCore's do, so a getter patched on
+    ``compat.parallel_state`` is seen by the getters built on it.
+    """
+    return {"with_gtp_remat": with_gtp_remat} if _GTP_PARAMETER else {}
 
 
 def required(value: Any, what: str) -> Any:
@@ -52,7 +60,7 @@ def is_initialized():
 def is_unitialized() -> bool:
     """Deprecated inverse of ``is_initialized``."""
     warnings.warn("is_unitialized is deprecated, use is_initialized instead", DeprecationWarning)
-    return not is_initialized()
+    return not ps.is_initialized()
 
 
 def model_parallel_is_initialized():
@@ -143,7 +151,7 @@ def get_hierarchical_context_parallel_groups(check_initialized=True):
 
 def get_hybrid_data_context_parallel_groups(check_initialized=True, group_size=None):
     """This rank's hybrid dp×cp group of ``group_size`` (the whole dp×cp group at full size)."""
-    if get_data_parallel_world_size(with_context_parallel=True, with_gtp_remat=GTP_DEFAULT) == group_size:
+    if ps.get_data_parallel_world_size(with_context_parallel=True) == group_size:
         return checked(ps._DATA_PARALLEL_GROUP_WITH_CP, check_initialized, "data parallel group with context parallel")
     if check_initialized:
         required(ps._HYBRID_DP_CP_GROUPS, "hybrid data context parallel groups")
@@ -215,28 +223,28 @@ def get_tensor_model_parallel_world_size():
     """Size of the tensor-model-parallel group (or the override)."""
     if ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE is not None:
         return ps._MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE
-    return get_tensor_model_parallel_group().size()
+    return ps.get_tensor_model_parallel_group().size()
 
 
 def get_pipeline_model_parallel_world_size():
     """Size of the pipeline-model-parallel group (or the override)."""
     if ps._MPU_PIPELINE_MODEL_PARALLEL_WORLD_SIZE is not None:
         return ps._MPU_PIPELINE_MODEL_PARALLEL_WORLD_SIZE
-    return get_pipeline_model_parallel_group().size()
+    return ps.get_pipeline_model_parallel_group().size()
 
 
 def get_tensor_model_parallel_rank():
     """This rank's position in its tensor-model-parallel group (or the override)."""
     if ps._MPU_TENSOR_MODEL_PARALLEL_RANK is not None:
         return ps._MPU_TENSOR_MODEL_PARALLEL_RANK
-    return get_tensor_model_parallel_group().rank()
+    return ps.get_tensor_model_parallel_group().rank()
 
 
 def get_pipeline_model_parallel_rank():
     """This rank's pipeline stage (or the override)."""
     if ps._MPU_PIPELINE_MODEL_PARALLEL_RANK is not None:
         return ps._MPU_PIPELINE_MODEL_PARALLEL_RANK
-    return torch.distributed.get_rank(group=get_pipeline_model_parallel_group())
+    return torch.distributed.get_rank(group=ps.get_pipeline_model_parallel_group())
 
 
 def get_data_parallel_world_size(with_context_parallel=False, with_gtp_remat=False, partial_data_parallel=False):
@@ -245,10 +253,10 @@ def get_data_parallel_world_size(with_context_parallel=False, with_gtp_remat=Fal
         return ps._MPU_DATA_PARALLEL_WORLD_SIZE
     if not distributed():
         return 0
-    return get_data_parallel_group(
+    return ps.get_data_parallel_group(
         with_context_parallel=with_context_parallel,
-        with_gtp_remat=with_gtp_remat,
         partial_data_parallel=partial_data_parallel,
+        **gtp_keyword(with_gtp_remat),
     ).size()
 
 
@@ -258,37 +266,37 @@ def get_data_parallel_rank(with_context_parallel=False, with_gtp_remat=False, pa
         return ps._MPU_DATA_PARALLEL_RANK
     if not distributed():
         return 0
-    return get_data_parallel_group(
+    return ps.get_data_parallel_group(
         with_context_parallel=with_context_parallel,
-        with_gtp_remat=with_gtp_remat,
         partial_data_parallel=partial_data_parallel,
+        **gtp_keyword(with_gtp_remat),
     ).rank()
 
 
 def get_context_parallel_world_size():
     """Size of this rank's context-parallel group (0 without torch.distributed)."""
-    return get_context_parallel_group().size() if distributed() else 0
+    return ps.get_context_parallel_group().size() if distributed() else 0
 
 
 def get_context_parallel_rank():
     """This rank's position in its context-parallel group (0 without torch.distributed)."""
-    return get_context_parallel_group().rank() if distributed() else 0
+    return ps.get_context_parallel_group().rank() if distributed() else 0
 
 
 def get_tensor_and_context_parallel_world_size():
     """Size of this rank's tp × cp group (0 without torch.distributed)."""
-    return get_tensor_and_context_parallel_group().size() if distributed() else 0
+    return ps.get_tensor_and_context_parallel_group().size() if distributed() else 0
 
 
 def get_tensor_and_context_parallel_rank():
     """This rank's position in its tp × cp group (0 without torch.distributed)."""
-    return get_tensor_and_context_parallel_group().rank() if distributed() else 0
+    return ps.get_tensor_and_context_parallel_group().rank() if distributed() else 0
 
 
 # --------------------------------------------------------------------------- pipeline stages
 def _virtual_stage_matches(ignore_virtual: bool, vp_stage: Optional[int], wanted: Callable[[int], int]) -> bool:
     """False when a virtual stage is in play and ``vp_stage`` is not the wanted one."""
-    vp_size = get_virtual_pipeline_model_parallel_world_size()
+    vp_size = ps.get_virtual_pipeline_model_parallel_world_size()
     if ignore_virtual or vp_size is None:
         return True
     if vp_stage is None:
@@ -300,14 +308,14 @@ def is_pipeline_first_stage(ignore_virtual=True, vp_stage=None):
     """Whether this rank runs the first pipeline stage (and ``vp_stage`` is the first chunk)."""
     if not _virtual_stage_matches(ignore_virtual, vp_stage, lambda size: 0):
         return False
-    return get_pipeline_model_parallel_rank() == 0
+    return ps.get_pipeline_model_parallel_rank() == 0
 
 
 def is_pipeline_last_stage(ignore_virtual=True, vp_stage=None):
     """Whether this rank runs the last pipeline stage (and ``vp_stage`` is the last chunk)."""
     if not _virtual_stage_matches(ignore_virtual, vp_stage, lambda size: size - 1):
         return False
-    return get_pipeline_model_parallel_rank() == get_pipeline_model_parallel_world_size() - 1
+    return ps.get_pipeline_model_parallel_rank() == ps.get_pipeline_model_parallel_world_size() - 1
 
 
 def is_rank_in_embedding_group(ignore_virtual=True, vp_stage=None):
@@ -319,9 +327,9 @@ def is_rank_in_embedding_group(ignore_virtual=True, vp_stage=None):
     if ignore_virtual:
         return True
     if rank == ranks[0]:
-        return is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+        return ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
     if rank == ranks[-1]:
-        return is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+        return ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     return True
 
 
@@ -376,16 +384,16 @@ def get_pipeline_model_parallel_first_rank():
 def get_pipeline_model_parallel_last_rank():
     """Global rank of the last stage of this rank's pipeline."""
     ranks = required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
-    return ranks[get_pipeline_model_parallel_world_size() - 1]
+    return ranks[ps.get_pipeline_model_parallel_world_size() - 1]
 
 
 def get_pipeline_model_parallel_next_rank():
     """Global rank of the next stage of this rank's pipeline (wrapping around)."""
     ranks = required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
-    return ranks[(get_pipeline_model_parallel_rank() + 1) % get_pipeline_model_parallel_world_size()]
+    return ranks[(ps.get_pipeline_model_parallel_rank() + 1) % ps.get_pipeline_model_parallel_world_size()]
 
 
 def get_pipeline_model_parallel_prev_rank():
     """Global rank of the previous stage of this rank's pipeline (wrapping around)."""
     ranks = required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
-    return ranks[(get_pipeline_model_parallel_rank() - 1) % get_pipeline_model_parallel_world_size()]
+    return ranks[(ps.get_pipeline_model_parallel_rank() - 1) % ps.get_pipeline_model_parallel_world_size()]

@@ -14,10 +14,10 @@ from parallel_state_ng.layout import Layout
 from parallel_state_ng.megatron_layout import normalize_order
 from parallel_state_ng.naming import new_member_group
 from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.releases.parallel_state import REQUIRED
 
 from . import parallel_state as ps
 from ._surface import exact_function
-from parallel_state_ng.releases.parallel_state import REQUIRED
 
 __all__ = [
     "get_nccl_options",

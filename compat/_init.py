@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import torch.distributed as dist
 

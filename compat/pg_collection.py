@@ -7,7 +7,7 @@ globals with ``ProcessGroupCollection.use_mpu_process_groups()``;
 :func:`to_process_group_collection` fills one from a compat :class:`~compat._state.ParallelState`
 (the active one, or any other grid of the job, see ``compat.parallel_state.use_state``),
 every field with the group the served release's method would put there (fields and getters
-per release: :mod:`parallel_state_ng.releases.parallel_state`).
+per release: :mod:`parallel_state_ng.releases.process_groups_config`).
 
 megatron-core is imported only when the function is called.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Optional
 
-from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.releases import process_groups_config as facts
 
 from . import parallel_state as ps
 from ._state import ParallelState
@@ -37,7 +37,7 @@ def _field_getters() -> dict[str, Callable[[], Any]]:
     from . import _expert, _getters  # loaded by compat.parallel_state
 
     out: dict[str, Callable[[], Any]] = {}
-    for name, spec in api.COLLECTION_GETTERS.items():
+    for name, spec in facts.COLLECTION_GETTERS.items():
         if spec is None:
             out[name] = lambda: None  # MCore leaves it None (set by the caller, e.g. all-gather groups)
             continue
@@ -48,11 +48,11 @@ def _field_getters() -> dict[str, Callable[[], Any]]:
 
 
 #: The ``ProcessGroupCollection`` fields of the served release.
-FIELD_GETTERS: tuple[str, ...] = api.collection_fields(ps.MEGATRON_RELEASE)
+FIELD_GETTERS: tuple[str, ...] = facts.collection_fields(ps.MEGATRON_RELEASE)
 
 
 def _collection_class() -> type:
-    class_name = api.COLLECTION_CLASS[ps.MEGATRON_RELEASE.series]
+    class_name = facts.COLLECTION_CLASS[ps.MEGATRON_RELEASE.series]
     module = importlib.import_module("megatron.core.process_groups_config")
     if class_name is None:
         raise ImportError(
@@ -104,7 +104,7 @@ def to_process_group_collection(
         raise UnknownCollectionFieldError(
             f"ProcessGroupCollection of the installed megatron-core has field(s) {unknown} that "
             f"compat.pg_collection cannot fill (known: {sorted(getters)}); add them to "
-            f"parallel_state_ng.releases.parallel_state.COLLECTION_GETTERS"
+            f"parallel_state_ng.releases.process_groups_config.COLLECTION_GETTERS"
         )
     if required_pgs is None:
         wanted = fields

@@ -1,4 +1,5 @@
-"""Queries of the per-release parallel_state facts (``parallel_state_ng.releases.parallel_state``).
+"""Queries of the per-release facts (``parallel_state_ng.releases.parallel_state`` and
+``.process_groups_config``).
 
 The facts themselves are checked against every release's own module by
 ``tests/test_releases_compat.py`` (compat serves exactly them); here: the queries an upgrade
@@ -11,6 +12,7 @@ import pytest
 
 from parallel_state_ng.releases import SUPPORTED_SERIES
 from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.releases import process_groups_config as pgc
 
 
 @pytest.mark.parametrize(
@@ -21,7 +23,7 @@ from parallel_state_ng.releases import parallel_state as api
 def test_counts_per_release(series, functions, globals_, fields):
     assert len(api.functions(series)) == functions
     assert len(api.globals_of(series)) == globals_
-    assert len(api.collection_fields(series)) == fields
+    assert len(pgc.collection_fields(series)) == fields
 
 
 def test_positional_changes_name_the_moved_parameters():

@@ -210,3 +210,17 @@ def test_install_hyper_comm_grid_redirects_and_uninstall_restores():
         "bound_before": True, "module": True, "bridge": True, "imported_after": True, "parallel_state": True,
         "restored": True, "ps_restored": True, "plain": True,
     }
+
+
+def test_getters_see_getters_patched_on_the_module(monkeypatch):
+    """As in MCore, getters call the module's other getters: a patch on the module is seen."""
+    import compat.parallel_state as ps
+
+    monkeypatch.setattr(ps, "get_pipeline_model_parallel_world_size", lambda: 4)
+    monkeypatch.setattr(ps, "get_pipeline_model_parallel_rank", lambda: 3)
+    assert ps.is_pipeline_last_stage() and not ps.is_pipeline_first_stage()
+    if not hasattr(ps, "get_hybrid_data_context_parallel_groups"):
+        return  # served release older than 0.16
+    monkeypatch.setattr(ps, "get_data_parallel_world_size", lambda **kwargs: 8)
+    monkeypatch.setattr(ps, "_DATA_PARALLEL_GROUP_WITH_CP", "the dp-cp group")
+    assert ps.get_hybrid_data_context_parallel_groups(group_size=8) == "the dp-cp group"

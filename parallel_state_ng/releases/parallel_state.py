@@ -15,9 +15,7 @@ upgrade checker) can query it:
   omitted).
 * :data:`BEHAVIOUR` — behaviour that changed without a signature change (the series it
   starts with, and until which it lasts).
-* :data:`COLLECTION_FIELDS` / :data:`COLLECTION_GETTERS` — the process-group collection class
-  of each release (``ProcessGroupCollection``) with its fields in order, and the
-  ``parallel_state`` call ``use_mpu_process_groups()`` makes for each field.
+* The ``ProcessGroupCollection`` facts are in :mod:`parallel_state_ng.releases.process_groups_config`.
 
 Queries: :func:`functions`, :func:`signature`, :func:`globals_of`, :func:`rank_generator_methods`,
 :func:`has`, :func:`positional_changes`.
@@ -38,15 +36,11 @@ __all__ = [
     "GLOBALS",
     "RANK_GENERATOR",
     "BEHAVIOUR",
-    "COLLECTION_CLASS",
-    "COLLECTION_FIELDS",
-    "COLLECTION_GETTERS",
     "functions",
     "signature",
     "globals_of",
     "rank_generator_methods",
     "has",
-    "collection_fields",
     "positional_changes",
 ]
 
@@ -367,72 +361,6 @@ BEHAVIOUR: dict[str, tuple[str, str]] = {
     "sharp_dp_unusable": ("0.19", "0.19"),
 }
 
-#: The process-group collection class of ``megatron.core.process_groups_config`` per series
-#: (0.14 has ``ModelCommProcessGroups`` / ``GradCommProcessGroups`` instead).
-COLLECTION_CLASS: dict[str, Optional[str]] = {
-    "0.14": None, "0.15": "ProcessGroupCollection", "0.16": "ProcessGroupCollection",
-    "0.17": "ProcessGroupCollection", "0.18": "ProcessGroupCollection", "0.19": "ProcessGroupCollection",
-}
-_FIELDS_015 = (
-    "tp", "pp", "mp", "embd", "pos_embd", "cp", "tp_cp", "hcp", "ep", "expt_tp", "tp_ep", "tp_ep_pp",
-    "tp_dp_cp", "dp", "dp_cp", "expt_dp", "intra_dp_cp", "intra_expt_dp", "inter_dist_opt", "intra_dist_opt",
-)
-_FIELDS_018 = _FIELDS_015[:15] + ("dp_cp_ag", "expt_dp", "expt_dp_ag") + _FIELDS_015[16:]
-_FIELDS_019 = (
-    "tp", "pp", "mp", "embd", "pos_embd", "cp", "tp_cp", "hcp", "ep", "expt_tp", "tp_ep", "tp_ep_pp",
-    "tp_ep_pp_with_egtp_remat", "tp_dp_cp", "dp", "dp_cp", "dp_cp_gtp_remat", "dp_cp_ag", "gtp_remat",
-    "expt_gtp_remat", "expt_dp", "expt_dp_gtp_remat", "expt_dp_ag", "intra_dp_cp", "intra_expt_dp",
-    "inter_dist_opt", "intra_dist_opt",
-)
-#: series -> the collection's fields, in declaration order.
-COLLECTION_FIELDS: dict[str, tuple[str, ...]] = {
-    "0.14": (), "0.15": _FIELDS_015, "0.16": _FIELDS_015, "0.17": _FIELDS_015,
-    "0.18": _FIELDS_018, "0.19": _FIELDS_019,
-}
-_LENIENT = {"check_initialized": False}
-#: field -> (parallel_state function, keyword arguments) that ``use_mpu_process_groups`` calls,
-#: or ``None`` for a field it always leaves ``None``. Keywords a release lacks mean that
-#: release's fixed behaviour (``with_gtp_remat=False`` before 0.19).
-COLLECTION_GETTERS: dict[str, Optional[tuple[str, dict[str, Any]]]] = {
-    "tp": ("get_tensor_model_parallel_group", _LENIENT),
-    "pp": ("get_pipeline_model_parallel_group", _LENIENT),
-    "mp": ("get_model_parallel_group", _LENIENT),
-    "embd": ("get_embedding_group", _LENIENT),
-    "pos_embd": ("get_position_embedding_group", _LENIENT),
-    "cp": ("get_context_parallel_group", _LENIENT),
-    "tp_cp": ("get_tensor_and_context_parallel_group", _LENIENT),
-    "hcp": ("get_hierarchical_context_parallel_groups", _LENIENT),
-    "ep": ("get_expert_model_parallel_group", _LENIENT),
-    "expt_tp": ("get_expert_tensor_parallel_group", _LENIENT),
-    "tp_ep": ("get_expert_tensor_and_model_parallel_group", _LENIENT),
-    "tp_ep_pp": ("get_expert_tensor_model_pipeline_parallel_group", _LENIENT),
-    "tp_ep_pp_with_egtp_remat": (
-        "get_expert_tensor_model_pipeline_parallel_group", {**_LENIENT, "with_egtp_remat": True}
-    ),
-    "tp_dp_cp": ("get_tensor_and_data_parallel_group", {**_LENIENT, "with_context_parallel": True}),
-    # the data-parallel getters have no lenient mode: uninitialized raises
-    "dp": ("get_data_parallel_group", {"with_gtp_remat": False}),
-    "dp_cp": ("get_data_parallel_group", {"with_context_parallel": True, "with_gtp_remat": False}),
-    "dp_cp_gtp_remat": ("get_data_parallel_group", {"with_context_parallel": True, "with_gtp_remat": True}),
-    "dp_cp_ag": None,
-    "gtp_remat": ("get_gtp_weight_remat_group", _LENIENT),
-    "expt_gtp_remat": ("get_expert_gtp_weight_remat_group", _LENIENT),
-    "intra_dp_cp": (
-        "get_data_parallel_group",
-        {"with_context_parallel": True, "with_gtp_remat": False, "partial_data_parallel": True},
-    ),
-    "expt_dp": ("get_expert_data_parallel_group", {**_LENIENT, "with_gtp_remat": False}),
-    "expt_dp_gtp_remat": ("get_expert_data_parallel_group", {**_LENIENT, "with_gtp_remat": True}),
-    "expt_dp_ag": None,
-    "intra_expt_dp": (
-        "get_expert_data_parallel_group",
-        {**_LENIENT, "with_gtp_remat": False, "partial_expert_data_parallel": True},
-    ),
-    "inter_dist_opt": ("get_inter_distributed_optimizer_instance_group", _LENIENT),
-    "intra_dist_opt": ("get_intra_distributed_optimizer_instance_group", _LENIENT),
-}
-
-
 # ----------------------------------------------------------------------------------- queries
 def _release(release: Union[str, Release]) -> Release:
     r = release if isinstance(release, Release) else parse_release(release)
@@ -502,11 +430,6 @@ def has(fact: str, release: Union[str, Release]) -> bool:
         params = signature(function, r)
         return params is not None and parameter in dict(params)
     raise KeyError(f"unknown fact {fact!r}: not a BEHAVIOUR key, function or 'function.parameter'")
-
-
-def collection_fields(release: Union[str, Release]) -> tuple[str, ...]:
-    """The fields of ``release``'s ``ProcessGroupCollection`` (empty: the release has none)."""
-    return COLLECTION_FIELDS[_release(release).series]
 
 
 def positional_changes(
