@@ -6,43 +6,49 @@ from, the release that introduced it and when it is created. Kind names are MCor
 communicator-config keys (the ``nccl_comm_cfgs`` section that configures the group) where one
 exists. :class:`~parallel_state_ng.megatron_layout.MegatronLayout` computes every kind.
 
-Kinds, their MCore global (``group_desc``) and rank-generator token:
+Kinds, with the MCore global (``group_desc`` where it differs) and the rank generator
+("view") and ``get_ranks`` token they come from:
 
-=====================  ===========================================================  ==========================
-kind                   MCore global / ``group_desc``                                view: token
-=====================  ===========================================================  ==========================
-gtp_remat              _GTP_WEIGHT_REMAT_GROUP / GTP_WEIGHT_REMAT_GROUP (0.19)      dense: gtp_remat
-dp_cp                  _DATA_PARALLEL_GROUP_WITH_CP                                 dense: dp-cp
-dp_cp_ag               _DATA_PARALLEL_GROUP_WITH_CP_AG (0.16-0.17: init option,     0.16-0.17 dense: dp-cp;
-                       0.18+: ``create_all_gather_groups``)                         0.18+ own generator
-intra_dp_cp            _INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP                   chunks of dp-cp
-dp                     _DATA_PARALLEL_GROUP                                         dense: dp
-gtp_remat_dp           _DATA_PARALLEL_GROUP_WITH_GTP_REMAT (0.19, gtp > 1)          dense: gtp_remat-dp
-gtp_remat_dp_cp        _DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT (0.19, gtp > 1)  dense: gtp_remat-dp-cp
-cp                     _CONTEXT_PARALLEL_GROUP                                      dense: cp
-hcp<i>                 _HIERARCHICAL_CONTEXT_PARALLEL_GROUPS[i]                     levels of cp
-mp                     _MODEL_PARALLEL_GROUP                                        dense: tp-(gtp_remat-)pp
-tp                     _TENSOR_MODEL_PARALLEL_GROUP                                 dense: tp
-pp                     _PIPELINE_MODEL_PARALLEL_GROUP                               dense: pp
-embd / pos_embd        _EMBEDDING_GROUP / _POSITION_EMBEDDING_GROUP                 callables on pp
-tp_dp_cp               _TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP                      dense: tp-(gtp_remat-)dp-cp
-tp_dp                  _TENSOR_AND_DATA_PARALLEL_GROUP                              dense: tp-(gtp_remat-)dp
-tp_cp                  _TENSOR_AND_CONTEXT_PARALLEL_GROUP                           dense: tp-cp
-expt_gtp_remat         _EXPERT_GTP_WEIGHT_REMAT_GROUP (0.19)                        expert: gtp_remat
-ep                     _EXPERT_MODEL_PARALLEL_GROUP                                 expert: ep
-ep_tp                  _EXPERT_TENSOR_PARALLEL_GROUP                                expert: tp
-tp_ep_mp               _EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP                      expert: tp-ep
-tp_ep_pp               _EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP                 expert: tp-ep-pp
-tp_ep_gtp_remat_pp     _EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP       expert: tp-ep-gtp_remat-pp
-                       (0.19)
-ep_dp                  _EXPERT_DATA_PARALLEL_GROUP                                  expert: dp
-ep_dp_ag               EXPERT_DATA_PARALLEL_GROUP_AG (0.18+ ``create_all_gather_    own generator
-                       groups(for_expert_parallelism=True)``, ep > 1)
-intra_ep_dp            _INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP (L0)               chunks of expert dp
-inter_ep_dp            _INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP (L1)               strides of expert dp
-ep_gtp_remat_dp        _EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT (0.19, egtp > 1)  expert: gtp_remat-dp
-intra_dist_opt_instance _INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP                 runs of tp-ep-pp groups
-=====================  ===========================================================  ==========================
+- ``gtp_remat``: ``_GTP_WEIGHT_REMAT_GROUP`` (0.19); dense ``gtp_remat`` (``get_gtp_ranks``).
+- ``dp_cp``: ``_DATA_PARALLEL_GROUP_WITH_CP``; dense ``dp-cp``.
+- ``dp_cp_ag``: ``_DATA_PARALLEL_GROUP_WITH_CP_AG``; 0.16-0.17 (``create_all_gather_group=True``):
+  the ranks of ``dp_cp``; 0.18+ (``create_all_gather_groups()``): ``dp-cp`` of that function's
+  own generator (default order, offset 0).
+- ``intra_dp_cp``: ``_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP``; chunks of each dp-cp group.
+- ``dp``: ``_DATA_PARALLEL_GROUP``; dense ``dp``.
+- ``gtp_remat_dp``: ``_DATA_PARALLEL_GROUP_WITH_GTP_REMAT`` (0.19, built when gtp > 1);
+  dense ``gtp_remat-dp``.
+- ``gtp_remat_dp_cp``: ``_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT`` (0.19, gtp > 1);
+  dense ``gtp_remat-dp-cp``.
+- ``cp``: ``_CONTEXT_PARALLEL_GROUP``; dense ``cp``.
+- ``hcp<i>``: ``_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS[i]``
+  (``HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L<i>``); levels of each cp group.
+- ``mp``: ``_MODEL_PARALLEL_GROUP``; dense ``tp-pp`` (``tp-gtp_remat-pp`` on 0.19).
+- ``tp``: ``_TENSOR_MODEL_PARALLEL_GROUP``; dense ``tp``.
+- ``pp``: ``_PIPELINE_MODEL_PARALLEL_GROUP``; dense ``pp``.
+- ``embd`` / ``pos_embd``: ``_EMBEDDING_GROUP`` / ``_POSITION_EMBEDDING_GROUP``; the
+  embedding callables applied to each pp group.
+- ``tp_dp_cp``: ``_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP``; dense ``tp-dp-cp``
+  (``tp-gtp_remat-dp-cp`` on 0.19).
+- ``tp_dp``: ``_TENSOR_AND_DATA_PARALLEL_GROUP``; dense ``tp-dp`` (``tp-gtp_remat-dp`` on 0.19).
+- ``tp_cp``: ``_TENSOR_AND_CONTEXT_PARALLEL_GROUP``; dense ``tp-cp``.
+- ``expt_gtp_remat``: ``_EXPERT_GTP_WEIGHT_REMAT_GROUP`` (0.19); expert ``gtp_remat``.
+- ``ep``: ``_EXPERT_MODEL_PARALLEL_GROUP``; expert ``ep``.
+- ``ep_tp``: ``_EXPERT_TENSOR_PARALLEL_GROUP``; expert ``tp``.
+- ``tp_ep_mp``: ``_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP``; expert ``tp-ep``.
+- ``tp_ep_pp``: ``_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP``; expert ``tp-ep-pp``.
+- ``tp_ep_gtp_remat_pp``: ``_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP`` (0.19);
+  expert ``tp-ep-gtp_remat-pp``.
+- ``ep_dp``: ``_EXPERT_DATA_PARALLEL_GROUP``; expert ``dp``.
+- ``ep_dp_ag``: ``EXPERT_DATA_PARALLEL_GROUP_AG`` (0.18+, ``create_all_gather_groups(
+  for_expert_parallelism=True)`` with ep > 1); ``dp`` of that function's expert generator.
+- ``intra_ep_dp`` / ``inter_ep_dp``: ``_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP`` /
+  ``_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP`` (``HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L0/L1``);
+  levels of each expert dp group.
+- ``ep_gtp_remat_dp``: ``_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT`` (0.19, egtp > 1);
+  expert ``gtp_remat-dp``.
+- ``intra_dist_opt_instance``: ``_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP``; runs of
+  consecutive expert ``tp-ep-pp`` groups (0.19 with a GTP size > 1: every rank of the layout).
 
 Aliases MCore sets instead of building a group are not kinds: with ``gtp_remat_size == 1``
 the GTP data-parallel globals are the plain data-parallel groups, and the intra-partial
@@ -104,7 +110,7 @@ def inject_gtp_remat(order: str, after: str) -> str:
     return "-".join(tokens)
 
 
-def normalize_order(order: str, sizes: dict[str, int]) -> list[str]:
+def normalize_order(order: str, sizes: dict[str, int], given: Optional[str] = None) -> list[str]:
     """MCore's reading of an ``order`` string for the given token sizes.
 
     ``sizes`` maps each token the rank generator knows (``ORDER_TOKENS``, plus ``gtp_remat``
@@ -112,25 +118,27 @@ def normalize_order(order: str, sizes: dict[str, int]) -> list[str]:
     ``RuntimeError`` (as MCore's RankGenerator does); tokens of size 1 missing from it are
     appended. Like MCore, "missing" is a substring test on the whole string. Unknown tokens
     raise ``KeyError`` like MCore; a repeated token raises ``ValueError`` (MCore silently
-    builds a wrong layout from it).
+    builds a wrong layout from it). ``given`` is the order as the user wrote it, named in
+    messages (default: ``order``).
     """
     if not isinstance(order, str):
         raise TypeError(f"order must be a str such as {DEFAULT_ORDER!r}, got {order!r}")
     text = order.lower()
+    shown = order if given is None else given
     for name, size in sizes.items():
         if name not in text:
             if size != 1:
                 raise RuntimeError(
-                    f"order {order!r} does not contain {name!r}, but its size is {size}; add {name!r} to order"
+                    f"order {shown!r} does not contain {name!r}, but its size is {size}; add {name!r} to order"
                 )
             text = f"{text}-{name}"
     tokens = text.split("-")
     for tok in tokens:
         if tok not in sizes:
-            raise KeyError(f"order {order!r} has unknown token {tok!r}; known tokens are {list(sizes)}")
+            raise KeyError(f"order {shown!r} has unknown token {tok!r}; known tokens are {list(sizes)}")
     dup = sorted({t for t in tokens if tokens.count(t) > 1})
     if dup:
-        raise ValueError(f"order {order!r} repeats token(s) {dup}; each token may appear once")
+        raise ValueError(f"order {shown!r} repeats token(s) {dup}; each token may appear once")
     return tokens
 
 

@@ -21,6 +21,7 @@ No ``torch.distributed`` here: the compat module turns these rank lists into pro
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,26 @@ __all__ = [
 _ALL_GATHER_KINDS = ("dp_cp_ag", "ep_dp_ag")
 
 
+@functools.lru_cache(maxsize=None)
+def _token_kind_dims(gtp_axis: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Kind -> (view, dims) for the kinds read off a rank-generator token.
+
+    Without the GTP axis (before 0.19) the GTP kinds are absent and ``gtp_remat`` is dropped
+    from the tokens of the kinds that span it on 0.19.
+    """
+    out = {}
+    for name, kind in GROUP_KINDS.items():
+        if kind.view not in ("dense", "expert"):
+            continue
+        tokens = kind.token.split("-")
+        if GTP_TOKEN in tokens and not gtp_axis:
+            if kind.since == "0.19":
+                continue
+            tokens = [t for t in tokens if t != GTP_TOKEN]
+        out[name] = (kind.view, tuple(tokens))
+    return out
+
+
 def _read_order(order: str, sizes: dict[str, int], gtp_after: Optional[str]) -> list[str]:
     """The tokens of ``order`` as one of MCore's rank generators reads them.
 
@@ -69,7 +90,7 @@ def _read_order(order: str, sizes: dict[str, int], gtp_after: Optional[str]) -> 
         return normalize_order(order, sizes)
     if not isinstance(order, str):
         raise TypeError(f"order must be a str such as {DEFAULT_ORDER!r}, got {order!r}")
-    tokens = normalize_order(inject_gtp_remat(order, gtp_after), sizes)
+    tokens = normalize_order(inject_gtp_remat(order, gtp_after), sizes, given=order)
     if "tp" not in tokens:
         message = (
             f"order {order!r} has no 'tp' token: megatron-core 0.19 mistakes the 'tp' in "
@@ -243,17 +264,13 @@ class MegatronLayout:
 
     def _token_kinds(self) -> dict[str, tuple[Layout, tuple[str, ...]]]:
         """Kinds enumerated straight from a rank-generator token: (layout, dims)."""
-        out = {}
-        for name, kind in GROUP_KINDS.items():
-            if kind.view not in ("dense", "expert"):
-                continue
-            tokens = kind.token.split("-")
-            if GTP_TOKEN in tokens and not self.facts.gtp_remat_axis:
-                if kind.since == "0.19":
-                    continue  # a GTP kind: absent before 0.19
-                tokens = [t for t in tokens if t != GTP_TOKEN]
-            out[name] = (self.decoder if kind.view == "dense" else self.expert, tuple(tokens))
-        return out
+        views = {"dense": self.decoder, "expert": self.expert}
+        return {name: (views[view], dims) for name, (view, dims) in _token_kind_dims(self.facts.gtp_remat_axis).items()}
+
+    @property
+    def token_kinds(self) -> frozenset[str]:
+        """The kinds read straight off a rank-generator token (enumerated in MCore's order)."""
+        return frozenset(self._kind_dims)
 
     @property
     def hierarchical_levels(self) -> int:
@@ -399,9 +416,14 @@ class MegatronLayout:
             )
         return members
 
-    def hybrid_group(self, rank: int, group_size: int) -> list[int]:
-        """``rank``'s hybrid dp×cp group of ``group_size``: a chunk of its dp-cp group (0.16+)."""
+    def hybrid_group(self, rank: int, group_size: int) -> Optional[list[int]]:
+        """``rank``'s hybrid dp×cp group of ``group_size``: a chunk of its dp-cp group (0.16+).
+
+        ``None`` for a rank outside the layout.
+        """
         ranks = self.group("dp_cp", rank)
+        if ranks is None:
+            return None
         start = (ranks.index(rank) // group_size) * group_size
         return ranks[start : start + group_size]
 

@@ -10,6 +10,7 @@ reads these facts; it never compares version strings itself.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from . import SUPPORTED_SERIES, parse_release
@@ -74,6 +75,7 @@ def _facts(series: str) -> LayoutFacts:
 LAYOUT_FACTS: dict[str, LayoutFacts] = {s: _facts(s) for s in SUPPORTED_SERIES}
 
 
+@functools.lru_cache(maxsize=64)
 def layout_facts(release: str) -> LayoutFacts:
     """The :class:`LayoutFacts` of ``release`` (``"0.19"`` or ``"0.19.2"``).
 

@@ -50,6 +50,8 @@ _RANKS_SHOWN_MAX, _RANKS_SHOWN_HEAD, _RANKS_SHOWN_TAIL = 16, 8, 2
 
 # MegatronLayout's argument names as they appear in its error messages -> CLI options.
 _OPTION_OF_ARGUMENT = (
+    ("expert_gtp_remat_size", "--expert-gtp-remat-size"),
+    ("gtp_remat_size", "--gtp-remat-size"),
     ("hierarchical_context_parallel_sizes", "--hcp-sizes"),
     ("num_distributed_optimizer_instances", "--num-dist-opt-instances"),
     ("expert_tensor_parallel_size", "--etp"),
@@ -117,6 +119,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="hierarchical_context_parallel_sizes, comma-separated (e.g. 2,2); product must be --cp",
     )
+    sizes.add_argument(
+        "--gtp-remat-size", type=_positive_int, default=1, help="gtp_remat_size (megatron-core 0.19+; default 1)"
+    )
+    sizes.add_argument(
+        "--expert-gtp-remat-size",
+        type=_positive_int,
+        default=1,
+        help="expert_gtp_remat_size (megatron-core 0.19+; default 1)",
+    )
+    sizes.add_argument(
+        "--release",
+        default=None,
+        help="megatron-core release whose layout to show, e.g. 0.19 (default: the installed one, "
+        "$PSNG_MEGATRON_VERSION, else the newest supported)",
+    )
     view = parser.add_argument_group("report")
     view.add_argument(
         "--gpus-per-node",
@@ -154,6 +171,9 @@ def build_layout(args: argparse.Namespace) -> MegatronLayout:
             order=args.order,
             num_distributed_optimizer_instances=args.num_dist_opt_instances,
             hierarchical_context_parallel_sizes=args.hcp_sizes,
+            gtp_remat_size=getattr(args, "gtp_remat_size", 1),
+            expert_gtp_remat_size=getattr(args, "expert_gtp_remat_size", 1),
+            release=getattr(args, "release", None),
         )
     except (RuntimeError, AssertionError, KeyError, ValueError, TypeError) as err:
         text = err.args[0] if err.args and isinstance(err.args[0], str) else str(err)
@@ -179,7 +199,7 @@ def _kind_text(kind: str) -> tuple[str, str]:
 
 
 def _expert_dim_name(name: str) -> str:
-    return {"tp": "etp", "dp": "edp"}.get(name, name)
+    return {"tp": "etp", "dp": "edp", "gtp_remat": "egtp_remat"}.get(name, name)
 
 
 def node_locality(groups: Sequence[Sequence[int]], gpus_per_node: int) -> dict[str, int]:
@@ -270,6 +290,9 @@ def build_report(
             "edp": layout.expert_data_parallel_size,
             "order": layout.order,
             "num_distributed_optimizer_instances": layout.num_distributed_optimizer_instances,
+            "release": layout.release,
+            "gtp_remat_size": layout.gtp_remat_size,
+            "expert_gtp_remat_size": layout.expert_gtp_remat_size,
             "hierarchical_context_parallel_sizes": (
                 list(layout.hierarchical_context_parallel_sizes) if layout.hierarchical_levels else None
             ),

@@ -1,0 +1,207 @@
+"""Child side of ``test_layout_releases.py``: one release's own init, recorded, vs MegatronLayout.
+
+Runs inside a process bound to one megatron-core release (:func:`mcore_releases.run_in_release`).
+For each configuration, that release's ``initialize_model_parallel`` runs against a recording
+stand-in for ``torch.distributed`` (``create_group`` records ranks and ``group_desc``; the
+getters read the recorded groups), followed by ``create_all_gather_groups`` where the release
+has it. Every recorded group, kind by kind, is then compared with
+:class:`~parallel_state_ng.megatron_layout.MegatronLayout` of the same release: the creation
+order of the kinds, each kind's full enumeration, the per-rank closed form for sampled ranks
+(ranks outside a ``rank_offset`` block included), hybrid dp×cp groups, ``get_all_ranks()``,
+and the exception type where the release rejects the configuration. The release's own
+``RankGenerator`` is also compared token by token (every token subset, ``get_gtp_ranks``)
+with the dense and expert layouts for small worlds.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import random
+from typing import Any, Optional
+
+_CURRENT = [0]  # the rank the recorded init runs as
+
+
+class _Group:
+    """A recorded process group: its ranks and description."""
+
+    __slots__ = ("ranks", "desc")
+
+    def __init__(self, ranks: list[int], desc: Optional[str]) -> None:
+        self.ranks = ranks
+        self.desc = desc
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def rank(self) -> int:
+        return self.ranks.index(_CURRENT[0]) if _CURRENT[0] in self.ranks else -1
+
+
+def _install_fakes(ps: Any, world: int, created: list[_Group]) -> None:
+    dist = ps.torch.distributed
+
+    def create_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False,
+                     group_desc=None):
+        group = _Group(list(ranks), group_desc)
+        created.append(group)
+        return group
+
+    ps.create_group = create_group
+    dist.is_initialized = lambda: True
+    dist.is_available = lambda: True
+    dist.get_world_size = lambda group=None: world if group is None else group.size()
+    dist.get_rank = lambda group=None: _CURRENT[0] if group is None else group.rank()
+
+
+def _run_mcore(ps: Any, cfg: dict, rank: int) -> tuple[list[_Group], Optional[str], Optional[BaseException]]:
+    """Run the release's init (+ all-gather groups) as ``rank``; return groups, get_all_ranks(), error."""
+    created: list[_Group] = []
+    _install_fakes(ps, cfg["world_size"], created)
+    _CURRENT[0] = rank
+    params = inspect.signature(ps.initialize_model_parallel).parameters
+    kwargs = {k: v for k, v in cfg.items() if k in params}
+    if "create_gloo_process_groups" in params:
+        kwargs["create_gloo_process_groups"] = False
+    try:
+        ps.initialize_model_parallel(**kwargs)
+        if hasattr(ps, "create_all_gather_groups"):
+            ps.create_all_gather_groups(for_expert_parallelism=True)
+        all_ranks = ps.get_all_ranks()
+    except Exception as exc:  # the release rejects the configuration
+        return created, None, exc
+    finally:
+        ps.destroy_model_parallel()
+    return created, all_ranks, None
+
+
+def _layout(cfg: dict, series: str):
+    from parallel_state_ng.megatron_layout import MegatronLayout
+
+    keys = ["world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+            "expert_model_parallel_size", "expert_tensor_parallel_size", "order", "num_distributed_optimizer_instances",
+            "hierarchical_context_parallel_sizes", "rank_offset", "local_world_size", "gtp_remat_size",
+            "expert_gtp_remat_size"]
+    return MegatronLayout(release=series, **{k: cfg[k] for k in keys if k in cfg})
+
+
+def _desc_to_kind(desc: str) -> Optional[str]:
+    from parallel_state_ng.megatron_kinds import GROUP_KINDS
+
+    prefix = "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L"
+    if desc.startswith(prefix):
+        return f"hcp{desc[len(prefix):]}"
+    for name, kind in GROUP_KINDS.items():
+        if kind.desc == desc:
+            return name
+    return None
+
+
+def _check_generator(ps: Any, lay: Any, series: str, out: list[str]) -> int:
+    """Every token subset of the release's own RankGenerator vs the layouts; returns checks made."""
+    gtp = hasattr(ps, "_inject_gtp_remat_axis")
+    checks = 0
+    for view, layout in (("dense", lay.decoder), ("expert", lay.expert)):
+        sizes = dict(zip(layout.dim_names, layout.shape))
+        order = "-".join(layout.dim_names)
+        kwargs = dict(tp=sizes["tp"], ep=sizes["ep"], dp=sizes["dp"], pp=sizes["pp"], cp=sizes["cp"], order=order,
+                      rank_offset=lay.rank_offset)
+        if gtp:
+            kwargs["gtp_remat"] = sizes["gtp_remat"]
+        gen = ps.RankGenerator(**kwargs)
+        names = list(layout.dim_names)
+        for k in range(1, len(names) + 1):
+            for dims in itertools.combinations(names, k):
+                checks += 1
+                if gen.get_ranks("-".join(dims)) != layout.rank_enum(dims):
+                    out.append(f"{series} {view} get_ranks({'-'.join(dims)!r}) differs for {layout}")
+        if gtp:
+            checks += 1
+            if gen.get_gtp_ranks(sizes["gtp_remat"]) != layout.rank_enum("gtp_remat"):
+                out.append(f"{series} {view} get_gtp_ranks differs for {layout}")
+    return checks
+
+
+def check_release(series: str, configs: list[dict], seed: int) -> dict:
+    """Compare the release's init with MegatronLayout on ``configs``; return counts and mismatches."""
+    import sys
+
+    # 0.19's destroy_model_parallel tries (and tolerates failing) to import the MoE
+    # all-to-all module, which pulls in most of megatron.core (seconds): make it fail at once.
+    sys.modules.setdefault("megatron.core.transformer.moe.fused_a2a", None)
+    import megatron.core.parallel_state as ps
+
+    rng = random.Random(seed)
+    mismatches: list[str] = []
+    stats = {"configs": 0, "rejected": 0, "kinds": 0, "groups": 0, "rank_checks": 0, "generator_checks": 0}
+    for cfg in configs:
+        offset = cfg.get("rank_offset", 0)
+        local = cfg.get("local_world_size") or cfg["world_size"]
+        current = rng.randrange(offset, offset + local)
+        created, all_ranks, error = _run_mcore(ps, cfg, current)
+        tag = f"{series} {cfg}"
+        try:
+            lay = _layout(cfg, series)
+        except Exception as exc:
+            if error is None or not isinstance(exc, type(error)):
+                mismatches.append(f"{tag}: MegatronLayout raised {exc!r}, the release {error!r}")
+            else:
+                stats["rejected"] += 1
+                stats.setdefault("rejected_as", {}).setdefault(type(error).__name__, 0)
+                stats["rejected_as"][type(error).__name__] += 1
+            continue
+        if error is not None:
+            mismatches.append(f"{tag}: the release raised {error!r}, MegatronLayout accepted")
+            continue
+        stats["configs"] += 1
+        by_kind: dict[str, list[list[int]]] = {}
+        hybrid: dict[int, list[list[int]]] = {}
+        order: list[str] = []
+        for group in created:
+            if group.desc.startswith("HYBRID_DP_CP_GROUP_"):
+                hybrid.setdefault(int(group.desc.rsplit("_", 1)[1]), []).append(group.ranks)
+                continue
+            kind = _desc_to_kind(group.desc)
+            if kind is None:
+                mismatches.append(f"{tag}: no kind for group_desc {group.desc!r}")
+                continue
+            if kind not in by_kind and kind not in ("dp_cp_ag", "ep_dp_ag"):
+                order.append(kind)
+            by_kind.setdefault(kind, []).append(group.ranks)
+        if order != lay.kinds():
+            mismatches.append(f"{tag}: kinds {lay.kinds()} != the release's creation order {order}")
+        token_kinds = lay.token_kinds | {"dp_cp_ag", "ep_dp_ag"}
+        for kind, groups in by_kind.items():
+            stats["kinds"] += 1
+            stats["groups"] += len(groups)
+            ours = lay.enumerate(kind)
+            same = ours == groups if kind in token_kinds else sorted(ours) == sorted(groups)
+            if not same:
+                mismatches.append(f"{tag}: {kind} enumeration differs: ours {ours[:3]}..., release {groups[:3]}...")
+        if sorted(hybrid) != (lay.hybrid_group_sizes() if cfg.get("hybrid_context_parallel") else []):
+            mismatches.append(f"{tag}: hybrid sizes {sorted(hybrid)} != {lay.hybrid_group_sizes()}")
+        samples = {offset, offset + local - 1, current, *(rng.randrange(offset, offset + local) for _ in range(3))}
+        if offset:
+            samples.add(offset - 1)
+        if offset + local < cfg["world_size"]:
+            samples.add(offset + local)
+        for rank in sorted(samples):
+            for kind, groups in by_kind.items():
+                stats["rank_checks"] += 1
+                expected = next((g for g in groups if rank in g), None)
+                got = lay.group(kind, rank)
+                if got != expected:
+                    mismatches.append(f"{tag}: rank {rank} {kind}: ours {got}, release {expected}")
+            for size, groups in hybrid.items():
+                if lay.contains(rank):
+                    stats["rank_checks"] += 1
+                    expected = next(g for g in groups if rank in g)
+                    if lay.hybrid_group(rank, size) != expected:
+                        mismatches.append(f"{tag}: rank {rank} hybrid {size}: {lay.hybrid_group(rank, size)} vs {expected}")
+        stats["rank_checks"] += 1
+        if lay.all_ranks(current) != all_ranks:
+            mismatches.append(f"{tag}: rank {current} get_all_ranks {all_ranks!r}, ours {lay.all_ranks(current)!r}")
+        if local <= 256:
+            stats["generator_checks"] += _check_generator(ps, lay, series, mismatches)
+    return {"stats": stats, "mismatches": mismatches[:40], "mismatch_count": len(mismatches)}
