@@ -1,7 +1,7 @@
 """Megatron-Core compatibility layer of parallel_state_ng.
 
 * ``compat.parallel_state`` — the whole global API of ``megatron.core.parallel_state``
-  (megatron-core 0.16.1) on top of the parallel_state_ng engine.
+  of the installed megatron-core release (0.14 … 0.19) on top of the parallel_state_ng engine.
 * :func:`install` / :func:`uninstall` — make Megatron itself use it.
 
 Importing this package imports neither megatron nor torch.
@@ -12,7 +12,7 @@ from __future__ import annotations
 __all__ = ["install", "uninstall", "is_installed"]
 
 
-def install() -> None:
+def install(hyper_comm_grid: bool = False) -> None:
     """Make ``megatron.core.parallel_state`` resolve to ``compat.parallel_state``.
 
     Works whether megatron was imported before or after: ``sys.modules`` and the
@@ -20,11 +20,18 @@ def install() -> None:
     names already bound in loaded modules (``from megatron.core.parallel_state import
     get_tensor_model_parallel_rank`` in ``tensor_parallel/layers.py`` and many others, or
     ``from megatron.core import parallel_state as mpu``) are rebound to compat's objects.
-    Calling it twice is harmless. :func:`uninstall` undoes everything.
+    Works for every supported release (``compat.parallel_state`` serves the installed one's API).
+
+    With ``hyper_comm_grid=True`` also ``megatron.core.hyper_comm_grid.HyperCommGrid`` and every
+    name bound to it by ``from megatron.core.hyper_comm_grid import HyperCommGrid`` become
+    :class:`parallel_state_ng.grid.HyperCommGrid`, so Megatron's multi-module code (bridge and
+    multimodule communicators, MIMO) runs on our grid (megatron's grid module is imported for
+    this if it is not loaded yet). Calling it twice is harmless (a second call may add
+    ``hyper_comm_grid=True``). :func:`uninstall` undoes everything.
     """
     from ._install import install as _install
 
-    _install()
+    _install(hyper_comm_grid=hyper_comm_grid)
 
 
 def uninstall() -> None:

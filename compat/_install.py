@@ -10,11 +10,14 @@ from types import ModuleType
 from typing import Any
 
 TARGET = "megatron.core.parallel_state"
+GRID_TARGET = "megatron.core.hyper_comm_grid"
 
 # (namespace dict, attribute name, original value) for every rebinding, to undo it.
 _patches: list[tuple[dict, str, Any]] = []
 # What sys.modules[TARGET] was before install (None: absent).
 _saved_module: list[Any] = []
+# (our HyperCommGrid, megatron's) while install(hyper_comm_grid=True) is in effect.
+_grid_swap: list[tuple[Any, Any]] = []
 
 
 def is_installed() -> bool:
@@ -87,9 +90,53 @@ class _TargetFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _FINDER = _TargetFinder()
 
 
-def install() -> None:
+def _rebind_object(old: Any, new: Any) -> None:
+    """Point every name bound to ``old`` in loaded modules (not compat's) at ``new``; recorded."""
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or mod_name.split(".")[0] == "compat":
+            continue
+        namespace = getattr(mod, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            if value is old:
+                _patches.append((namespace, attr, value))
+                namespace[attr] = new
+
+
+def _install_grid() -> None:
+    """Redirect ``megatron.core.hyper_comm_grid.HyperCommGrid`` (and names bound to it) to ours.
+
+    The module is imported if megatron is installed and it is not loaded yet, so that later
+    ``from megatron.core.hyper_comm_grid import HyperCommGrid`` gets ours too.
+    """
+    from parallel_state_ng.grid_releases import hyper_comm_grid_class
+
+    from .parallel_state import MEGATRON_RELEASE
+
+    ours = hyper_comm_grid_class(MEGATRON_RELEASE)  # the served release's exact grid surface
+
+    module = sys.modules.get(GRID_TARGET)
+    if module is None:
+        if importlib.util.find_spec("megatron") is None:
+            return  # no megatron: nothing can import its grid
+        module = importlib.import_module(GRID_TARGET)
+    original = module.__dict__.get("HyperCommGrid", _MISSING)
+    if original is ours:
+        return
+    if original is not _MISSING:
+        _rebind_object(original, ours)
+    if module.__dict__.get("HyperCommGrid") is not ours:
+        _patches.append((module.__dict__, "HyperCommGrid", original))
+        module.__dict__["HyperCommGrid"] = ours
+    _grid_swap[:] = [(ours, original)]
+
+
+def install(hyper_comm_grid: bool = False) -> None:
     """See :func:`compat.install`."""
     if _saved_module:
+        if hyper_comm_grid:
+            _install_grid()
         return
     from . import parallel_state as ours
 
@@ -107,6 +154,8 @@ def install() -> None:
             if getattr(parent, attr, None) is not ours:
                 _patches.append((parent.__dict__, attr, parent.__dict__.get(attr, _MISSING)))
                 parent.__dict__[attr] = ours
+    if hyper_comm_grid:
+        _install_grid()
 
 
 class _Missing:
@@ -142,6 +191,15 @@ def uninstall() -> None:
             parent.__dict__["mpu"] = original
     else:
         sys.modules[TARGET] = original
+    for ours_grid, megatron_grid in _grid_swap:
+        # Megatron modules imported while installed bound our grid: give them megatron's.
+        for mod_name, mod in list(sys.modules.items()):
+            namespace = getattr(mod, "__dict__", None) if mod_name.startswith("megatron.") else None
+            if isinstance(namespace, dict) and megatron_grid is not _MISSING:
+                for attr, value in list(namespace.items()):
+                    if value is ours_grid:
+                        namespace[attr] = megatron_grid
+    _grid_swap.clear()
     if original is not None:
         # Megatron modules imported while compat was installed bound compat's objects.
         # (Other modules are left alone: they may use compat on purpose.)

@@ -3,8 +3,11 @@
 :func:`build_state` turns a :class:`~parallel_state_ng.megatron_layout.MegatronLayout` into the
 process groups of ONE rank: it computes only that rank's groups (closed form, no loop over the
 world) and creates each with ``new_group(..., use_local_synchronization=True)`` under a name
-that depends only on its members (:mod:`parallel_state_ng.naming`), in MCore's creation order. If anything fails,
-every group created so far is destroyed before the error propagates (atomic initialization).
+that depends only on its members (:mod:`parallel_state_ng.naming`), in the creation order of
+the layout's release. Steps that only some releases take read as conditions on the layout
+(``lay.facts``: the release's layout facts, e.g. the 0.19 GTP axis) or on the release data
+(:mod:`parallel_state_ng.releases.parallel_state`). If anything fails, every group created so
+far is destroyed before the error propagates (atomic initialization).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch.distributed as dist
 from parallel_state_ng.handles import GroupHandle
 from parallel_state_ng.megatron_layout import MegatronLayout
 from parallel_state_ng.naming import destroy_groups
+from parallel_state_ng.releases import parallel_state as api
 from parallel_state_ng.sharing import GroupPool
 
 __all__ = ["ParallelState", "build_state", "destroy_state", "destroy_groups"]
@@ -126,6 +130,8 @@ def build_state(
 ) -> ParallelState:
     """Create this rank's groups for ``layout``; atomic (see module docstring)."""
     state = ParallelState(layout=layout, rank=rank)
+    if not layout.contains(rank):
+        return state  # outside [rank_offset, rank_offset + local_world_size): in no group
     try:
         _create_all(
             state,
@@ -163,6 +169,9 @@ def _create_all(
     lay, rank = state.layout, state.rank
     g, r = state.groups, state.ranks
     n_instances = lay.num_distributed_optimizer_instances
+    gtp_axis = lay.facts.gtp_remat_axis  # 0.19: the GTP weight-rematerialization kinds exist
+    # the expert-parallel group gets the init timeout from 0.16 on (torch's default before)
+    ep_timeout = {} if api.has("expert_group_timeout", lay.release) else {"timeout": None}
 
     def kind(name: str, desc: str, option_key: Optional[str] = None, **kw: Any) -> Any:
         ranks = lay.group(name, rank)
@@ -174,11 +183,14 @@ def _create_all(
         if gloo:
             g[f"{name}_gloo"] = make.make(r[name], desc, backend="gloo", **kw)
 
+    if gtp_axis:
+        kind("gtp_remat", "GTP_WEIGHT_REMAT_GROUP")
+        gloo = gloo and lay.gtp_remat_size == 1  # 0.19: no gloo groups under GTP
     # Data parallel with context parallel first: with SHARP it must be the first communicator.
     if sharp == "dp":
         os.environ["NCCL_COLLNET_ENABLE"] = "1"
     kind("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP")
-    if all_gather:
+    if all_gather:  # 0.16-0.17 init argument
         g["dp_cp_ag"] = make.make(r["dp_cp"], "DATA_PARALLEL_GROUP_WITH_CP_AG", pg_options=opts("dp_cp"))
     gloo_twin("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO")
     if n_instances > 1:
@@ -195,6 +207,9 @@ def _create_all(
 
     kind("dp", "DATA_PARALLEL_GROUP")
     gloo_twin("dp", "DATA_PARALLEL_GROUP_GLOO")
+    if gtp_axis and lay.gtp_remat_size > 1:  # else these alias dp / dp_cp
+        kind("gtp_remat_dp", "DATA_PARALLEL_GROUP_WITH_GTP_REMAT")
+        kind("gtp_remat_dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT")
 
     kind("cp", "CONTEXT_PARALLEL_GROUP")
     if lay.hierarchical_levels:
@@ -226,10 +241,15 @@ def _create_all(
     kind("tp_dp", "TENSOR_AND_DATA_PARALLEL_GROUP")
     kind("tp_cp", "TENSOR_AND_CONTEXT_PARALLEL_GROUP")
 
-    kind("ep", "EXPERT_MODEL_PARALLEL_GROUP")
+    if gtp_axis:
+        kind("expt_gtp_remat", "EXPERT_GTP_WEIGHT_REMAT_GROUP")
+    kind("ep", "EXPERT_MODEL_PARALLEL_GROUP", **ep_timeout)
     kind("ep_tp", "EXPERT_TENSOR_PARALLEL_GROUP")
     kind("tp_ep_mp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP")
     kind("tp_ep_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP")
+    if gtp_axis:
+        kind("tp_ep_gtp_remat_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP")
+        gloo = gloo and lay.expert_gtp_remat_size == 1  # 0.19: no expert gloo groups under expert GTP
     kind("ep_dp", "EXPERT_DATA_PARALLEL_GROUP")
     gloo_twin("ep_dp", "EXPERT_DATA_PARALLEL_GROUP_GLOO", timeout=None)
     if n_instances > 1:
@@ -240,5 +260,7 @@ def _create_all(
             gloo_twin(name, f"HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L{level}", pg_options=opts(name))
         if sharp == "dp_replica":
             _sharp_barrier(g["inter_ep_dp"])
+    if gtp_axis and lay.expert_gtp_remat_size > 1:  # else it aliases ep_dp
+        kind("ep_gtp_remat_dp", "EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT")
 
     kind("intra_dist_opt_instance", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP")

@@ -19,7 +19,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["validate_initialize_args", "ZeroSizeError", "SizeBelowOneError", "OrderTypeError", "BackendTypeError"]
+__all__ = [
+    "validate_initialize_args",
+    "ZeroSizeError",
+    "SizeBelowOneError",
+    "NegativeWorldSizeError",
+    "OrderTypeError",
+    "BackendTypeError",
+]
 
 
 class ZeroSizeError(ValueError, ZeroDivisionError):
@@ -35,6 +42,10 @@ class OrderTypeError(TypeError, AttributeError):
     """``order`` is not a str (MCore fails on it with ``AttributeError``)."""
 
 
+class NegativeWorldSizeError(ValueError, TypeError):
+    """A negative ``local_world_size`` (MCore 0.17+ fails on it in torch with ``TypeError``)."""
+
+
 class BackendTypeError(TypeError, ValueError):
     """``pipeline_model_parallel_comm_backend`` is not a str (MCore: ``ValueError``)."""
 
@@ -45,6 +56,8 @@ _SIZES = (
     "context_parallel_size",
     "expert_model_parallel_size",
     "num_distributed_optimizer_instances",
+    "gtp_remat_size",
+    "expert_gtp_remat_size",
 )
 _OPTIONAL_SIZES = ("expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size")
 _FLAGS = ("use_sharp", "hybrid_context_parallel", "create_gloo_process_groups")
@@ -79,6 +92,17 @@ def validate_initialize_args(args: dict[str, Any]) -> None:
     for name in _CALLABLES:
         if args[name] is not None and not callable(args[name]):
             raise TypeError(f"{name} must be callable or None, got {args[name]!r}")
+
+    offset, local = args["rank_offset"], args["local_world_size"]
+    if not _is_int(offset):
+        raise TypeError(f"rank_offset must be an int >= 0, got {offset!r} ({type(offset).__name__})")
+    if local is not None:
+        if not _is_int(local):
+            raise TypeError(f"local_world_size must be None or an int >= 1, got {local!r} ({type(local).__name__})")
+        if local == 0:
+            raise ZeroSizeError("local_world_size must be >= 1, got 0")
+        if local < 0:
+            raise NegativeWorldSizeError(f"local_world_size must be >= 1, got {local}")
 
     minutes = args["distributed_timeout_minutes"]
     if isinstance(minutes, bool) or not isinstance(minutes, numbers.Real):

@@ -6,7 +6,8 @@ models, DDP, optimizers) instead of the global ``parallel_state``. MCore fills o
 globals with ``ProcessGroupCollection.use_mpu_process_groups()``;
 :func:`to_process_group_collection` fills one from a compat :class:`~compat._state.ParallelState`
 (the active one, or any other grid of the job, see ``compat.parallel_state.use_state``),
-every field with the group MCore's method would put there.
+every field with the group the served release's method would put there (fields and getters
+per release: :mod:`parallel_state_ng.releases.process_groups_config`).
 
 megatron-core is imported only when the function is called.
 """
@@ -14,9 +15,12 @@ megatron-core is imported only when the function is called.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Optional
+
+from parallel_state_ng.releases import process_groups_config as facts
 
 from . import parallel_state as ps
 from ._state import ParallelState
@@ -29,35 +33,33 @@ class UnknownCollectionFieldError(RuntimeError):
 
 
 def _field_getters() -> dict[str, Callable[[], Any]]:
-    """Field name -> the compat getter call that yields its group (MCore's pairing)."""
-    lenient = {"check_initialized": False}
-    return {
-        "tp": partial(ps.get_tensor_model_parallel_group, **lenient),
-        "pp": partial(ps.get_pipeline_model_parallel_group, **lenient),
-        "mp": partial(ps.get_model_parallel_group, **lenient),
-        "embd": partial(ps.get_embedding_group, **lenient),
-        "pos_embd": partial(ps.get_position_embedding_group, **lenient),
-        "cp": partial(ps.get_context_parallel_group, **lenient),
-        "tp_cp": partial(ps.get_tensor_and_context_parallel_group, **lenient),
-        "hcp": partial(ps.get_hierarchical_context_parallel_groups, **lenient),
-        "ep": partial(ps.get_expert_model_parallel_group, **lenient),
-        "expt_tp": partial(ps.get_expert_tensor_parallel_group, **lenient),
-        "tp_ep": partial(ps.get_expert_tensor_and_model_parallel_group, **lenient),
-        "tp_ep_pp": partial(ps.get_expert_tensor_model_pipeline_parallel_group, **lenient),
-        "tp_dp_cp": partial(ps.get_tensor_and_data_parallel_group, with_context_parallel=True, **lenient),
-        # the data-parallel getters have no lenient mode: uninitialized raises, as in MCore
-        "dp": ps.get_data_parallel_group,
-        "dp_cp": partial(ps.get_data_parallel_group, with_context_parallel=True),
-        "intra_dp_cp": partial(ps.get_data_parallel_group, with_context_parallel=True, partial_data_parallel=True),
-        "expt_dp": partial(ps.get_expert_data_parallel_group, **lenient),
-        "intra_expt_dp": partial(ps.get_expert_data_parallel_group, partial_expert_data_parallel=True, **lenient),
-        "inter_dist_opt": partial(ps.get_inter_distributed_optimizer_instance_group, **lenient),
-        "intra_dist_opt": partial(ps.get_intra_distributed_optimizer_instance_group, **lenient),
-    }
+    """Field name -> the call that yields its group (MCore's pairing, from the release data)."""
+    from . import _expert, _getters  # loaded by compat.parallel_state
+
+    out: dict[str, Callable[[], Any]] = {}
+    for name, spec in facts.COLLECTION_GETTERS.items():
+        if spec is None:
+            out[name] = lambda: None  # MCore leaves it None (set by the caller, e.g. all-gather groups)
+            continue
+        function, kwargs = spec
+        impl = getattr(_getters, function, None) or getattr(_expert, function)
+        out[name] = partial(impl, **kwargs)
+    return out
 
 
-#: The ``ProcessGroupCollection`` fields compat can fill (megatron-core 0.16.1's set).
-FIELD_GETTERS: tuple[str, ...] = tuple(_field_getters())
+#: The ``ProcessGroupCollection`` fields of the served release.
+FIELD_GETTERS: tuple[str, ...] = facts.collection_fields(ps.MEGATRON_RELEASE)
+
+
+def _collection_class() -> type:
+    class_name = facts.COLLECTION_CLASS[ps.MEGATRON_RELEASE.series]
+    module = importlib.import_module("megatron.core.process_groups_config")
+    if class_name is None:
+        raise ImportError(
+            f"megatron-core {ps.MEGATRON_VERSION} has no ProcessGroupCollection (added in 0.15); "
+            f"its megatron.core.process_groups_config has ModelCommProcessGroups / GradCommProcessGroups"
+        )
+    return getattr(module, class_name)
 
 
 def _collection_fields(cls: type) -> list[str]:
@@ -80,27 +82,29 @@ def to_process_group_collection(
             ``compat.parallel_state.use_state(state)``, so the active grid is left as it was.
         required_pgs: fill only these fields (default: every field of the installed class).
 
-    Every field of the installed class is set to the group MCore pairs with it (``tp`` ←
-    tensor-parallel group, ``expt_dp`` ← expert-data-parallel group, ``intra_dp_cp`` ← the
-    partial data-parallel group, ...); fields of groups the grid lacks (``embd`` off the
-    embedding stages, ``inter_dist_opt`` with one optimizer instance, ``hcp`` without
-    hierarchical context parallelism) are ``None``, as MCore leaves them.
+    Every field of the installed class is set to the group the served release pairs with it
+    (``tp`` ← tensor-parallel group, ``expt_dp`` ← expert-data-parallel group, ``intra_dp_cp`` ←
+    the partial data-parallel group, 0.19 ``dp_cp_gtp_remat`` ← the data-parallel group
+    spanning the GTP axis, ...); fields of groups the grid lacks (``embd`` off the embedding
+    stages, ``inter_dist_opt`` with one optimizer instance, ``hcp`` without hierarchical
+    context parallelism, the all-gather groups of 0.18+) are ``None``, as MCore leaves them.
 
     Raises:
+        ImportError: the served release (0.14) has no ``ProcessGroupCollection``.
         ValueError: ``required_pgs`` names a field the installed class does not have.
         UnknownCollectionFieldError: the installed class has a field compat cannot fill (a newer
             megatron-core); nothing is silently skipped.
         AssertionError: the grid is not initialized (no data-parallel group), as in MCore.
     """
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    fields = _collection_fields(ProcessGroupCollection)
+    cls = _collection_class()
+    fields = _collection_fields(cls)
     getters = _field_getters()
     unknown = [name for name in fields if name not in getters]
     if unknown:
         raise UnknownCollectionFieldError(
             f"ProcessGroupCollection of the installed megatron-core has field(s) {unknown} that "
-            f"compat.pg_collection cannot fill (known: {sorted(getters)}); add them to _field_getters"
+            f"compat.pg_collection cannot fill (known: {sorted(getters)}); add them to "
+            f"parallel_state_ng.releases.process_groups_config.COLLECTION_GETTERS"
         )
     if required_pgs is None:
         wanted = fields
@@ -118,4 +122,4 @@ def to_process_group_collection(
     else:
         with ps.use_state(state):
             values = collect()
-    return ProcessGroupCollection(**values)
+    return cls(**values)

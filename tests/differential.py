@@ -6,10 +6,14 @@ getter call with its arguments, a module global, ...) to a plain, comparable val
 snapshots taken in the same situation (same fake-backend world, same rank, same
 ``initialize_model_parallel`` arguments) can be compared with :func:`compare`.
 
-The list of getters, setters and globals is derived from the *installed* Megatron-Core module
-(the specification), never from the module under test, so a getter the reference has and
-the tested module lacks shows up as a ``("missing",)`` value, and a getter added to a newer
-Megatron-Core that this file does not know how to call raises :class:`UnknownApiError`.
+The list of getters, setters and globals is derived from the *reference* module — the
+``megatron.core.parallel_state`` importable in this process: the installed Megatron-Core, or,
+inside a process bound to another release by ``tests/mcore_releases.activate``, that release
+— never from the module under test. A getter the reference has and the tested module lacks
+shows up as a ``("missing",)`` value, and a getter added to a newer Megatron-Core that this
+file does not know how to call raises :class:`UnknownApiError`. Nothing here is written per
+release: parameter values are keyed by parameter name, the functions to call come from the
+reference's own namespace, pristine globals from the reference at import time.
 
 Value encoding (see :func:`encode`):
 
@@ -78,7 +82,8 @@ def reference_globals() -> list[str]:
 
 
 # Public functions that are not state getters, with the reason they are not called by
-# :func:`snapshot`. A name here that the reference no longer has is an error too (stale list).
+# :func:`snapshot`, for every supported release (a release lacks some of them; a name that no
+# supported release has is reported as stale by the per-release test, which sees them all).
 NOT_GETTERS: dict[str, str] = {
     "initialize_model_parallel": "the initializer itself",
     "destroy_model_parallel": "mutator; exercised by the harness",
@@ -93,6 +98,7 @@ NOT_GETTERS: dict[str, str] = {
     "default_embedding_ranks": "stateless helper; compared by the helper tests",
     "default_position_embedding_ranks": "stateless helper; compared by the helper tests",
     "overwrite_nccl_comm_cfgs": "stateless helper; compared by the helper tests",
+    "create_all_gather_groups": "creates groups after init (0.18+); exercised by observe(after_init=...)",
 }
 
 GETTER_PREFIXES = ("get_", "is_", "has_", "model_parallel_is_initialized")
@@ -115,6 +121,8 @@ def _param_values(world_size: int) -> dict[str, tuple]:
         "independent_all_gather": _BOOL,
         "tp_only_amax_red": _BOOL,
         "partial_expert_data_parallel": _BOOL,
+        "with_gtp_remat": _BOOL,
+        "with_egtp_remat": _BOOL,
         "ignore_virtual": (True, False),
         "vp_stage": VP_STAGES,
         "group_size": tuple(sorted(sizes, key=lambda s: -1 if s is None else s)),
@@ -153,9 +161,6 @@ class Call:
 def classify_functions() -> tuple[list[str], list[str]]:
     """Split the reference's public functions into (getters, setters); fail on anything else."""
     functions = reference_functions()
-    stale = sorted(set(NOT_GETTERS) - set(functions))
-    if stale:
-        raise UnknownApiError(f"NOT_GETTERS names functions the reference lacks: {stale}")
     getters, setters = [], []
     for name in functions:
         if name in NOT_GETTERS:
@@ -477,15 +482,16 @@ _PRISTINE: Optional[dict[str, Any]] = None
 
 
 def _capture_pristine() -> dict[str, Any]:
+    """The reference's globals at import time: ``None`` or an empty container (its type)."""
     global _PRISTINE
     if _PRISTINE is None:
-        pristine = {}
+        pristine: dict[str, Any] = {}
         for name in reference_globals():
             value = getattr(mcore_ps, name)
-            if name == "_HYBRID_DP_CP_GROUPS":
-                pristine[name] = "empty-dict"
-            elif value is None:
+            if value is None:
                 pristine[name] = None
+            elif type(value) in (dict, list, set) and not value:
+                pristine[name] = type(value)
             else:
                 raise RuntimeError(
                     f"megatron.core.parallel_state.{name} is {value!r} before any test ran; "
@@ -503,7 +509,7 @@ def reset_mcore() -> None:
     groups, ...); a differential run must start from a clean reference.
     """
     for name, value in _capture_pristine().items():
-        setattr(mcore_ps, name, {} if value == "empty-dict" else value)
+        setattr(mcore_ps, name, value() if isinstance(value, type) else value)
 
 
 _capture_pristine()
@@ -540,6 +546,9 @@ class Observation:
     destroy: Any  # outcome of destroy_model_parallel()
     error_message: str = ""
     before: dict[str, Any] = field(default_factory=dict)  # snapshot before init, if asked
+    after_init: dict[str, Any] = field(default_factory=dict)  # calls made after a good init
+    after_destroy: dict[str, Any] = field(default_factory=dict)  # the reference's globals after destroy
+
 
     def comparable(self) -> dict[str, Any]:
         """Flat dict of everything that must match between MCore and compat."""
@@ -549,10 +558,16 @@ class Observation:
             out["init:barriers"] = self.barriers
             out["init:cuda_calls"] = self.cuda_calls
             out.update(self.state)
+            out.update(self.after_init)
             out.update({f"after_setters:{k}": v for k, v in self.setters.items()})
             out.update({f"after_destroy_buffers:{k}": v for k, v in self.after_buffers.items()})
             out["destroy:outcome"] = self.destroy
         return out
+
+
+# Global buffers a release may have: ``get_<name>`` / ``destroy_<name>`` pairs (0.14-0.16 also
+# have the symmetric-memory one; 0.17+ moved it out of parallel_state).
+BUFFER_FUNCTIONS = ("global_memory_buffer", "global_symmetric_memory_buffer")
 
 
 def _setter_phase(ps: Any, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -574,16 +589,17 @@ def _setter_phase(ps: Any, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
         if fn is not MISSING:
             _call(lambda: fn(None), {})
     buffers: dict[str, Any] = {}
-    for name in ("destroy_global_memory_buffer", "destroy_global_symmetric_memory_buffer"):
-        fn = _getattr(ps, name)
-        result = MISSING if fn is MISSING else _call(fn, {})[0]
-        buffers[name] = raised(result) if isinstance(result, Exception) else encode(result)
-    for name in ("get_global_memory_buffer", "get_global_symmetric_memory_buffer"):
-        fn = _getattr(ps, name)
-        result = MISSING if fn is MISSING else _call(fn, {})[0]
-        buffers[name] = raised(result) if isinstance(result, Exception) else encode(result)
-    for name in ("_GLOBAL_MEMORY_BUFFER", "_GLOBAL_SYMMETRIC_MEMORY_BUFFER"):
-        buffers[f"global:{name}"] = encode(_getattr(ps, name))
+    functions = reference_functions()
+    for prefix in ("destroy_", "get_"):  # destroy every global buffer, then read them back
+        for name in BUFFER_FUNCTIONS:
+            if prefix + name not in functions:
+                continue
+            fn = _getattr(ps, prefix + name)
+            result = MISSING if fn is MISSING else _call(fn, {})[0]
+            buffers[prefix + name] = raised(result) if isinstance(result, Exception) else encode(result)
+    for name in reference_globals():
+        if name.startswith("_GLOBAL_") and name.endswith("_BUFFER"):
+            buffers[f"global:{name}"] = encode(_getattr(ps, name))
     return after, buffers
 
 
@@ -596,11 +612,15 @@ def observe(
     cuda_stub: bool = False,
     setter_phase: bool = True,
     snapshot_before: bool = False,
+    after_init: tuple[Call, ...] = (),
 ) -> Observation:
     """Run ``ps.initialize_model_parallel(**kwargs)`` on this rank of the current fake world.
 
     Environment changes are recorded and undone; the state is destroyed at the end (and, for
     MCore, reset to import time). A failed init is recorded with the state it left behind.
+    After a good init, each of ``after_init`` (e.g. 0.18's ``create_all_gather_groups``) is
+    called on ``ps``: its result, the groups it returns (ranks, description, timeout) and the
+    snapshot after all of them are part of the observation.
     """
     saved_env = dict(os.environ)
     os.environ.update(env or {})
@@ -617,19 +637,72 @@ def observe(
                 message = f"{type(result).__name__}: {first_line[:200]}"
             env_changes = env_diff(before_env, dict(os.environ))
             state = snapshot(ps, rank)
+            later: dict[str, Any] = {}
+            if outcome == "ok" and after_init:
+                later = _after_init_phase(ps, rank, after_init)
             setters, buffers = ({}, {})
             if outcome == "ok" and setter_phase:
                 setters, buffers = _setter_phase(ps, rank)
             barriers, cuda_calls = tuple(_BARRIERS), tuple(_CUDA_CALLS)
         destroyed, _ = _call(ps.destroy_model_parallel, {})
         destroy = raised(destroyed) if isinstance(destroyed, Exception) else encode(destroyed)
+        after_destroy = globals_after_destroy(ps)
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
         if ps is mcore_ps:
             reset_mcore()
         forget_recorded_groups()
-    return Observation(outcome, state, setters, buffers, env_changes, barriers, cuda_calls, destroy, message, before)
+    return Observation(outcome, state, setters, buffers, env_changes, barriers, cuda_calls, destroy, message, before,
+                       later, after_destroy)
+
+
+def globals_after_destroy(ps: Any) -> dict[str, Any]:
+    """``global:<name>`` -> encoded value of every reference global (cheap: no getter calls)."""
+    return {f"global:{name}": encode(_getattr(ps, name)) for name in reference_globals()}
+
+
+def pristine_globals() -> dict[str, Any]:
+    """``global:<name>`` -> encoded import-time value of every reference global."""
+    return {f"global:{name}": encode(value() if isinstance(value, type) else value)
+            for name, value in _capture_pristine().items()}
+
+
+def destroy_differences(reference: dict[str, Any], other: dict[str, Any]) -> list[Difference]:
+    """Globals after ``destroy_model_parallel`` that match neither the reference's nor import time.
+
+    MCore's destroy leaves some globals set; compat may leave the same or reset them.
+    """
+    pristine = pristine_globals()
+    return [Difference(key, value, other.get(key, ABSENT)) for key, value in reference.items()
+            if other.get(key, ABSENT) not in (value, pristine.get(key, ABSENT))]
+
+
+def _after_init_phase(ps: Any, rank: int, calls: tuple[Call, ...]) -> dict[str, Any]:
+    enc = _Encoder()
+    out: dict[str, Any] = {}
+    for call in calls:
+        fn = _getattr(ps, call.name)
+        if fn is MISSING:
+            out[f"after_init:{call.key}"] = MISSING
+            continue
+        result, warned = _call(fn, call.kwargs)
+        key = f"after_init:{call.key}"
+        out[key] = raised(result) if isinstance(result, Exception) else enc(result, key)
+        if warned:
+            out[f"warnings:{key}"] = warned
+    out.update(_group_metadata(enc))
+    # A returned group may or may not be the very object behind a module global (0.18 makes new
+    # communicators for the all-gather groups): record which globals hold it.
+    holders: dict[int, list[str]] = {}
+    for name in reference_globals():
+        value = _getattr(ps, name)
+        if isinstance(value, dist.ProcessGroup):
+            holders.setdefault(id(value), []).append(name)
+    for path, group in enc.groups:
+        out[f"held_by:{path}"] = tuple(holders.get(id(group), ()))
+    out.update({f"after_init_state:{k}": v for k, v in snapshot(ps, rank).items()})
+    return out
 
 
 def fake_world(rank: int, world_size: int) -> None:

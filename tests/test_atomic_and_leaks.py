@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 import compat.parallel_state as ps
+from compat import _publish as _published
 from parallel_state_ng import HyperCommGrid
 
 _WORLD = dist.distributed_c10d._world
@@ -45,8 +46,8 @@ def _pristine_problems(pg_before: set) -> list[str]:
         problems.append("is_initialized() is True")
     if ps.get_state() is not None:
         problems.append("get_state() is not None")
-    names = (*ps._STATE_GLOBALS, *ps._OVERRIDE_GLOBALS, "_GLOBAL_MEMORY_BUFFER", "_GLOBAL_SYMMETRIC_MEMORY_BUFFER")
-    problems += [f"{name} is set" for name in names if getattr(ps, name) is not None]
+    names = (*_published.state_globals(vars(ps)), *_published.OVERRIDE_GLOBALS, *_published.BUFFER_GLOBALS)
+    problems += [f"{name} is set" for name in names if name != "_HYBRID_DP_CP_GROUPS" and getattr(ps, name, None) is not None]
     if ps._HYBRID_DP_CP_GROUPS != {}:
         problems.append("_HYBRID_DP_CP_GROUPS is not empty")
     extra = set(_WORLD.pg_map) - pg_before

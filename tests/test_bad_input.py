@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 import compat
 import compat.parallel_state as ps
+from compat import _publish as _published
 
 WORLD = 8
 RANK = 3
@@ -61,7 +62,15 @@ def _ranks_outside_pipeline(pp_ranks, *args):
     return [pp_ranks[0], WORLD + 100]
 
 
-def _build_cases() -> list[BadInput]:
+def _build_cases(parameters: Optional[set] = None) -> list[BadInput]:
+    """Every bad input, for the ``initialize_model_parallel`` parameters given (default: compat's).
+
+    A case is kept when the release has every argument it passes (0.14 has no
+    ``hybrid_context_parallel``, 0.17+ adds ``rank_offset`` / ``local_world_size``, 0.19 the
+    GTP sizes, ...).
+    """
+    if parameters is None:
+        parameters = set(inspect.signature(ps.initialize_model_parallel).parameters)
     cases: list[BadInput] = []
 
     def add(argument: str, label: str, kwargs: dict, other_reason: Optional[str] = None) -> None:
@@ -154,7 +163,25 @@ def _build_cases() -> list[BadInput]:
     add(sharp, "unknown", {"use_sharp": True, sharp: "tp"})
     add(sharp, "int", {"use_sharp": True, sharp: 5})
     add(sharp, "dp_replica_with_one_instance", {"use_sharp": True, sharp: "dp_replica"})
-    return cases
+
+    # 0.19: the GTP weight-rematerialization sizes
+    for name in ("gtp_remat_size", "expert_gtp_remat_size"):
+        base = {"expert_model_parallel_size": 2} if name == "expert_gtp_remat_size" else {}
+        for label, value in [("str", "2"), ("zero", 0), ("negative", -2), ("bool", True), ("float", 2.0),
+                             ("list", [2]), ("none", None), ("huge", 2**40), ("not_divisible", 3)]:
+            add(name, label, {**base, name: value})
+        add(name, "with_two_optimizer_instances", {**base, name: 2, "num_distributed_optimizer_instances": 2})
+    # 0.17+: a layout on part of the world
+    for label, value in [("str", "2"), ("negative", -1), ("bool", True), ("float", 2.0), ("none", None),
+                         ("list", [2])]:
+        add("rank_offset", label, {"rank_offset": value, "local_world_size": 4})
+    add("rank_offset", "layout_beyond_world", {"rank_offset": 6, "local_world_size": 4})
+    add("rank_offset", "without_local_world_size", {"rank_offset": 4})
+    for label, value in [("str", "4"), ("zero", 0), ("negative", -4), ("bool", True), ("float", 4.0),
+                         ("list", [4]), ("beyond_world", 16)]:
+        add("local_world_size", label, {"local_world_size": value})
+    add("local_world_size", "not_divisible", {"local_world_size": 3, "tensor_model_parallel_size": 2})
+    return [case for case in cases if set(case.kwargs) <= parameters]
 
 
 CASES = _build_cases()
@@ -194,8 +221,8 @@ def _assert_pristine(pg_before: set) -> None:
     """Not initialized, every module global reset, no process group left behind."""
     assert not ps.is_initialized()
     assert ps.get_state() is None
-    for name in (*ps._STATE_GLOBALS, *ps._OVERRIDE_GLOBALS, "_GLOBAL_MEMORY_BUFFER", "_GLOBAL_SYMMETRIC_MEMORY_BUFFER"):
-        assert getattr(ps, name) is None, name
+    for name in (*_published.state_globals(vars(ps)), *_published.OVERRIDE_GLOBALS, *_published.BUFFER_GLOBALS):
+        assert name == "_HYBRID_DP_CP_GROUPS" or getattr(ps, name, None) is None, name
     assert ps._HYBRID_DP_CP_GROUPS == {}
     assert set(dist.distributed_c10d._world.pg_map) == pg_before
 

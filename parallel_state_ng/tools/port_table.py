@@ -154,9 +154,10 @@ def compat_api() -> frozenset[str]:
 def _published_globals() -> dict[str, tuple[str, str]]:
     """compat's own table of module globals that mirror a group or a rank list."""
     import compat.parallel_state as ps
+    from compat._publish import GROUP_GLOBALS, RANK_GLOBALS
 
-    out = {name: (kind, "group") for name, kind in getattr(ps, "_PUBLISHED", {}).items()}
-    out.update({name: (kind, "ranks") for name, kind in getattr(ps, "_PUBLISHED_RANKS", {}).items()})
+    out = {name: (kind, "group") for name, kind in GROUP_GLOBALS.items() if hasattr(ps, name)}
+    out.update({name: (kind, "ranks") for name, kind in RANK_GLOBALS.items() if hasattr(ps, name)})
     return out
 
 

@@ -1,0 +1,240 @@
+"""``initialize_model_parallel`` and ``create_all_gather_groups`` of ``compat.parallel_state``.
+
+One implementation with the union of every release's parameters; a parameter the served
+release lacks keeps its default, which means what that release does (no hybrid groups, no
+all-gather group, no offset, GTP sizes 1). The layout (``MegatronLayout`` for the served
+release) rejects arguments the release does not have.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import timedelta
+from typing import List, Optional
+
+import torch.distributed as dist
+
+from parallel_state_ng.agreement import check_initialize_agreement
+from parallel_state_ng.megatron_layout import MegatronLayout
+from parallel_state_ng.releases import parallel_state as api
+
+from . import _scoping, _state
+from . import parallel_state as ps
+from ._expert import set_global_memory_buffer
+from ._getters import is_initialized
+from ._helpers import get_nccl_options, overwrite_nccl_comm_cfgs
+from ._validate import validate_initialize_args
+
+__all__: list[str] = []  # served through compat.parallel_state
+
+
+def _load_nccl_config(path: Optional[str]) -> dict:
+    if path is None:
+        return {}
+    try:
+        import yaml
+    except ImportError:
+        raise RuntimeError(
+            "Cannot import `yaml`: nccl_communicator_config_path needs the PyYAML package (pip install pyyaml)"
+        ) from None
+    with open(path, "r") as stream:
+        config = yaml.safe_load(stream)
+    if not isinstance(config, dict):
+        # MCore fails on it later with TypeError ("argument of type 'NoneType' ...").
+        raise TypeError(
+            f"nccl_communicator_config_path {path!r} must hold a mapping of group name to options, "
+            f"got {type(config).__name__}"
+        )
+    return config
+
+
+def _check_sharp(use_sharp: bool, sharp_enabled_group: Optional[str], n_instances: int) -> Optional[str]:
+    """The SHARP group to use (MCore's checks and default)."""
+    if use_sharp:
+        if sharp_enabled_group is None:
+            return "dp"
+        if sharp_enabled_group not in ("dp", "dp_replica"):
+            raise AssertionError(f"Invalid sharp_enabled_group {sharp_enabled_group!r}: use 'dp' or 'dp_replica'")
+        if sharp_enabled_group == "dp_replica" and not n_instances > 1:
+            raise AssertionError(
+                f"sharp_enabled_group 'dp_replica' requires num_distributed_optimizer_instances > 1, got {n_instances}"
+            )
+    elif sharp_enabled_group is not None:
+        raise AssertionError(f"sharp_enabled_group={sharp_enabled_group!r} is only valid with use_sharp=True")
+    return sharp_enabled_group
+
+
+def initialize_model_parallel(
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    virtual_pipeline_model_parallel_size: Optional[int] = None,
+    pipeline_model_parallel_comm_backend: Optional[str] = None,
+    use_sharp: bool = False,
+    context_parallel_size: int = 1,
+    hierarchical_context_parallel_sizes: Optional[List[int]] = None,
+    hybrid_context_parallel: bool = False,
+    expert_model_parallel_size: int = 1,
+    gtp_remat_size: int = 1,
+    expert_gtp_remat_size: int = 1,
+    num_distributed_optimizer_instances: int = 1,
+    expert_tensor_parallel_size: Optional[int] = None,
+    nccl_communicator_config_path: Optional[str] = None,
+    distributed_timeout_minutes: int = 30,
+    order: str = "tp-cp-ep-dp-pp",
+    get_embedding_ranks: Optional[Callable[[List[int], Optional[int]], List[int]]] = None,
+    get_position_embedding_ranks: Optional[Callable[[List[int], Optional[int]], List[int]]] = None,
+    create_gloo_process_groups: bool = True,
+    high_priority_stream_groups: Optional[List[str]] = None,
+    sharp_enabled_group: Optional[str] = None,
+    create_all_gather_group: Optional[bool] = False,
+    rank_offset: int = 0,
+    local_world_size: Optional[int] = None,
+) -> None:
+    """Build this rank's model- and data-parallel groups (the served release's signature and semantics).
+
+    The world (``torch.distributed``; from 0.17 on the ``local_world_size`` ranks from
+    ``rank_offset``) is split into tensor (``tp``), context (``cp``), data (``dp``) and
+    pipeline (``pp``) parallel dims (0.19: and the GTP weight-rematerialization axis), and,
+    for MoE layers, into expert-tensor, expert (``ep``), expert-data and pipeline dims, laid
+    out by ``order`` (first token varies fastest). Every argument means what it means in the
+    served megatron-core release (``compat.parallel_state.MEGATRON_VERSION``).
+
+    Unlike MCore: all arguments are checked before any group is created; the rank creates
+    only the groups it belongs to; a failure destroys whatever was created and leaves the
+    module uninitialized; and a later ``destroy_model_parallel`` destroys every group.
+    """
+    # Every rank must pass the same arguments: compare them across ranks before anything else
+    # (a mismatch raises on every rank instead of hanging; see parallel_state_ng.agreement).
+    check_initialize_agreement(locals())
+    sharp_enabled_group = _check_sharp(use_sharp, sharp_enabled_group, num_distributed_optimizer_instances)
+    os.environ.pop("NCCL_COLLNET_ENABLE", None)
+    if not dist.is_initialized():
+        raise AssertionError("torch.distributed is not initialized: call init_process_group() first")
+    validate_initialize_args(dict(locals()))
+
+    if virtual_pipeline_model_parallel_size is not None and not pipeline_model_parallel_size > 1:
+        raise RuntimeError(
+            f"virtual_pipeline_model_parallel_size={virtual_pipeline_model_parallel_size} needs "
+            f"pipeline_model_parallel_size > 1 (got {pipeline_model_parallel_size}): the interleaved "
+            f"schedule interleaves pipeline stages"
+        )
+    layout = MegatronLayout(
+        world_size=dist.get_world_size(),
+        tensor_model_parallel_size=tensor_model_parallel_size,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
+        context_parallel_size=context_parallel_size,
+        expert_model_parallel_size=expert_model_parallel_size,
+        expert_tensor_parallel_size=expert_tensor_parallel_size,
+        order=order,
+        num_distributed_optimizer_instances=num_distributed_optimizer_instances,
+        hierarchical_context_parallel_sizes=hierarchical_context_parallel_sizes,
+        get_embedding_ranks=get_embedding_ranks,
+        get_position_embedding_ranks=get_position_embedding_ranks,
+        rank_offset=rank_offset,
+        local_world_size=local_world_size,
+        gtp_remat_size=gtp_remat_size,
+        expert_gtp_remat_size=expert_gtp_remat_size,
+        release=ps.MEGATRON_RELEASE.series,
+    )
+    if ps._DATA_PARALLEL_GROUP is not None or _scoping.get_state() is not None:
+        raise AssertionError(
+            "data parallel group is already initialized: call destroy_model_parallel() before initializing again"
+        )
+    if hybrid_context_parallel and (layout.data_parallel_size * context_parallel_size) % 2 != 0:
+        raise AssertionError(
+            f"hybrid_context_parallel needs an even data_parallel_size x context_parallel_size, got "
+            f"{layout.data_parallel_size} x {context_parallel_size}"
+        )
+    if sharp_enabled_group == "dp" and api.has("sharp_dp_unusable", ps.MEGATRON_RELEASE):
+        raise AssertionError(
+            f"use_sharp with sharp_enabled_group='dp' fails in megatron-core {ps.MEGATRON_VERSION}: its SHARP "
+            f"barrier reads the data parallel group with CP (with GTP_remat) before it is initialized"
+        )
+    if pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc"):
+        raise AssertionError(
+            f'"{pipeline_model_parallel_comm_backend}" backend for PP communication is not supported '
+            f"(pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc')"
+        )
+    if ps._GLOBAL_MEMORY_BUFFER is not None:
+        raise AssertionError("global memory buffer is already initialized: call destroy_model_parallel() first")
+
+    nccl_comm_cfgs = _load_nccl_config(nccl_communicator_config_path)
+    for pg_name in high_priority_stream_groups or []:
+        overwrite_nccl_comm_cfgs(nccl_comm_cfgs, pg_name, ("is_high_priority_stream", True))
+    if pipeline_model_parallel_comm_backend == "ucc":
+        _set_ucc_environment()
+
+    state = _state.build_state(
+        layout,
+        dist.get_rank(),
+        timeout=timedelta(minutes=distributed_timeout_minutes),
+        nccl_options=lambda name: get_nccl_options(name, nccl_comm_cfgs),
+        create_gloo_process_groups=create_gloo_process_groups,
+        create_all_gather_group=bool(create_all_gather_group),
+        pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
+        sharp_enabled_group=sharp_enabled_group,
+        hybrid_context_parallel=hybrid_context_parallel,
+    )
+    _scoping.set_active(state)
+    if virtual_pipeline_model_parallel_size is not None:
+        ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK = 0
+        ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = virtual_pipeline_model_parallel_size
+    set_global_memory_buffer()
+
+
+def _set_ucc_environment() -> None:
+    """Environment the UCC pipeline backend needs (same values MCore sets)."""
+    if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        raise AssertionError(
+            "pipeline_model_parallel_comm_backend='ucc' requires CUDA_DEVICE_MAX_CONNECTIONS > 1 (it is 1)"
+        )
+    os.environ.setdefault("TORCH_UCC_BLOCKING_WAIT", "none")
+    os.environ.setdefault("UCC_EC_CUDA_STREAM_TASK_MODE", "driver")
+    os.environ.setdefault("UCX_TLS", "ib,cuda_copy")
+    os.environ["NSYS_UCP_COMM_PARAMS"] = "1"
+    os.environ["UCX_RNDV_THRESH"] = "0"
+    os.environ["UCX_NET_DEVICES"] = "all"
+    os.environ["UCC_CL_BASIC_TLS"] = "^sharp,nccl"
+
+
+def create_all_gather_groups(for_expert_parallelism=False, timeout=None, nccl_comm_cfgs=None):
+    """Create the all-gather twins of this rank's data-parallel groups (0.18+); return them.
+
+    Returns ``(dp_cp_ag_group, expt_dp_ag_group)``: the twin of the dp × cp group and, with
+    ``for_expert_parallelism`` and expert parallelism > 1, of the expert-data-parallel group
+    (else ``None``). As in MCore, the groups are laid out in the default order from rank 0
+    with the sizes of the active grid; they are not kept in module globals, but
+    ``destroy_model_parallel`` destroys them with the grid.
+
+    Raises:
+        RuntimeError: the module is not initialized.
+        ValueError: the groups MCore would build contain ranks outside the world (0.19 with a
+            GTP size > 1: MCore then asks ``new_group`` for ranks that do not exist).
+    """
+    state = _scoping.get_state()
+    if not is_initialized() or state is None:
+        raise RuntimeError(
+            "create_all_gather_groups() requires parallel state to be initialized: call initialize_model_parallel() first"
+        )
+    layout, rank = state.layout, state.rank
+    cfgs = nccl_comm_cfgs or {}
+    kinds = [("dp_cp_ag", "dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_AG")]
+    if for_expert_parallelism and layout.expert_model_parallel_size > 1:
+        kinds.append(("ep_dp_ag", "ep_dp", "EXPERT_DATA_PARALLEL_GROUP_AG"))
+    plans = []
+    world = dist.get_world_size()
+    for kind, option_key, desc in kinds:
+        members = layout.group(kind, rank)
+        if members is not None and max(members) >= world:
+            raise ValueError(
+                f"create_all_gather_groups: the {kind} group {members} has ranks outside the world of {world} "
+                f"(megatron-core's own function reads the data-parallel size including the GTP axis)"
+            )
+        plans.append((kind, members, option_key, desc))
+    results = {"dp_cp_ag": None, "ep_dp_ag": None}
+    make = _state._Creator(state, timeout)
+    for kind, members, option_key, desc in plans:
+        if members is not None:
+            results[kind] = make.make(members, desc, pg_options=get_nccl_options(option_key, cfgs))
+    return results["dp_cp_ag"], results["ep_dp_ag"]

@@ -1,0 +1,525 @@
+"""Configurations for the differential test, for whichever release is the reference.
+
+A :class:`Config` is one ``initialize_model_parallel`` call on a fake world (plus, on 0.18+,
+calls made after it such as ``create_all_gather_groups``). :func:`all_configs` gives
+hand-written edge cases and seeded random ones. Everything here follows the *reference*
+``megatron.core.parallel_state`` of this process (the installed Megatron-Core, or the release
+``tests/mcore_releases.activate`` bound the process to): a configuration only uses parameters
+the reference's ``initialize_model_parallel`` has, the sampler draws GTP sizes only where the
+reference has ``gtp_remat_size``, a sub-world only where it has ``rank_offset`` and
+``local_world_size``, and the all-gather groups after init only where it has
+``create_all_gather_groups``. A parameter of the reference this module does not know raises
+:class:`differential.UnknownApiError` (a new argument is never silently left at its default).
+
+Running and comparing them is ``tests/diff_run.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import inspect
+import itertools
+import math
+import random
+import zlib
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import differential as D
+import megatron.core.parallel_state as mcore_ps
+from parallel_state_ng.releases import Release, parse_release
+
+# --------------------------------------------------------------------------- embedding callables
+# MCore calls get_embedding_ranks(ranks) with one list of python ints per pipeline group. These
+# callables refuse anything else, so a different call convention shows up as a mismatch.
+
+
+def _checked(ranks: Any) -> list[int]:
+    if type(ranks) is not list or not all(type(r) is int for r in ranks):
+        raise TypeError(f"embedding-ranks callable got {type(ranks).__name__} {ranks!r}, expected list of int")
+    return ranks
+
+
+def emb_last(ranks):
+    return [_checked(ranks)[-1]]
+
+
+def emb_all(ranks):
+    return list(_checked(ranks))
+
+
+def emb_even(ranks):
+    return _checked(ranks)[::2]
+
+
+def emb_middle(ranks):
+    ranks = _checked(ranks)
+    return [ranks[len(ranks) // 2]]
+
+
+def emb_first_and_second(ranks):
+    return _checked(ranks)[:2]
+
+
+def emb_empty(ranks):
+    _checked(ranks)
+    return []
+
+
+EMBEDDING_CALLABLES: dict[str, Callable] = {
+    f.__name__[4:]: f for f in (emb_last, emb_all, emb_even, emb_middle, emb_first_and_second, emb_empty)
+}
+
+YAMLS = {
+    "other": "some_other_group:\n  max_ctas: 4\n",  # names no group MCore creates: no options
+    "tp": "tp:\n  max_ctas: 4\n  min_ctas: 1\n",  # needs ProcessGroupNCCL.Options
+    "empty": "",  # yaml.safe_load gives None
+    "absent": None,  # the path does not exist
+}
+
+# --------------------------------------------------------------------------- configurations
+
+
+@dataclass
+class Config:
+    """One ``initialize_model_parallel`` call on a fake world of ``world`` ranks."""
+
+    world: int
+    kwargs: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)
+    cuda_stub: bool = False
+    yaml: Optional[str] = None  # key of YAMLS: written to tmp_path, passed as the config path
+    tag: str = ""  # extra id text for hand-written configs
+    invalid: bool = False  # MCore is known to reject it on this CPU build
+    invalid_since: Optional[str] = None  # ... from this release series on (e.g. "0.19")
+    hand_written: bool = False  # then ``invalid`` is checked against MCore
+    # A documented deliberate difference (README, "Compatibility notes"): "rejects" — MCore
+    # accepts it but compat refuses with a ValueError naming ``deliberate_arg``; "barrier-once"
+    # — compat runs the SHARP dp_replica barrier once where MCore repeats it.
+    deliberate: Optional[str] = None
+    deliberate_arg: str = ""
+    after_init: tuple = ()  # differential.Call's made after a good init (0.18+ all-gather groups)
+
+    @property
+    def expected_invalid(self) -> bool:
+        """Whether the reference release is known to reject this configuration."""
+        return self.invalid or (self.invalid_since is not None and reference_release().at_least(self.invalid_since))
+
+    @property
+    def id(self) -> str:
+        k = self.kwargs
+        parts = [f"w{self.world}"]
+        for name, short in (
+            ("tensor_model_parallel_size", "tp"),
+            ("pipeline_model_parallel_size", "pp"),
+            ("context_parallel_size", "cp"),
+            ("expert_model_parallel_size", "ep"),
+        ):
+            parts.append(f"{short}{k.get(name, 1)}")
+        if k.get("expert_tensor_parallel_size") is not None:
+            parts.append(f"etp{k['expert_tensor_parallel_size']}")
+        for name, short in (("gtp_remat_size", "gtp"), ("expert_gtp_remat_size", "egtp"),
+                            ("rank_offset", "off"), ("local_world_size", "lws")):
+            if name in k:
+                parts.append(f"{short}{k[name]}")
+        if k.get("virtual_pipeline_model_parallel_size") is not None:
+            parts.append(f"vpp{k['virtual_pipeline_model_parallel_size']}")
+        if "hierarchical_context_parallel_sizes" in k:
+            parts.append("hcp" + "x".join(map(str, k["hierarchical_context_parallel_sizes"] or [])))
+        if k.get("hybrid_context_parallel"):
+            parts.append("hyb")
+        if k.get("num_distributed_optimizer_instances", 1) != 1:
+            parts.append(f"dopt{k['num_distributed_optimizer_instances']}")
+        if k.get("distributed_timeout_minutes", 30) != 30:
+            parts.append(f"to{k['distributed_timeout_minutes']}")
+        if k.get("create_all_gather_group"):
+            parts.append("ag")
+        if k.get("create_gloo_process_groups"):
+            parts.append("gloo")
+        for name, short in (("get_embedding_ranks", "emb"), ("get_position_embedding_ranks", "pemb")):
+            if k.get(name) is not None:
+                parts.append(f"{short}_{k[name].__name__[4:]}")
+        if k.get("pipeline_model_parallel_comm_backend") is not None:
+            parts.append(f"ppb_{k['pipeline_model_parallel_comm_backend']}")
+        if k.get("use_sharp"):
+            parts.append("sharp")
+        if k.get("sharp_enabled_group") is not None:
+            parts.append(f"sg_{k['sharp_enabled_group']}")
+        if self.cuda_stub:
+            parts.append("cudastub")
+        if k.get("high_priority_stream_groups") is not None:
+            parts.append("hps_" + "+".join(k["high_priority_stream_groups"]))
+        if self.yaml is not None:
+            parts.append(f"cfg_{self.yaml}")
+        for name, value in sorted(self.env.items()):
+            parts.append(f"env_{name}={value}")
+        for call in self.after_init:
+            parts.append("then_" + call.key.replace(" ", ""))
+        if self.tag:
+            parts.append(self.tag)
+        parts.append(str(k.get("order", "tp-cp-ep-dp-pp")) or "EMPTYORDER")
+        return "-".join(parts)
+
+    def ranks(self) -> list[int]:
+        """Ranks to compare: all of a small world, else first, last and seeded random ones."""
+        w = self.world
+        if w <= 4:
+            return list(range(w))
+        extra = 1 if w >= 512 else 2
+        rng = random.Random(zlib.crc32(self.id.encode()))
+        middle = rng.sample(range(1, w - 1), min(extra, w - 2))
+        ranks = [0, w - 1] + sorted(middle)
+        offset, local = self.kwargs.get("rank_offset"), self.kwargs.get("local_world_size")
+        if isinstance(offset, int) and isinstance(local, int):  # both edges of the sub-world
+            ranks += [r for r in (offset, offset + local - 1) if 0 <= r < w and r not in ranks]
+        return ranks
+
+
+def _divisors(n: int, limit: int = 1 << 30) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0 and d <= limit]
+
+
+TOKENS = ("tp", "cp", "ep", "dp", "pp")
+COMMON_ORDERS = ("tp-cp-ep-dp-pp", "tp-dp-pp", "tp-pp-dp", "tp-cp-ep-pp-dp", "tp-ep-cp-dp-pp", "cp-tp-ep-dp-pp")
+ALL_ORDERS = ["-".join(p) for p in itertools.permutations(TOKENS)]
+
+# world size -> number of random configurations
+WORLD_PLAN = {
+    1: 3, 2: 8, 3: 3, 4: 16, 6: 8, 8: 36, 12: 10, 16: 36, 24: 8, 32: 28, 48: 6,
+    64: 28, 96: 4, 128: 16, 256: 10, 512: 6, 1024: 5,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def init_parameters() -> tuple[str, ...]:
+    """Parameter names of the reference's ``initialize_model_parallel``, in order.
+
+    Raises:
+        differential.UnknownApiError: a parameter this module does not know how to vary.
+    """
+    names = tuple(inspect.signature(mcore_ps.initialize_model_parallel).parameters)
+    unknown = [n for n in names if n not in KNOWN_INIT_PARAMETERS]
+    if unknown:
+        raise D.UnknownApiError(
+            f"initialize_model_parallel has parameters {unknown} the configuration sampler does not know: "
+            "teach tests/diff_configs.py"
+        )
+    return names
+
+
+# Every initialize_model_parallel parameter of a supported release; the sampler or the
+# hand-written list varies each one the reference has.
+KNOWN_INIT_PARAMETERS = frozenset({
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+    "pipeline_model_parallel_comm_backend", "use_sharp", "context_parallel_size",
+    "hierarchical_context_parallel_sizes", "hybrid_context_parallel", "expert_model_parallel_size",
+    "gtp_remat_size", "expert_gtp_remat_size", "num_distributed_optimizer_instances",
+    "expert_tensor_parallel_size", "nccl_communicator_config_path", "distributed_timeout_minutes", "order",
+    "get_embedding_ranks", "get_position_embedding_ranks", "create_gloo_process_groups",
+    "high_priority_stream_groups", "sharp_enabled_group", "create_all_gather_group", "rank_offset",
+    "local_world_size",
+})
+
+
+@functools.lru_cache(maxsize=None)
+def reference_release() -> Release:
+    """The reference's release (the megatron-core distribution this process sees)."""
+    return parse_release(importlib.metadata.version("megatron-core"))
+
+
+def has(parameter: str) -> bool:
+    """Whether the reference's ``initialize_model_parallel`` takes ``parameter``."""
+    return parameter in init_parameters()
+
+
+def has_function(name: str) -> bool:
+    """Whether the reference ``parallel_state`` has the public function ``name``."""
+    return name in D.reference_functions()
+
+
+AFTER_INIT_CHOICES: tuple[dict[str, Any], ...] = (
+    {},
+    {"for_expert_parallelism": True},
+    {"for_expert_parallelism": True, "timeout": timedelta(minutes=3)},
+    {"timeout": timedelta(minutes=7), "nccl_comm_cfgs": {"other": {"max_ctas": 2}}},
+)
+
+
+def _random_config(rng: random.Random, w: int) -> Config:
+    """A seeded random configuration on a world of ``w`` ranks, using the reference's parameters.
+
+    Draws for parameters a release lacks are not made, so the configurations of a release
+    without them are the same whatever newer releases added.
+    """
+    n, extra = w, {}
+    if has("local_world_size") and w >= 4 and rng.random() < 0.2:  # a layout on part of the world
+        n = rng.choice([d for d in _divisors(w) if d < w and d >= 2])
+        extra = {"local_world_size": n, "rank_offset": rng.choice([0, w - n, rng.randrange(0, w - n + 1)])}
+    tp = rng.choice(_divisors(n, 8))
+    pp = rng.choice(_divisors(n // tp, 8))
+    cp = rng.choice(_divisors(n // (tp * pp), 8)) if rng.random() < 0.5 else 1
+    gtp = rng.choice(_divisors(n // (tp * pp * cp), 4)) if has("gtp_remat_size") and rng.random() < 0.4 else 1
+    dp = n // (tp * pp * cp * gtp)
+    etp = rng.choice(_divisors(n // pp, 8)) if rng.random() < 0.4 else None
+    ep = rng.choice(_divisors(n // (pp * (etp or tp)), 16)) if rng.random() < 0.6 else 1
+    egtp = 1
+    if has("expert_gtp_remat_size") and rng.random() < 0.35:
+        egtp = rng.choice(_divisors(n // (pp * ep * (etp or tp)), 4))
+    edp = n // (pp * ep * (etp or tp) * egtp)
+    kw: dict[str, Any] = {
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "context_parallel_size": cp,
+        "expert_model_parallel_size": ep,
+        "create_gloo_process_groups": False,
+        **extra,
+    }
+    if gtp > 1 or (has("gtp_remat_size") and rng.random() < 0.05):
+        kw["gtp_remat_size"] = gtp
+    if egtp > 1:
+        kw["expert_gtp_remat_size"] = egtp
+    if etp is not None:
+        kw["expert_tensor_parallel_size"] = etp
+    # order: common ones, any permutation, tokens of size 1 sometimes left out, case
+    r = rng.random()
+    order = rng.choice(COMMON_ORDERS) if r < 0.55 else rng.choice(ALL_ORDERS)
+    size_one = {
+        "tp": tp == 1 and (etp or tp) == 1,
+        "cp": cp == 1,
+        "ep": ep == 1,
+        "dp": dp == 1 and edp == 1,
+        "pp": pp == 1,
+    }
+    tokens = order.split("-")
+    if rng.random() < 0.3:
+        tokens = [t for t in tokens if not (size_one.get(t) and rng.random() < 0.6)] or tokens
+    if rng.random() < 0.03:  # drop a token whose size is > 1: invalid
+        big = [t for t in tokens if not size_one.get(t, True)]
+        if big:
+            tokens.remove(rng.choice(big))
+    if has("gtp_remat_size") and rng.random() < 0.1:  # the GTP axis placed by the caller
+        tokens.insert(rng.randrange(len(tokens) + 1), "gtp_remat")
+    order = "-".join(tokens)
+    if rng.random() < 0.05:
+        order = order.upper()
+    if order != "tp-cp-ep-dp-pp" or rng.random() < 0.2:
+        kw["order"] = order
+    if pp > 1 and rng.random() < 0.35:
+        kw["virtual_pipeline_model_parallel_size"] = rng.choice([1, 2, 3, 4])
+    elif pp == 1 and rng.random() < 0.03:
+        kw["virtual_pipeline_model_parallel_size"] = 2  # invalid
+    if cp > 1 and rng.random() < 0.4:
+        factors = [f for f in _divisors(cp) if 1 < f < cp]
+        if factors and rng.random() < 0.7:
+            a = rng.choice(factors)
+            kw["hierarchical_context_parallel_sizes"] = [a, cp // a]
+        else:
+            kw["hierarchical_context_parallel_sizes"] = [cp]
+        if rng.random() < 0.08:
+            kw["hierarchical_context_parallel_sizes"] = [cp, 2]  # product != cp: invalid
+    if has("hybrid_context_parallel") and rng.random() < 0.08 and w <= 256:
+        kw["hybrid_context_parallel"] = True
+    if rng.random() < 0.18:
+        common = [d for d in _divisors(math.gcd(dp * cp, edp)) if d > 1]
+        if common:
+            kw["num_distributed_optimizer_instances"] = rng.choice(common)
+        elif rng.random() < 0.3:
+            kw["num_distributed_optimizer_instances"] = 3 if (dp * cp) % 3 else 5
+    if rng.random() < 0.1:
+        kw["distributed_timeout_minutes"] = rng.choice([5, 120])
+    if has("create_all_gather_group") and rng.random() < 0.15:
+        kw["create_all_gather_group"] = True
+    if rng.random() < 0.1:
+        kw["get_embedding_ranks"] = EMBEDDING_CALLABLES[rng.choice(["last", "all", "even", "middle", "first_and_second"])]
+    if rng.random() < 0.08:
+        kw["get_position_embedding_ranks"] = EMBEDDING_CALLABLES[rng.choice(["last", "all", "even", "middle"])]
+    if rng.random() < 0.04:
+        kw["pipeline_model_parallel_comm_backend"] = rng.choice(["nccl", "ucc", "nccl"])
+    if rng.random() < 0.05:
+        kw["high_priority_stream_groups"] = rng.choice([["zz"], [], ["tp"], ["dp_cp", "ep_dp"]])
+    after: tuple[D.Call, ...] = ()
+    if has_function("create_all_gather_groups") and rng.random() < 0.3:
+        after = tuple(D.Call("create_all_gather_groups", dict(rng.choice(AFTER_INIT_CHOICES)))
+                      for _ in range(1 if rng.random() < 0.85 else 2))
+    return Config(w, kw, after_init=after)
+
+
+def _hand_written() -> list[Config]:
+    """Edge cases and every invalid configuration class, written out."""
+    base = {"create_gloo_process_groups": False}
+
+    def c(w, tag="", env=None, cuda_stub=False, yaml=None, invalid=False, deliberate=None, deliberate_arg="",
+          after=(), invalid_since=None, **kw):
+        return Config(w, {**base, **kw}, env=env or {}, cuda_stub=cuda_stub, yaml=yaml, tag=tag, invalid=invalid,
+                      hand_written=True, deliberate=deliberate, deliberate_arg=deliberate_arg, after_init=after,
+                      invalid_since=invalid_since)
+
+    def ag(**kw):
+        return D.Call("create_all_gather_groups", kw)
+
+    def bad(w, **kw):
+        return c(w, invalid=True, **kw)
+
+    cfgs = [
+        # defaults and big worlds
+        c(1), c(2), c(8), c(1024), c(1024, tensor_model_parallel_size=8, pipeline_model_parallel_size=8,
+                                     context_parallel_size=2, expert_model_parallel_size=16),
+        c(1024, tensor_model_parallel_size=4, pipeline_model_parallel_size=4, expert_model_parallel_size=8,
+          expert_tensor_parallel_size=1, num_distributed_optimizer_instances=4, order="tp-cp-ep-dp-pp"),
+        c(512, tensor_model_parallel_size=2, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 2],
+          virtual_pipeline_model_parallel_size=2, pipeline_model_parallel_size=4),
+        c(256, context_parallel_size=8, hierarchical_context_parallel_sizes=[2, 2, 2], tensor_model_parallel_size=2),
+        # hierarchical CP: empty list (falsy: ignored), [1] with cp 1, three levels
+        c(8, hierarchical_context_parallel_sizes=[]),
+        c(8, hierarchical_context_parallel_sizes=[1]),
+        c(16, context_parallel_size=8, hierarchical_context_parallel_sizes=[2, 2, 2]),
+        c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[4, 1]),
+        # hybrid CP with DPxCP sizes that are not powers of two, and odd (invalid)
+        c(6, hybrid_context_parallel=True), c(10, hybrid_context_parallel=True),
+        c(12, context_parallel_size=2, hybrid_context_parallel=True),
+        c(20, tensor_model_parallel_size=2, hybrid_context_parallel=True),
+        c(2, hybrid_context_parallel=True), bad(3, hybrid_context_parallel=True), bad(1, hybrid_context_parallel=True),
+        c(32, context_parallel_size=4, hybrid_context_parallel=True, num_distributed_optimizer_instances=2),
+        # virtual pipeline
+        c(8, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=1),
+        c(8, pipeline_model_parallel_size=8, virtual_pipeline_model_parallel_size=4),
+        bad(8, virtual_pipeline_model_parallel_size=2),  # invalid: pp 1
+        # embedding callables, including an empty embedding group (invalid on torch)
+        *[c(8, pipeline_model_parallel_size=4, get_embedding_ranks=f, invalid=f is emb_empty)
+          for f in EMBEDDING_CALLABLES.values()],
+        *[c(8, pipeline_model_parallel_size=4, get_position_embedding_ranks=f, invalid=f is emb_empty)
+          for f in EMBEDDING_CALLABLES.values()],
+        c(16, pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
+          get_embedding_ranks=emb_middle, get_position_embedding_ranks=emb_last),
+        c(16, pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2, get_embedding_ranks=emb_all),
+        # orders MCore accepts or rejects
+        c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="TP-DP-PP"),
+        c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-cp-ep-dp-pp-pp",
+          deliberate="rejects", deliberate_arg="order"),
+        bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-tp-dp-pp"),
+        bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-xx-dp-pp"),
+        bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp - dp-pp"),
+        bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp_dp_pp"),
+        bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="dp"),
+        bad(8, order=""), bad(1, order=""),
+        # 0.19 injects its GTP axis next to 'tp' and then needs 'tp' in the order
+        c(1, order="dp", invalid_since="0.19"), c(8, order="dp", invalid_since="0.19"),
+        bad(16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=4,
+            expert_tensor_parallel_size=1, order="tp-cp-ep-pp-dp"),  # pp not last, edp != dp
+        c(16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
+          expert_tensor_parallel_size=1, order="tp-cp-ep-pp-dp"),  # pp not last, edp == dp
+        # indivisible worlds and bad sizes
+        bad(8, tensor_model_parallel_size=3), bad(12, pipeline_model_parallel_size=8),
+        bad(8, expert_tensor_parallel_size=3), bad(8, expert_model_parallel_size=3),
+        bad(8, tensor_model_parallel_size=16), bad(8, tensor_model_parallel_size=0),
+        c(16, expert_model_parallel_size=2, context_parallel_size=2),
+        # distributed optimizer instances
+        bad(8, num_distributed_optimizer_instances=3), bad(8, num_distributed_optimizer_instances=0),
+        c(8, num_distributed_optimizer_instances=8), bad(8, expert_model_parallel_size=8, num_distributed_optimizer_instances=2),
+        c(16, expert_model_parallel_size=4, expert_tensor_parallel_size=2, num_distributed_optimizer_instances=2),
+        # hierarchical sizes whose product is not cp
+        bad(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 3]),
+        bad(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[8]),
+        # SHARP: on a CPU build MCore's barrier needs torch.cuda; with the stub it runs
+        # (0.19 asserts its GTP-remat data-parallel group exists before creating it)
+        bad(8, use_sharp=True), c(8, use_sharp=True, cuda_stub=True, invalid_since="0.19"),
+        c(8, use_sharp=True, sharp_enabled_group="dp", cuda_stub=True, invalid_since="0.19"),
+        bad(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2),
+        c(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2, cuda_stub=True,
+          deliberate="barrier-once"),
+        c(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=4,
+          expert_model_parallel_size=2, cuda_stub=True, deliberate="barrier-once"),
+        bad(8, use_sharp=True, sharp_enabled_group="dp_replica"),  # invalid: needs dopt > 1
+        bad(8, use_sharp=True, sharp_enabled_group="tp"),  # invalid: unknown group
+        bad(8, sharp_enabled_group="dp"),  # invalid: without use_sharp
+        c(8, cuda_stub=True, env={"NCCL_COLLNET_ENABLE": "1"}),  # MCore clears it at init
+        # pipeline communication backend
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="nccl"),
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc"),
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc",
+            env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc",
+            env={"CUDA_DEVICE_MAX_CONNECTIONS": "8", "UCX_TLS": "tcp"}),
+        # (backend "gloo" is left out: the fake world cannot create a gloo group, so MCore fails in
+        # torch before its own backend assertion, which "bogus" reaches)
+        bad(8, pipeline_model_parallel_comm_backend="bogus"),
+        # NCCL communicator configs and high-priority streams
+        c(8, yaml="other"), bad(8, yaml="tp"), bad(8, yaml="empty"), bad(8, yaml="absent"),
+        c(8, yaml="other", high_priority_stream_groups=["zz"]),
+        bad(8, high_priority_stream_groups=["dp_cp"]), c(8, high_priority_stream_groups=[]),
+        # timeouts, all-gather group, gloo on the fake backend
+        c(8, distributed_timeout_minutes=1, create_all_gather_group=True, context_parallel_size=2),
+        c(8, distributed_timeout_minutes=0, deliberate="rejects", deliberate_arg="distributed_timeout_minutes"),
+        c(16, hybrid_context_parallel=True, distributed_timeout_minutes=7),
+        Config(8, {"tensor_model_parallel_size": 2}, tag="default-gloo", invalid=True, hand_written=True),
+        c(8, create_all_gather_group=None),
+        # 0.19: the GTP weight-rematerialization axis (dense after tp, expert after ep)
+        c(8, gtp_remat_size=2), c(8, expert_gtp_remat_size=2, expert_model_parallel_size=2),
+        c(16, tensor_model_parallel_size=2, gtp_remat_size=2, pipeline_model_parallel_size=2,
+          virtual_pipeline_model_parallel_size=2),
+        c(32, tensor_model_parallel_size=2, gtp_remat_size=2, context_parallel_size=2, expert_model_parallel_size=4,
+          expert_tensor_parallel_size=1, expert_gtp_remat_size=2),
+        c(16, gtp_remat_size=4, expert_gtp_remat_size=2, expert_model_parallel_size=2, order="tp-cp-ep-pp-dp"),
+        c(16, gtp_remat_size=2, tensor_model_parallel_size=2, order="tp-cp-ep-gtp_remat-dp-pp"),
+        c(8, gtp_remat_size=2, order="TP-CP-EP-DP-PP"),
+        c(8, gtp_remat_size=2, expert_gtp_remat_size=2, create_gloo_process_groups=True, tag="gloo-forced-off"),
+        c(1024, tensor_model_parallel_size=4, gtp_remat_size=2, pipeline_model_parallel_size=4,
+          expert_model_parallel_size=8, expert_tensor_parallel_size=1, expert_gtp_remat_size=2),
+        bad(16, gtp_remat_size=2, num_distributed_optimizer_instances=2),
+        bad(16, expert_gtp_remat_size=2, num_distributed_optimizer_instances=2),
+        bad(8, gtp_remat_size=3), bad(8, expert_gtp_remat_size=16),
+        c(8, gtp_remat_size=1, expert_gtp_remat_size=1, num_distributed_optimizer_instances=2),
+        # 0.17+: a layout on part of the world (both generators offset)
+        c(16, local_world_size=8, rank_offset=8, tensor_model_parallel_size=2),
+        c(16, local_world_size=8, rank_offset=0, pipeline_model_parallel_size=2, expert_model_parallel_size=2),
+        c(16, local_world_size=8, rank_offset=5, tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
+        c(16, local_world_size=16, rank_offset=0, tensor_model_parallel_size=4),
+        c(12, local_world_size=4, rank_offset=6, tensor_model_parallel_size=2, context_parallel_size=2),
+        c(1024, local_world_size=512, rank_offset=512, tensor_model_parallel_size=8, pipeline_model_parallel_size=4,
+          expert_model_parallel_size=4),
+        c(16, local_world_size=8, rank_offset=8, gtp_remat_size=2, expert_gtp_remat_size=2,
+          expert_model_parallel_size=2),
+        bad(8, rank_offset=4, tag="offset-without-local-world"),
+        bad(8, local_world_size=16, tag="local-world-beyond-world"),
+        c(8, local_world_size=3, tensor_model_parallel_size=2, invalid=True),
+        # 0.18+: all-gather groups made after init
+        c(8, tensor_model_parallel_size=2, after=(ag(),)),
+        c(16, expert_model_parallel_size=4, after=(ag(for_expert_parallelism=True),)),
+        c(16, context_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=2,
+          pipeline_model_parallel_size=2, after=(ag(for_expert_parallelism=True, timeout=timedelta(minutes=3)),)),
+        c(8, after=(ag(for_expert_parallelism=True), ag())),
+        c(16, local_world_size=8, rank_offset=8, expert_model_parallel_size=2, after=(ag(for_expert_parallelism=True),)),
+        c(16, gtp_remat_size=2, expert_gtp_remat_size=2, expert_model_parallel_size=2,
+          after=(ag(for_expert_parallelism=True),)),
+        c(8, tensor_model_parallel_size=2, after=(ag(nccl_comm_cfgs={"dp_cp": {"max_ctas": 2}}),)),
+    ]
+    return [cfg for cfg in cfgs if applies(cfg)]
+
+
+def applies(cfg: Config) -> bool:
+    """Whether the reference has every parameter and after-init function ``cfg`` uses."""
+    return all(has(k) for k in cfg.kwargs) and all(has_function(c.name) for c in cfg.after_init)
+
+
+def all_configs(plan: Optional[dict[int, int]] = None, hand_written: bool = True, seed: int = 3) -> list[Config]:
+    """Hand-written configurations (if asked), then seeded random ones per ``plan``; ids are unique.
+
+    ``plan`` maps a world size to the number of random configurations (default
+    :data:`WORLD_PLAN`).
+    """
+    rng = random.Random(seed)
+    configs: dict[str, Config] = {}
+    if hand_written:
+        for cfg in _hand_written():
+            configs.setdefault(cfg.id, cfg)
+    for w, count in (WORLD_PLAN if plan is None else plan).items():
+        made = attempts = 0
+        while made < count and attempts < 50 * count:
+            attempts += 1
+            cfg = _random_config(rng, w)
+            if cfg.id not in configs:
+                configs[cfg.id] = cfg
+                made += 1
+    return list(configs.values())
