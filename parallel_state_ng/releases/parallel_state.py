@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from . import SUPPORTED_SERIES, Release, parse_release
+from . import KNOWN_SERIES, SUPPORTED_SERIES, Release, parse_release
 
 __all__ = [
     "REQUIRED",
@@ -48,6 +48,9 @@ __all__ = [
     "has",
     "collection_fields",
     "positional_changes",
+    "GLOBAL_VALUE_EXCEPTIONS",
+    "REPLACEMENTS",
+    "replacement",
 ]
 
 
@@ -429,11 +432,158 @@ COLLECTION_GETTERS: dict[str, Optional[tuple[str, dict[str, Any]]]] = {
 }
 
 
+# ------------------------------------------------------------- legacy releases 0.12 and 0.13
+# Known to the data (KNOWN_SERIES: the upgrade check, ``port --upgrade``), not served by compat
+# (SUPPORTED_SERIES starts at 0.14). Read from 0.12.3's and 0.13.1's parallel_state.py. A function,
+# global or RankGenerator method that 0.14 has is, unless stated here, in 0.12 and 0.13 too, with
+# 0.14's signature and import value: :func:`_add_legacy` extends the 0.14 entries accordingly.
+
+#: Names 0.14 has whose first release is 0.13 (0.12 lacks them).
+_FIRST_IN_013 = frozenset({
+    "create_hierarchical_groups", "overwrite_nccl_comm_cfgs",
+    "get_intra_distributed_optimizer_instance_group", "get_inter_distributed_optimizer_instance_group",
+    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP", "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO",
+    "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP", "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+})
+
+# initialize_model_parallel of the encoder/decoder era: pipeline_model_parallel_split_rank 4th,
+# encoder sizes after order; 0.13 appends high_priority_stream_groups (0.14 then sharp_enabled_group).
+_INIT_012 = _insert(
+    _insert(_drop(_drop(_INIT_014, "high_priority_stream_groups"), "sharp_enabled_group"),
+            "virtual_pipeline_model_parallel_size", ("pipeline_model_parallel_split_rank", None)),
+    "order", ("encoder_tensor_model_parallel_size", 0), ("encoder_pipeline_model_parallel_size", 0),
+)
+_INIT_013 = _INIT_012 + (("high_priority_stream_groups", None),)
+
+
+def _legacy(*spec: Union[str, tuple[str, Any]]) -> list[Variant]:
+    return [_v("0.12", "0.13", *spec)]
+
+
+_ONLY_012: list[Variant] = [_v("0.12", "0.12")]  # 0.12 without parameters
+_FIRST_STAGE_012 = [_v("0.12", "0.12", ("ignore_virtual", False))]  # no vp_stage, other default
+
+#: Functions 0.14 has whose 0.12/0.13 signatures differ: name -> the variants within 0.12-0.13
+#: (the 0.14 variant covers the rest).
+_LEGACY_VARIANTS: dict[str, list[Variant]] = {
+    "default_embedding_ranks": _legacy("pp_ranks", ("split_rank", None)),
+    "default_position_embedding_ranks": _legacy("pp_ranks", ("split_rank", None)),
+    "initialize_model_parallel": [Variant("0.12", "0.12", _INIT_012), Variant("0.13", "0.13", _INIT_013)],
+    **{
+        name: _ONLY_012
+        for name in (
+            "get_model_parallel_group", "get_pipeline_model_parallel_group", "get_embedding_group",
+            "get_position_embedding_group", "get_tensor_and_context_parallel_group",
+            "get_expert_tensor_model_pipeline_parallel_group", "get_expert_data_parallel_group",
+            "get_data_modulo_expert_parallel_group", "get_expert_data_parallel_group_gloo",
+            "get_expert_data_parallel_rank", "get_expert_data_parallel_world_size",
+        )
+    },
+    "is_pipeline_first_stage": _FIRST_STAGE_012,
+    "is_pipeline_last_stage": _FIRST_STAGE_012,
+    "is_rank_in_embedding_group": _FIRST_STAGE_012,
+}
+
+#: Functions only 0.12/0.13 have: name -> (the function it follows in MCore's module, variants).
+_LEGACY_ONLY: dict[str, tuple[str, list[Variant]]] = {
+    "create_hierarchical_parallel_groups": (
+        "generate_masked_orthogonal_rank_groups",
+        [_v("0.12", "0.12", "rank", "ranks", "group_size", "hierarchical_group_sizes", "pg_options")],
+    ),
+    "get_inter_partial_data_parallel_group": ("get_data_parallel_group_gloo", _ONLY_012),
+    "set_pipeline_model_parallel_split_rank": ("set_pipeline_model_parallel_rank", _legacy("rank")),
+    "get_pipeline_model_parallel_split_rank": ("get_pipeline_model_parallel_rank", _legacy()),
+    "is_pipeline_stage_before_split": ("is_rank_in_position_embedding_group", _legacy(("rank", None))),
+    "is_pipeline_stage_after_split": ("is_pipeline_stage_before_split", _legacy(("rank", None))),
+    "is_inside_encoder": ("is_pipeline_stage_after_split", _legacy(("rank", None))),
+    "is_inside_decoder": ("is_inside_encoder", _legacy(("rank", None))),
+    "get_pipeline_model_parallel_decoder_start": ("is_inside_decoder", _legacy()),
+    "is_pipeline_stage_at_split": ("get_pipeline_model_parallel_decoder_start", _legacy()),
+    "get_moe_layer_wise_logging_tracker": ("get_all_ranks", _ONLY_012),
+}
+
+#: Globals only 0.12/0.13 have: name -> (first series, last series, value at import).
+_LEGACY_GLOBALS: dict[str, tuple[str, str, Optional[type]]] = {
+    "_PIPELINE_MODEL_PARALLEL_SPLIT_RANK": ("0.12", "0.13", None),
+    "_PIPELINE_MODEL_PARALLEL_DECODER_START": ("0.12", "0.13", None),
+    "_INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": ("0.12", "0.12", None),
+    "_MOE_LAYER_WISE_LOGGING_TRACKER": ("0.12", "0.12", dict),
+}
+
+#: Globals whose import-time value differs in some series from :data:`GLOBALS`: name -> {series: value}.
+GLOBAL_VALUE_EXCEPTIONS: dict[str, dict[str, Optional[type]]] = {
+    "_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS": {"0.12": list},
+}
+
+#: What to use instead of a function, parameter (``"function.parameter"``) or global that a later
+#: release removed: key -> (replacement, first series that has the replacement). Keys absent
+#: here have no equivalent.
+REPLACEMENTS: dict[str, tuple[str, str]] = {
+    "is_unitialized": ("not is_initialized()", "0.12"),
+    "get_data_modulo_expert_parallel_group": ("get_expert_data_parallel_group", "0.12"),
+    "get_inter_partial_data_parallel_group": ("get_inter_distributed_optimizer_instance_group", "0.13"),
+    "_INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": ("get_inter_distributed_optimizer_instance_group()", "0.13"),
+    "create_hierarchical_parallel_groups": ("create_hierarchical_groups (no group_size parameter)", "0.13"),
+    "get_moe_layer_wise_logging_tracker": (
+        "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker", "0.13"
+    ),
+    "_MOE_LAYER_WISE_LOGGING_TRACKER": ("megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker()", "0.13"),
+    "get_global_symmetric_memory_buffer": ("megatron.core.inference.symmetric_memory.SymmetricMemoryManager", "0.17"),
+    "destroy_global_symmetric_memory_buffer": (
+        "megatron.core.inference.symmetric_memory.SymmetricMemoryManager.destroy()", "0.17"
+    ),
+    "_GLOBAL_SYMMETRIC_MEMORY_BUFFER": ("megatron.core.inference.symmetric_memory.SymmetricMemoryManager", "0.17"),
+    "initialize_model_parallel.create_all_gather_group": (
+        "call create_all_gather_groups() after initialize_model_parallel", "0.18"
+    ),
+    "get_data_parallel_group.independent_all_gather": (
+        "the data-parallel all-gather group returned by create_all_gather_groups()", "0.18"
+    ),
+    "has_separate_all_gather_group": ("create_all_gather_groups() returns the all-gather groups", "0.18"),
+    "_DATA_PARALLEL_GROUP_WITH_CP_AG": ("the first group returned by create_all_gather_groups()", "0.18"),
+}
+
+
+def _add_legacy() -> None:
+    """Extend FUNCTIONS, GLOBALS, RANK_GENERATOR, COLLECTION_* to 0.12/0.13 (module order kept)."""
+
+    def first_since(name: str) -> str:
+        return "0.13" if name in _FIRST_IN_013 else "0.12"
+
+    def extend(table: dict[str, list[Variant]]) -> None:
+        for name, variants in table.items():
+            first = variants[0]
+            if first.since != SUPPORTED_SERIES[0]:
+                continue
+            legacy = _LEGACY_VARIANTS.get(name, []) if table is FUNCTIONS else []
+            since = _next(legacy[-1].until) if legacy else first_since(name)
+            variants[:] = [*legacy, Variant(since, first.until, first.params), *variants[1:]]
+
+    extend(FUNCTIONS)
+    extend(RANK_GENERATOR)
+    ordered = list(FUNCTIONS.items())
+    for name, (after, variants) in _LEGACY_ONLY.items():
+        position = next(i for i, (n, _) in enumerate(ordered) if n == after) + 1
+        ordered.insert(position, (name, variants))
+    FUNCTIONS.clear()
+    FUNCTIONS.update(ordered)
+    for name, (since, until, init) in list(GLOBALS.items()):
+        if since == SUPPORTED_SERIES[0]:
+            GLOBALS[name] = (first_since(name), until, init)
+    GLOBALS.update(_LEGACY_GLOBALS)
+    for series in KNOWN_SERIES[: KNOWN_SERIES.index(SUPPORTED_SERIES[0])]:
+        COLLECTION_CLASS[series] = None  # ModelCommProcessGroups / GradCommProcessGroups instead
+        COLLECTION_FIELDS[series] = ()
+
+
+_add_legacy()
+
+
 # ----------------------------------------------------------------------------------- queries
 def _release(release: Union[str, Release]) -> Release:
     r = release if isinstance(release, Release) else parse_release(release)
-    if r.series not in SUPPORTED_SERIES:
-        raise ValueError(f"release {release!s} is not a supported series ({', '.join(SUPPORTED_SERIES)})")
+    if r.series not in KNOWN_SERIES:
+        raise ValueError(f"release {release!s} is not a known series ({', '.join(KNOWN_SERIES)})")
     return r
 
 
@@ -468,7 +618,11 @@ def functions(release: Union[str, Release]) -> dict[str, tuple[Param, ...]]:
 def globals_of(release: Union[str, Release]) -> dict[str, Optional[type]]:
     """Every module global of ``release`` -> its import-time value (``None``, or ``dict``: empty dict)."""
     r = _release(release)
-    return {name: init for name, (since, until, init) in GLOBALS.items() if Variant(since, until, ()).covers(r)}
+    return {
+        name: GLOBAL_VALUE_EXCEPTIONS.get(name, {}).get(r.series, init)
+        for name, (since, until, init) in GLOBALS.items()
+        if Variant(since, until, ()).covers(r)
+    }
 
 
 def rank_generator_methods(release: Union[str, Release]) -> dict[str, tuple[Param, ...]]:
@@ -528,3 +682,12 @@ def positional_changes(
         if (a[i] if i < len(a) else None) != (b[i] if i < len(b) else None)
         and i < len(a)  # positions only the new release has cannot be passed by old callers
     ]
+
+
+def replacement(key: str, release: Union[str, Release]) -> Optional[str]:
+    """What to use in ``release`` instead of ``key`` (a function, ``"function.parameter"`` or a
+    global that ``release`` lacks), or ``None``: no equivalent there."""
+    found = REPLACEMENTS.get(key)
+    if found is None or not _release(release).at_least(found[1]):
+        return None
+    return found[0]
