@@ -534,12 +534,12 @@ REPLACEMENTS: dict[str, tuple[str, str]] = {
     ),
     "_GLOBAL_SYMMETRIC_MEMORY_BUFFER": ("megatron.core.inference.symmetric_memory.SymmetricMemoryManager", "0.17"),
     "initialize_model_parallel.create_all_gather_group": (
-        "call create_all_gather_groups() after initialize_model_parallel", "0.18"
+        "create_all_gather_groups() after initialize_model_parallel", "0.18"
     ),
     "get_data_parallel_group.independent_all_gather": (
         "the data-parallel all-gather group returned by create_all_gather_groups()", "0.18"
     ),
-    "has_separate_all_gather_group": ("create_all_gather_groups() returns the all-gather groups", "0.18"),
+    "has_separate_all_gather_group": ("the groups create_all_gather_groups() returns", "0.18"),
     "_DATA_PARALLEL_GROUP_WITH_CP_AG": ("the first group returned by create_all_gather_groups()", "0.18"),
 }
 
