@@ -1,7 +1,9 @@
 """Per-release facts about ``megatron.core.parallel_state``: its API surface and behaviour.
 
 Read from each release's ``megatron/core/parallel_state.py`` and ``process_groups_config.py``
-(0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2; within a series the files are identical).
+(0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2; within a series the files are identical). The
+legacy releases 0.12 and 0.13 (``KNOWN_SERIES``, for the upgrade check; compat does not serve
+them) are stated in :mod:`.parallel_state_legacy` and merged into these tables at import.
 Everything here is data; ``compat`` builds the module it serves from it, and tools (e.g. an
 upgrade checker) can query it:
 
@@ -19,8 +21,10 @@ upgrade checker) can query it:
   of each release (``ProcessGroupCollection``) with its fields in order, and the
   ``parallel_state`` call ``use_mpu_process_groups()`` makes for each field.
 
+* :data:`REPLACEMENTS` — what to use instead of a removed function, parameter or global.
+
 Queries: :func:`functions`, :func:`signature`, :func:`globals_of`, :func:`rank_generator_methods`,
-:func:`has`, :func:`positional_changes`.
+:func:`has`, :func:`positional_changes`, :func:`replacement`.
 """
 
 from __future__ import annotations
@@ -433,87 +437,45 @@ COLLECTION_GETTERS: dict[str, Optional[tuple[str, dict[str, Any]]]] = {
 
 
 # ------------------------------------------------------------- legacy releases 0.12 and 0.13
-# Known to the data (KNOWN_SERIES: the upgrade check, ``port --upgrade``), not served by compat
-# (SUPPORTED_SERIES starts at 0.14). Read from 0.12.3's and 0.13.1's parallel_state.py. A function,
-# global or RankGenerator method that 0.14 has is, unless stated here, in 0.12 and 0.13 too, with
-# 0.14's signature and import value: :func:`_add_legacy` extends the 0.14 entries accordingly.
-
-#: Names 0.14 has whose first release is 0.13 (0.12 lacks them).
-_FIRST_IN_013 = frozenset({
-    "create_hierarchical_groups", "overwrite_nccl_comm_cfgs",
-    "get_intra_distributed_optimizer_instance_group", "get_inter_distributed_optimizer_instance_group",
-    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP", "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO",
-    "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP", "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
-})
-
-# initialize_model_parallel of the encoder/decoder era: pipeline_model_parallel_split_rank 4th,
-# encoder sizes after order; 0.13 appends high_priority_stream_groups (0.14 then sharp_enabled_group).
-_INIT_012 = _insert(
-    _insert(_drop(_drop(_INIT_014, "high_priority_stream_groups"), "sharp_enabled_group"),
-            "virtual_pipeline_model_parallel_size", ("pipeline_model_parallel_split_rank", None)),
-    "order", ("encoder_tensor_model_parallel_size", 0), ("encoder_pipeline_model_parallel_size", 0),
-)
-_INIT_013 = _INIT_012 + (("high_priority_stream_groups", None),)
+# Known to the data (KNOWN_SERIES: the upgrade check), not served by compat. Their facts are in
+# parallel_state_legacy (a 0.14 entry is in 0.12/0.13 too unless stated there); merged here.
+from . import parallel_state_legacy as _legacy  # noqa: E402
+from .parallel_state_legacy import GLOBAL_VALUE_EXCEPTIONS  # noqa: E402
 
 
-def _legacy(*spec: Union[str, tuple[str, Any]]) -> list[Variant]:
-    return [_v("0.12", "0.13", *spec)]
+def _add_legacy() -> None:
+    """Extend FUNCTIONS, GLOBALS, RANK_GENERATOR, COLLECTION_* to 0.12/0.13 (module order kept)."""
+
+    def first_since(name: str) -> str:
+        return "0.13" if name in _legacy.FIRST_IN_013 else KNOWN_SERIES[0]
+
+    def extend(table: dict[str, list[Variant]], legacy_variants: dict[str, list]) -> None:
+        for name, variants in table.items():
+            first = variants[0]
+            if first.since != SUPPORTED_SERIES[0]:
+                continue
+            legacy = [_v(*spec) for spec in legacy_variants.get(name, [])]
+            since = _next(legacy[-1].until) if legacy else first_since(name)
+            variants[:] = [*legacy, Variant(since, first.until, first.params), *variants[1:]]
+
+    extend(FUNCTIONS, _legacy.LEGACY_VARIANTS)
+    extend(RANK_GENERATOR, {})
+    ordered = list(FUNCTIONS.items())
+    for name, (after, specs) in _legacy.LEGACY_ONLY.items():
+        position = next(i for i, (n, _) in enumerate(ordered) if n == after) + 1
+        ordered.insert(position, (name, [_v(*spec) for spec in specs]))
+    FUNCTIONS.clear()
+    FUNCTIONS.update(ordered)
+    for name, (since, until, init) in list(GLOBALS.items()):
+        if since == SUPPORTED_SERIES[0]:
+            GLOBALS[name] = (first_since(name), until, init)
+    GLOBALS.update(_legacy.LEGACY_GLOBALS)
+    for series in KNOWN_SERIES[: KNOWN_SERIES.index(SUPPORTED_SERIES[0])]:
+        COLLECTION_CLASS[series] = None  # ModelCommProcessGroups / GradCommProcessGroups instead
+        COLLECTION_FIELDS[series] = ()
 
 
-_ONLY_012: list[Variant] = [_v("0.12", "0.12")]  # 0.12 without parameters
-_FIRST_STAGE_012 = [_v("0.12", "0.12", ("ignore_virtual", False))]  # no vp_stage, other default
-
-#: Functions 0.14 has whose 0.12/0.13 signatures differ: name -> the variants within 0.12-0.13
-#: (the 0.14 variant covers the rest).
-_LEGACY_VARIANTS: dict[str, list[Variant]] = {
-    "default_embedding_ranks": _legacy("pp_ranks", ("split_rank", None)),
-    "default_position_embedding_ranks": _legacy("pp_ranks", ("split_rank", None)),
-    "initialize_model_parallel": [Variant("0.12", "0.12", _INIT_012), Variant("0.13", "0.13", _INIT_013)],
-    **{
-        name: _ONLY_012
-        for name in (
-            "get_model_parallel_group", "get_pipeline_model_parallel_group", "get_embedding_group",
-            "get_position_embedding_group", "get_tensor_and_context_parallel_group",
-            "get_expert_tensor_model_pipeline_parallel_group", "get_expert_data_parallel_group",
-            "get_data_modulo_expert_parallel_group", "get_expert_data_parallel_group_gloo",
-            "get_expert_data_parallel_rank", "get_expert_data_parallel_world_size",
-        )
-    },
-    "is_pipeline_first_stage": _FIRST_STAGE_012,
-    "is_pipeline_last_stage": _FIRST_STAGE_012,
-    "is_rank_in_embedding_group": _FIRST_STAGE_012,
-}
-
-#: Functions only 0.12/0.13 have: name -> (the function it follows in MCore's module, variants).
-_LEGACY_ONLY: dict[str, tuple[str, list[Variant]]] = {
-    "create_hierarchical_parallel_groups": (
-        "generate_masked_orthogonal_rank_groups",
-        [_v("0.12", "0.12", "rank", "ranks", "group_size", "hierarchical_group_sizes", "pg_options")],
-    ),
-    "get_inter_partial_data_parallel_group": ("get_data_parallel_group_gloo", _ONLY_012),
-    "set_pipeline_model_parallel_split_rank": ("set_pipeline_model_parallel_rank", _legacy("rank")),
-    "get_pipeline_model_parallel_split_rank": ("get_pipeline_model_parallel_rank", _legacy()),
-    "is_pipeline_stage_before_split": ("is_rank_in_position_embedding_group", _legacy(("rank", None))),
-    "is_pipeline_stage_after_split": ("is_pipeline_stage_before_split", _legacy(("rank", None))),
-    "is_inside_encoder": ("is_pipeline_stage_after_split", _legacy(("rank", None))),
-    "is_inside_decoder": ("is_inside_encoder", _legacy(("rank", None))),
-    "get_pipeline_model_parallel_decoder_start": ("is_inside_decoder", _legacy()),
-    "is_pipeline_stage_at_split": ("get_pipeline_model_parallel_decoder_start", _legacy()),
-    "get_moe_layer_wise_logging_tracker": ("get_all_ranks", _ONLY_012),
-}
-
-#: Globals only 0.12/0.13 have: name -> (first series, last series, value at import).
-_LEGACY_GLOBALS: dict[str, tuple[str, str, Optional[type]]] = {
-    "_PIPELINE_MODEL_PARALLEL_SPLIT_RANK": ("0.12", "0.13", None),
-    "_PIPELINE_MODEL_PARALLEL_DECODER_START": ("0.12", "0.13", None),
-    "_INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": ("0.12", "0.12", None),
-    "_MOE_LAYER_WISE_LOGGING_TRACKER": ("0.12", "0.12", dict),
-}
-
-#: Globals whose import-time value differs in some series from :data:`GLOBALS`: name -> {series: value}.
-GLOBAL_VALUE_EXCEPTIONS: dict[str, dict[str, Optional[type]]] = {
-    "_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS": {"0.12": list},
-}
+_add_legacy()
 
 #: What to use instead of a function, parameter (``"function.parameter"``) or global that a later
 #: release removed: key -> (replacement, first series that has the replacement). Keys absent
@@ -543,40 +505,6 @@ REPLACEMENTS: dict[str, tuple[str, str]] = {
     "_DATA_PARALLEL_GROUP_WITH_CP_AG": ("the first group returned by create_all_gather_groups()", "0.18"),
 }
 
-
-def _add_legacy() -> None:
-    """Extend FUNCTIONS, GLOBALS, RANK_GENERATOR, COLLECTION_* to 0.12/0.13 (module order kept)."""
-
-    def first_since(name: str) -> str:
-        return "0.13" if name in _FIRST_IN_013 else "0.12"
-
-    def extend(table: dict[str, list[Variant]]) -> None:
-        for name, variants in table.items():
-            first = variants[0]
-            if first.since != SUPPORTED_SERIES[0]:
-                continue
-            legacy = _LEGACY_VARIANTS.get(name, []) if table is FUNCTIONS else []
-            since = _next(legacy[-1].until) if legacy else first_since(name)
-            variants[:] = [*legacy, Variant(since, first.until, first.params), *variants[1:]]
-
-    extend(FUNCTIONS)
-    extend(RANK_GENERATOR)
-    ordered = list(FUNCTIONS.items())
-    for name, (after, variants) in _LEGACY_ONLY.items():
-        position = next(i for i, (n, _) in enumerate(ordered) if n == after) + 1
-        ordered.insert(position, (name, variants))
-    FUNCTIONS.clear()
-    FUNCTIONS.update(ordered)
-    for name, (since, until, init) in list(GLOBALS.items()):
-        if since == SUPPORTED_SERIES[0]:
-            GLOBALS[name] = (first_since(name), until, init)
-    GLOBALS.update(_LEGACY_GLOBALS)
-    for series in KNOWN_SERIES[: KNOWN_SERIES.index(SUPPORTED_SERIES[0])]:
-        COLLECTION_CLASS[series] = None  # ModelCommProcessGroups / GradCommProcessGroups instead
-        COLLECTION_FIELDS[series] = ()
-
-
-_add_legacy()
 
 
 # ----------------------------------------------------------------------------------- queries
