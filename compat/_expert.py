@@ -11,6 +11,7 @@ from parallel_state_ng.releases import parallel_state as api
 from . import parallel_state as ps
 from ._buffers import GlobalMemoryBuffer
 from ._getters import (
+    GTP_DEFAULT,
     checked,
     distributed,
     get_context_parallel_rank,
@@ -279,7 +280,7 @@ def get_all_ranks():
     if _WITH_GTP_RANK:
         ranks.append(get_gtp_weight_remat_rank())
     ranks += [
-        get_data_parallel_rank(with_gtp_remat=_WITH_GTP_RANK),
+        get_data_parallel_rank(with_gtp_remat=GTP_DEFAULT),
         get_context_parallel_rank(),
         get_pipeline_model_parallel_rank(),
         get_expert_model_parallel_rank(),

@@ -22,6 +22,9 @@ from . import parallel_state as ps
 __all__: list[str] = []  # served through compat.parallel_state
 
 _PARTIAL_CHECK_FIRST = api.has("data_parallel_partial_check_first", ps.MEGATRON_RELEASE)
+# What the data-parallel getters mean without with_gtp_remat in the served release (its default;
+# False before the parameter existed): MCore's own internal calls rely on it.
+GTP_DEFAULT: bool = dict(api.signature("get_data_parallel_world_size", ps.MEGATRON_RELEASE)).get("with_gtp_remat", False)
 
 
 def required(value: Any, what: str) -> Any:
@@ -140,7 +143,7 @@ def get_hierarchical_context_parallel_groups(check_initialized=True):
 
 def get_hybrid_data_context_parallel_groups(check_initialized=True, group_size=None):
     """This rank's hybrid dp×cp group of ``group_size`` (the whole dp×cp group at full size)."""
-    if get_data_parallel_world_size(with_context_parallel=True) == group_size:
+    if get_data_parallel_world_size(with_context_parallel=True, with_gtp_remat=GTP_DEFAULT) == group_size:
         return checked(ps._DATA_PARALLEL_GROUP_WITH_CP, check_initialized, "data parallel group with context parallel")
     if check_initialized:
         required(ps._HYBRID_DP_CP_GROUPS, "hybrid data context parallel groups")

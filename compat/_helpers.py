@@ -103,9 +103,10 @@ def create_group(
         use_local_synchronization=use_local_synchronization,
         group_desc=group_desc,
     )
-    _note_group_creation()
-    if torch.distributed.get_rank() in ranks:
-        _record(group)
+    if "_global_process_group_list" in vars(ps):  # 0.15+: keep the rank's groups for update_pg_timeout
+        _note_group_creation()
+        if torch.distributed.get_rank() in ranks:
+            _record(group)
     return group
 
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from parallel_state_ng.agreement import check_initialize_agreement
 from parallel_state_ng.megatron_layout import MegatronLayout
+from parallel_state_ng.releases import parallel_state as api
 
 from . import _scoping, _state
 from . import parallel_state as ps
@@ -145,6 +146,11 @@ def initialize_model_parallel(
             f"hybrid_context_parallel needs an even data_parallel_size x context_parallel_size, got "
             f"{layout.data_parallel_size} x {context_parallel_size}"
         )
+    if sharp_enabled_group == "dp" and api.has("sharp_dp_unusable", ps.MEGATRON_RELEASE):
+        raise AssertionError(
+            f"use_sharp with sharp_enabled_group='dp' fails in megatron-core {ps.MEGATRON_VERSION}: its SHARP "
+            f"barrier reads the data parallel group with CP (with GTP_remat) before it is initialized"
+        )
     if pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc"):
         raise AssertionError(
             f'"{pipeline_model_parallel_comm_backend}" backend for PP communication is not supported '
@@ -227,7 +233,7 @@ def create_all_gather_groups(for_expert_parallelism=False, timeout=None, nccl_co
             )
         plans.append((kind, members, option_key, desc))
     results = {"dp_cp_ag": None, "ep_dp_ag": None}
-    make = _state.Creator(state, timeout)
+    make = _state._Creator(state, timeout)
     for kind, members, option_key, desc in plans:
         if members is not None:
             results[kind] = make.make(members, desc, pg_options=get_nccl_options(option_key, cfgs))

@@ -19,7 +19,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["validate_initialize_args", "ZeroSizeError", "SizeBelowOneError", "OrderTypeError", "BackendTypeError"]
+__all__ = [
+    "validate_initialize_args",
+    "ZeroSizeError",
+    "SizeBelowOneError",
+    "NegativeWorldSizeError",
+    "OrderTypeError",
+    "BackendTypeError",
+]
 
 
 class ZeroSizeError(ValueError, ZeroDivisionError):
@@ -33,6 +40,10 @@ class SizeBelowOneError(ValueError, AssertionError):
 
 class OrderTypeError(TypeError, AttributeError):
     """``order`` is not a str (MCore fails on it with ``AttributeError``)."""
+
+
+class NegativeWorldSizeError(ValueError, TypeError):
+    """A negative ``local_world_size`` (MCore 0.17+ fails on it in torch with ``TypeError``)."""
 
 
 class BackendTypeError(TypeError, ValueError):
@@ -81,6 +92,17 @@ def validate_initialize_args(args: dict[str, Any]) -> None:
     for name in _CALLABLES:
         if args[name] is not None and not callable(args[name]):
             raise TypeError(f"{name} must be callable or None, got {args[name]!r}")
+
+    offset, local = args["rank_offset"], args["local_world_size"]
+    if not _is_int(offset):
+        raise TypeError(f"rank_offset must be an int >= 0, got {offset!r} ({type(offset).__name__})")
+    if local is not None:
+        if not _is_int(local):
+            raise TypeError(f"local_world_size must be None or an int >= 1, got {local!r} ({type(local).__name__})")
+        if local == 0:
+            raise ZeroSizeError("local_world_size must be >= 1, got 0")
+        if local < 0:
+            raise NegativeWorldSizeError(f"local_world_size must be >= 1, got {local}")
 
     minutes = args["distributed_timeout_minutes"]
     if isinstance(minutes, bool) or not isinstance(minutes, numbers.Real):

@@ -25,11 +25,11 @@ in the README ("Compatibility notes").
 
 from __future__ import annotations
 
-from parallel_state_ng.releases import Release, current_release
+from parallel_state_ng import releases as _releases
 from parallel_state_ng.releases import parallel_state as _api
 
 #: The megatron-core release whose API this module serves (a :class:`~parallel_state_ng.releases.Release`).
-MEGATRON_RELEASE: Release = current_release()
+MEGATRON_RELEASE: "_releases.Release" = _releases.current_release()
 #: Its version string as found or requested (e.g. ``"0.19.2"``, or ``"0.19"`` from the environment).
 MEGATRON_VERSION: str = MEGATRON_RELEASE.version
 

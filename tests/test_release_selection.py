@@ -132,8 +132,18 @@ def test_newer_release_at_import_warns_and_older_fails():
 
 
 _POSITIONAL = r"""
-import json
+import json, sys, types
 import torch.distributed as dist
+calls = []
+# Stand-ins for the megatron modules whose state 0.17+/0.19 destroy_model_parallel releases.
+symmetric = types.ModuleType("megatron.core.inference.symmetric_memory")
+symmetric.SymmetricMemoryManager = type("SymmetricMemoryManager", (), {"destroy": staticmethod(lambda: calls.append("symmetric"))})
+fused = types.ModuleType("megatron.core.transformer.moe.fused_a2a")
+def finalize():
+    calls.append("nccl_ep")
+    raise RuntimeError("finalize failures are ignored, as in megatron")
+fused.nccl_ep_finalize = finalize
+sys.modules.update({symmetric.__name__: symmetric, fused.__name__: fused})
 from torch.testing._internal.distributed.fake_pg import FakeStore
 import compat.parallel_state as ps
 dist.init_process_group("fake", rank=5, world_size=16, store=FakeStore())
@@ -151,6 +161,7 @@ out = {
     "gloo": ps._DATA_PARALLEL_GROUP_GLOO,
 }
 ps.destroy_model_parallel()
+out["destroy_calls"] = calls
 print("@@" + json.dumps(out))
 """
 
@@ -165,6 +176,7 @@ def test_019_positional_with_gtp_remat_second():
     assert 5 in out["gtp"] and len(out["gtp"]) == 2
     assert len(out["all_ranks"].split("_")) == 6  # tp, gtp_remat, dp, cp, pp, ep
     assert out["gloo"] is None  # gloo groups are off under GTP
+    assert out["destroy_calls"] == ["nccl_ep", "symmetric"]  # 0.19 destroy releases both, errors ignored
 
 
 _GRID = r"""
