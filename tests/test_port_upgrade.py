@@ -215,3 +215,33 @@ def test_report_matches_the_real_signatures(tree):
     for name in removed - {"_PIPELINE_GLOBAL_RANKS", "get_expert_data_parallel_group", "is_initialized"}:
         assert old["names"][name] and not new["names"][name], name
     assert all(new["names"][n] for n in ("_PIPELINE_GLOBAL_RANKS", "get_expert_data_parallel_group", "is_initialized"))
+
+
+GRIDS = '''\
+from megatron.core.hyper_comm_grid import HyperCommGrid  # gone: 0.13
+
+
+def build(world):
+    grid = HyperCommGrid([2, world // 2], ["tp", "dp"])
+    tp = grid.create_pg(["tp"], view="expert")  # gone: 0.15
+    dp = grid.get_pg(["dp"])
+    order = grid.get_rank_enum(["tp", "dp"])  # gone: 0.15
+    grid.register_view("expert", [2, world // 2], ["ep", "edp"])  # gone: 0.15
+    return tp, dp, order
+'''
+
+
+def test_hyper_comm_grid_uses(tmp_path, capsys):
+    """Methods / keywords a downgrade loses (from releases.hyper_comm_grid.differences), the module before 0.14."""
+    path = tmp_path / "grids.py"
+    path.write_text(GRIDS)
+    marked = {n: line.rsplit("gone: ", 1)[1] for n, line in enumerate(GRIDS.splitlines(), 1) if "# gone: " in line}
+    for spec, target in (("0.19:0.15", "0.15"), ("0.19:0.13", "0.13")):
+        status, lines, summary = _report(path, spec, capsys)
+        expected = sorted(n for n, release in marked.items() if release == target)
+        assert status == 1 and [int(line.split(":")[1]) for line in lines] == expected, lines
+        assert f"{len(expected)} break (HyperCommGrid: {len(expected)})" in summary
+    assert "keyword view does not exist in 0.15 (it would go to **kwargs) -> drop view=" in "\n".join(
+        _report(path, "0.19:0.15", capsys)[1])
+    status, lines, summary = _report(path, "0.15:0.19", capsys)
+    assert (status, lines) == (0, []) and summary.endswith("nothing breaks")

@@ -493,7 +493,9 @@ REPLACEMENTS: dict[str, tuple[str, str]] = {
     "get_moe_layer_wise_logging_tracker": (
         "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker", "0.13"
     ),
-    "_MOE_LAYER_WISE_LOGGING_TRACKER": ("megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker()", "0.13"),
+    "_MOE_LAYER_WISE_LOGGING_TRACKER": (
+        "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker()", "0.13"
+    ),
     "get_global_symmetric_memory_buffer": ("megatron.core.inference.symmetric_memory.SymmetricMemoryManager", "0.17"),
     "destroy_global_symmetric_memory_buffer": (
         "megatron.core.inference.symmetric_memory.SymmetricMemoryManager.destroy()", "0.17"

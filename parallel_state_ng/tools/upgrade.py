@@ -27,6 +27,9 @@ release from — so the check and compat cannot disagree. Any two releases the d
 (``KNOWN_SERIES``, 0.12 … 0.19) work, in either direction (a downgrade reports what the older
 release lacks). The summary line counts uses, breaking changes per kind and uses of names the
 data does not cover (private helpers); the exit status is 1 when something breaks, else 0.
+
+Not followed: a function passed around by reference whose parameters moved (only its removal
+is reported), calls through ``*args`` (reported when a moved position may be among them).
 """
 
 from __future__ import annotations
@@ -44,7 +47,17 @@ from ..releases import KNOWN_SERIES, Release, parse_release
 from ..releases import hyper_comm_grid as grid_facts
 from ..releases import parallel_state as facts
 from . import UsageError
-from .port import _canonical, _FileScanner, _LineIndex, _from_module, _read_source, _short, _UseFinder, iter_python_files, package_of
+from .port import (
+    _canonical,
+    _FileScanner,
+    _from_module,
+    _LineIndex,
+    _read_source,
+    _short,
+    _UseFinder,
+    iter_python_files,
+    package_of,
+)
 from .port_table import PARALLEL_STATE
 
 __all__ = ["Finding", "FileCheck", "KINDS", "parse_upgrade", "check_source", "check_file", "run"]
@@ -83,6 +96,7 @@ class FileCheck:
 
     path: str
     uses: int = 0
+    grid_uses: int = 0  # HyperCommGrid method calls / imports that a change between the releases concerns
     findings: list[Finding] | None = None
     uncovered: Counter | None = None
     error: Optional[str] = None
@@ -147,10 +161,13 @@ class _Checker:
         self.findings: list[Finding] = []
         self.uncovered: Counter = Counter()
         self.uses = 0
+        self.grid_uses = 0
         self.bindings: dict[str, str] = {}  # filled by the port scanner
 
     def add(self, node: ast.AST, kind: str, use: str, change: str, fix: str, fixed_call: Optional[str] = None) -> None:
-        self.findings.append(Finding(self.path, node.lineno, node.col_offset, kind, _short(use), change, fix, fixed_call))
+        self.findings.append(
+            Finding(self.path, node.lineno, node.col_offset, kind, _short(use), change, fix, fixed_call)
+        )
 
     def text(self, node: ast.AST) -> str:
         """``node``'s source as written."""
@@ -189,7 +206,8 @@ class _Checker:
         if before is None:
             return  # FROM lacks it: nothing of FROM's to preserve
         if after is None:
-            self.add(node, "removed function", use, f"{name} does not exist in {self.new}", _fix_removed(name, self.old, self.new))
+            self.add(node, "removed function", use, f"{name} does not exist in {self.new}",
+                     _fix_removed(name, self.old, self.new))
             return
         if call is not None:
             self.call(name, call, before, after)
@@ -213,17 +231,15 @@ class _Checker:
                 removed.append((f"argument {i + 1} ({was}) has no parameter in {self.new}", was))
             elif now != was:
                 shifted.append(f"argument {i + 1} ({was}) lands on {now or 'no parameter'} in {self.new}")
-        keywords = {}
         for kw in call.keywords:
             if kw.arg is None:
                 continue
             if kw.arg not in old_names:
                 return  # not a keyword of FROM: not FROM's code
-            keywords[kw.arg] = kw.value
             passed[kw.arg] = kw.value
             if kw.arg not in new_names:
                 removed.append((f"keyword {kw.arg} does not exist in {self.new}", kw.arg))
-        fix = self.keyword_form(name, call, positional, shifted, old_names, new_names)
+        fix = self.keyword_form(call, positional, old_names, new_names)
         if starred is not None:
             hidden = facts.positional_changes(name, self.old, self.new) if name != "RankGenerator" else []
             if any(i >= len(positional) for i, _, _ in hidden):
@@ -245,14 +261,15 @@ class _Checker:
                 self.add(call, "new required parameter", use,
                          f"{self.new} requires {', '.join(missing)}", f"pass {', '.join(m + '=...' for m in missing)}")
 
-    def keyword_form(self, name: str, call: ast.Call, positional: list, shifted: list, old_names: list,
-                     new_names: list) -> str:
-        """The call with every positional argument from the first moved one on passed by FROM's name."""
-        first = next((i for i, arg in enumerate(positional)
-                      if old_names[i] not in new_names or (new_names[i] if i < len(new_names) else None) != old_names[i]),
-                     len(positional))
+    def keyword_form(self, call: ast.Call, positional: list, old_names: list, new_names: list) -> str:
+        """The call with every positional argument from the first moved one on passed by FROM's
+        parameter name, and the arguments whose parameter TO lacks dropped."""
+        moved = [i for i in range(len(positional))
+                 if (new_names[i] if i < len(new_names) else None) != old_names[i]]
+        first = moved[0] if moved else len(positional)
         parts = [self.text(a) for a in positional[:first]]
-        parts += [f"{old_names[i]}={self.text(a)}" for i, a in enumerate(positional) if i >= first and old_names[i] in new_names]
+        parts += [f"{old_names[i]}={self.text(a)}" for i, a in enumerate(positional)
+                  if i >= first and old_names[i] in new_names]
         parts += [self.text(a) for a in call.args[len(positional):]]
         parts += [f"{kw.arg}={self.text(kw.value)}" if kw.arg else f"**{self.text(kw.value)}"
                   for kw in call.keywords if kw.arg is None or kw.arg in new_names]
@@ -274,13 +291,15 @@ class _Checker:
             return
         use = f"{category} {self.text(node)}"
         if name not in self.new_globals:
-            self.add(node, "removed global", use, f"{name} does not exist in {self.new}", _fix_removed(name, self.old, self.new))
+            self.add(node, "removed global", use, f"{name} does not exist in {self.new}",
+                     _fix_removed(name, self.old, self.new))
         elif self.old_globals[name] is not self.new_globals[name] and category == "read":
             def show(v: Any) -> str:
                 return "None" if v is None else repr(v())
             self.add(node, "changed default", use,
                      f"{name} is {show(self.new_globals[name])} before initialization in {self.new} "
-                     f"(was {show(self.old_globals[name])})", "do not rely on its value before initialize_model_parallel")
+                     f"(was {show(self.old_globals[name])})",
+                     "do not rely on its value before initialize_model_parallel")
 
 
 # --------------------------------------------------------------------------- HyperCommGrid
@@ -296,7 +315,7 @@ def _grid_checks(checker: _Checker, tree: ast.Module, scanner: _FileScanner) -> 
         return
     if not grid_facts.has_class(new) and grid_facts.has_class(old):
         for node in imports:
-            checker.uses += 1
+            checker.grid_uses += 1
             checker.add(node, "HyperCommGrid", ast.unparse(node), f"{HYPER_COMM_GRID} does not exist in {new}",
                         _no_equivalent(old, new))
         return
@@ -323,32 +342,40 @@ def _grid_checks(checker: _Checker, tree: ast.Module, scanner: _FileScanner) -> 
             continue
         if ast.unparse(node.func.value) not in instances or node.func.attr not in changed:
             continue
-        checker.uses += 1
         method = node.func.attr
         before, after = changed[method]
         use = checker.text(node)
         if before is None:
-            continue
+            continue  # FROM lacks the method: not FROM's code
+        checker.grid_uses += 1
         if after is None:
             checker.add(node, "HyperCommGrid", use, f"HyperCommGrid.{method} does not exist in {new}",
                         _no_equivalent(old, new))
             continue
-        positional = lambda sig: [p.name for p in list(sig.parameters.values())[1:] if p.kind is p.POSITIONAL_OR_KEYWORD]
+        def positional(sig: inspect.Signature) -> list[str]:
+            return [p.name for p in list(sig.parameters.values())[1:] if p.kind is p.POSITIONAL_OR_KEYWORD]
+
         a, b = positional(before), positional(after)
         problems = [f"argument {i + 1} ({a[i]}) lands on {b[i] if i < len(b) else 'no parameter'} in {new}"
                     for i in range(min(len(node.args), len(a))) if (b[i] if i < len(b) else None) != a[i]]
-        accepts_any = any(p.kind is p.VAR_KEYWORD for p in after.parameters.values())
-        problems += [f"keyword {kw.arg} does not exist in {new}" for kw in node.keywords
-                     if kw.arg and kw.arg not in after.parameters and kw.arg in before.parameters and not accepts_any]
+        swallowed = any(p.kind is p.VAR_KEYWORD for p in after.parameters.values())
+        dropped = [kw.arg for kw in node.keywords
+                   if kw.arg and kw.arg not in after.parameters and kw.arg in before.parameters]
+        problems += [f"keyword {k} does not exist in {new}" + (" (it would go to **kwargs)" if swallowed else "")
+                     for k in dropped]
         if problems:
-            checker.add(node, "HyperCommGrid", use, "; ".join(problems), "pass arguments by keyword, drop the missing ones")
+            fixes = (["pass the arguments by keyword"] if len(problems) > len(dropped) else []) + [
+                f"drop {k}= ({_no_equivalent(old, new)})" for k in dropped]
+            checker.add(node, "HyperCommGrid", use, "; ".join(problems), "; ".join(fixes))
 
 
 def _imports_grid(node: ast.stmt, package: Optional[str]) -> bool:
     if isinstance(node, ast.Import):
         return any(a.name == HYPER_COMM_GRID for a in node.names)
     module = _from_module(node, package)
-    return module == HYPER_COMM_GRID or (module == "megatron.core" and any(a.name == "hyper_comm_grid" for a in node.names))
+    return module == HYPER_COMM_GRID or (
+        module == "megatron.core" and any(a.name == "hyper_comm_grid" for a in node.names)
+    )
 
 
 def _qualify(expr: ast.expr, bindings: dict[str, str]) -> Optional[str]:
@@ -382,6 +409,7 @@ def check_source(source: str, old: Release, new: Release, path: str = "<string>"
                     checker.imported_name(node, alias.name)
     _grid_checks(checker, tree, scanner)
     result.uses = checker.uses
+    result.grid_uses = checker.grid_uses
     result.findings = sorted(checker.findings, key=lambda f: (f.line, f.col, KINDS.index(f.kind)))
     result.uncovered = checker.uncovered
     return result
@@ -410,14 +438,19 @@ def summary(checks: list[FileCheck], old: Release, new: Release) -> str:
     direction = "upgrade" if new.key >= old.key else "downgrade"
     text = (f"{direction} {old} -> {new}: scanned {_plural(len(checks), 'file')}, "
             f"{_plural(sum(c.uses for c in checks), 'use')} of {PARALLEL_STATE} in "
-            f"{_plural(sum(1 for c in checks if c.uses), 'file')}: ")
+            f"{_plural(sum(1 for c in checks if c.uses), 'file')}")
+    grid_uses = sum(c.grid_uses for c in checks)
+    if grid_uses:
+        text += f" and {_plural(grid_uses, 'HyperCommGrid use')} concerned by a change"
+    text += ": "
     if findings:
         text += f"{len(findings)} break (" + ", ".join(f"{k}: {by_kind[k]}" for k in KINDS if by_kind[k]) + ")"
     else:
         text += "nothing breaks"
     if uncovered:
         names = ", ".join(sorted(uncovered))
-        text += f"; {_plural(sum(uncovered.values()), 'use')} of names the release data does not cover, not checked ({names})"
+        text += (f"; {_plural(sum(uncovered.values()), 'use')} of names the release data does not cover, "
+                 f"not checked ({names})")
     errors = sum(1 for c in checks if c.error)
     if errors:
         text += f"; {_plural(errors, 'file')} could not be read or parsed"
