@@ -10,6 +10,8 @@ with ``inspect.signature(real_fn).bind`` in both releases, and a call's meaning 
 gone, binding refused, an argument bound to another parameter, a default it relies on changed)
 exactly on the lines the report names; every fixed call the report proposes binds in 0.19 to the
 parameters the original call had in 0.13; removed functions / globals are absent in 0.19's module.
+In 0.19's process every call is also bound through ``compat.parallel_state`` serving 0.19.2 (the
+same data the check reads): identical bindings, identical names.
 """
 
 from __future__ import annotations
@@ -137,10 +139,22 @@ def test_no_break_and_downgrade_and_bad_spec(tree, capsys):
 
 
 # --------------------------------------------------------------------------- real signatures
-def real_bindings(calls: list, names: list) -> dict:
-    """In a release's process: bind each ``[name, args, kwargs]`` to the real function; which names exist."""
+def real_bindings(calls: list, names: list, through_compat: bool = False) -> dict:
+    """In a release's process: bind each ``[name, args, kwargs]`` to the real function; which names exist.
+
+    ``through_compat``: also bind them to ``compat.parallel_state`` (serving this release)."""
     import megatron.core.parallel_state as ps
 
+    result = {"calls": _bind_all(ps, calls), "names": {n: hasattr(ps, n) for n in names}}
+    if through_compat:
+        import compat.parallel_state as cps
+
+        result["compat"] = {"served": cps.MEGATRON_VERSION, "calls": _bind_all(cps, calls),
+                            "names": {n: hasattr(cps, n) for n in names}}
+    return result
+
+
+def _bind_all(ps, calls: list) -> list:
     out = []
     for name, args, kwargs in calls:
         fn = getattr(ps, name, None)
@@ -156,7 +170,7 @@ def real_bindings(calls: list, names: list) -> dict:
         defaults = {p.name: repr(p.default) for p in sig.parameters.values()
                     if p.name not in bound.arguments and p.default is not p.empty}
         out.append({"bound": dict(bound.arguments), "defaults": defaults, "params": list(sig.parameters)})
-    return {"calls": out, "names": {n: hasattr(ps, n) for n in names}}
+    return out
 
 
 def _call_spec(call: ast.Call, source: str) -> list:
@@ -191,11 +205,15 @@ def test_report_matches_the_real_signatures(tree):
                "is_initialized"}
     lines = sorted(calls)
     specs = [calls[n] for n in lines] + [spec for _, spec in fixes]
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(2) as pool:  # 0.13 is not served by compat; 0.19 is, and must bind alike
         old, new = pool.map(
-            lambda version: mcore_releases.run_in_release(version, "test_port_upgrade", "real_bindings", specs, sorted(removed)),
+            lambda version: mcore_releases.run_in_release(
+                version, "test_port_upgrade", "real_bindings", specs, sorted(removed), version == TO
+            ),
             (FROM, TO),
         )
+    assert new["compat"]["served"] == TO
+    assert new["compat"]["calls"] == new["calls"] and new["compat"]["names"] == new["names"]
     n = len(lines)
     assert all(r is not None and "bound" in r for r in old["calls"]), "the sample must be valid 0.13 code"
     changed = {line for line, a, b in zip(lines, old["calls"][:n], new["calls"][:n]) if _changed(a, b)}
