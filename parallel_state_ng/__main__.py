@@ -5,7 +5,9 @@ Commands:
 * ``layout`` — every process group Megatron-Core builds for a configuration (text, JSON or
   SVG), one rank's view and a node-locality report; pure math, no processes or GPUs.
 * ``port`` — find uses of ``megatron.core.parallel_state`` in a codebase; ``--rewrite`` shows
-  the diff switching its imports to ``compat.parallel_state``, ``--apply`` writes it.
+  the diff switching its imports to ``compat.parallel_state``, ``--apply`` writes it;
+  ``--upgrade FROM:TO`` reports the uses whose meaning changes between two megatron-core
+  releases (exit status 1 when something breaks).
 
 Bad input is reported on stderr (naming the option) with exit code 2.
 """
@@ -44,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         "port",
         help="find megatron.core.parallel_state uses and switch them to compat",
         description="Scan Python files for uses of megatron.core.parallel_state; report each with its "
-        "compat.parallel_state equivalent; --rewrite prints the import-switching diff, --apply writes it.",
+        "compat.parallel_state equivalent; --rewrite prints the import-switching diff, --apply writes it; "
+        "--upgrade FROM:TO reports what breaks moving between two megatron-core releases.",
     )
     port.add_arguments(porting)
     porting.set_defaults(handler=port.run)

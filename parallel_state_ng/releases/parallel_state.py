@@ -1,7 +1,9 @@
 """Per-release facts about ``megatron.core.parallel_state``: its API surface and behaviour.
 
 Read from each release's ``megatron/core/parallel_state.py`` and ``process_groups_config.py``
-(0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2; within a series the files are identical).
+(0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2; within a series the files are identical). The
+legacy releases 0.12 and 0.13 (``KNOWN_SERIES``, for the upgrade check; compat does not serve
+them) are stated in :mod:`.parallel_state_legacy` and merged into these tables at import.
 Everything here is data; ``compat`` builds the module it serves from it, and tools (e.g. an
 upgrade checker) can query it:
 
@@ -17,8 +19,10 @@ upgrade checker) can query it:
   starts with, and until which it lasts).
 * The ``ProcessGroupCollection`` facts are in :mod:`parallel_state_ng.releases.process_groups_config`.
 
+* :data:`REPLACEMENTS` — what to use instead of a removed function, parameter or global.
+
 Queries: :func:`functions`, :func:`signature`, :func:`globals_of`, :func:`rank_generator_methods`,
-:func:`has`, :func:`positional_changes`.
+:func:`has`, :func:`positional_changes`, :func:`replacement`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from . import SUPPORTED_SERIES, Release, parse_release
+from . import KNOWN_SERIES, SUPPORTED_SERIES, Release, parse_release
 
 __all__ = [
     "REQUIRED",
@@ -42,6 +46,9 @@ __all__ = [
     "rank_generator_methods",
     "has",
     "positional_changes",
+    "GLOBAL_VALUE_EXCEPTIONS",
+    "REPLACEMENTS",
+    "replacement",
 ]
 
 
@@ -361,11 +368,78 @@ BEHAVIOUR: dict[str, tuple[str, str]] = {
     "sharp_dp_unusable": ("0.19", "0.19"),
 }
 
+# ------------------------------------------------------------- legacy releases 0.12 and 0.13
+# Known to the data (KNOWN_SERIES: the upgrade check), not served by compat. Their facts are in
+# parallel_state_legacy (a 0.14 entry is in 0.12/0.13 too unless stated there); merged here.
+from . import parallel_state_legacy as _legacy  # noqa: E402
+from .parallel_state_legacy import GLOBAL_VALUE_EXCEPTIONS  # noqa: E402
+
+
+def _add_legacy() -> None:
+    """Extend FUNCTIONS, GLOBALS, RANK_GENERATOR to 0.12/0.13 (module order kept)."""
+
+    def first_since(name: str) -> str:
+        return "0.13" if name in _legacy.FIRST_IN_013 else KNOWN_SERIES[0]
+
+    def extend(table: dict[str, list[Variant]], legacy_variants: dict[str, list]) -> None:
+        for name, variants in table.items():
+            first = variants[0]
+            if first.since != SUPPORTED_SERIES[0]:
+                continue
+            legacy = [_v(*spec) for spec in legacy_variants.get(name, [])]
+            since = _next(legacy[-1].until) if legacy else first_since(name)
+            variants[:] = [*legacy, Variant(since, first.until, first.params), *variants[1:]]
+
+    extend(FUNCTIONS, _legacy.LEGACY_VARIANTS)
+    extend(RANK_GENERATOR, {})
+    ordered = list(FUNCTIONS.items())
+    for name, (after, specs) in _legacy.LEGACY_ONLY.items():
+        position = next(i for i, (n, _) in enumerate(ordered) if n == after) + 1
+        ordered.insert(position, (name, [_v(*spec) for spec in specs]))
+    FUNCTIONS.clear()
+    FUNCTIONS.update(ordered)
+    for name, (since, until, init) in list(GLOBALS.items()):
+        if since == SUPPORTED_SERIES[0]:
+            GLOBALS[name] = (first_since(name), until, init)
+    GLOBALS.update(_legacy.LEGACY_GLOBALS)
+
+
+_add_legacy()
+
+#: What to use instead of a function, parameter (``"function.parameter"``) or global that a later
+#: release removed: key -> (replacement, first series that has the replacement). Keys absent
+#: here have no equivalent.
+REPLACEMENTS: dict[str, tuple[str, str]] = {
+    "is_unitialized": ("not is_initialized()", "0.12"),
+    "get_data_modulo_expert_parallel_group": ("get_expert_data_parallel_group", "0.12"),
+    "get_inter_partial_data_parallel_group": ("get_inter_distributed_optimizer_instance_group", "0.13"),
+    "_INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": ("get_inter_distributed_optimizer_instance_group()", "0.13"),
+    "create_hierarchical_parallel_groups": ("create_hierarchical_groups (no group_size parameter)", "0.13"),
+    "get_moe_layer_wise_logging_tracker": (
+        "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker", "0.13"
+    ),
+    "_MOE_LAYER_WISE_LOGGING_TRACKER": (
+        "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker()", "0.13"
+    ),
+    "get_global_symmetric_memory_buffer": ("megatron.core.inference.symmetric_memory.SymmetricMemoryManager", "0.17"),
+    "destroy_global_symmetric_memory_buffer": (
+        "megatron.core.inference.symmetric_memory.SymmetricMemoryManager.destroy()", "0.17"
+    ),
+    "_GLOBAL_SYMMETRIC_MEMORY_BUFFER": ("megatron.core.inference.symmetric_memory.SymmetricMemoryManager", "0.17"),
+    "initialize_model_parallel.create_all_gather_group": (
+        "create_all_gather_groups() after initialize_model_parallel", "0.18"
+    ),
+    "get_data_parallel_group.independent_all_gather": (
+        "the data-parallel all-gather group returned by create_all_gather_groups()", "0.18"
+    ),
+    "has_separate_all_gather_group": ("the groups create_all_gather_groups() returns", "0.18"),
+    "_DATA_PARALLEL_GROUP_WITH_CP_AG": ("the first group returned by create_all_gather_groups()", "0.18"),
+}
 # ----------------------------------------------------------------------------------- queries
 def _release(release: Union[str, Release]) -> Release:
     r = release if isinstance(release, Release) else parse_release(release)
-    if r.series not in SUPPORTED_SERIES:
-        raise ValueError(f"release {release!s} is not a supported series ({', '.join(SUPPORTED_SERIES)})")
+    if r.series not in KNOWN_SERIES:
+        raise ValueError(f"release {release!s} is not a known series ({', '.join(KNOWN_SERIES)})")
     return r
 
 
@@ -400,7 +474,11 @@ def functions(release: Union[str, Release]) -> dict[str, tuple[Param, ...]]:
 def globals_of(release: Union[str, Release]) -> dict[str, Optional[type]]:
     """Every module global of ``release`` -> its import-time value (``None``, or ``dict``: empty dict)."""
     r = _release(release)
-    return {name: init for name, (since, until, init) in GLOBALS.items() if Variant(since, until, ()).covers(r)}
+    return {
+        name: GLOBAL_VALUE_EXCEPTIONS.get(name, {}).get(r.series, init)
+        for name, (since, until, init) in GLOBALS.items()
+        if Variant(since, until, ()).covers(r)
+    }
 
 
 def rank_generator_methods(release: Union[str, Release]) -> dict[str, tuple[Param, ...]]:
@@ -455,3 +533,12 @@ def positional_changes(
         if (a[i] if i < len(a) else None) != (b[i] if i < len(b) else None)
         and i < len(a)  # positions only the new release has cannot be passed by old callers
     ]
+
+
+def replacement(key: str, release: Union[str, Release]) -> Optional[str]:
+    """What to use in ``release`` instead of ``key`` (a function, ``"function.parameter"`` or a
+    global that ``release`` lacks), or ``None``: no equivalent there."""
+    found = REPLACEMENTS.get(key)
+    if found is None or not _release(release).at_least(found[1]):
+        return None
+    return found[0]

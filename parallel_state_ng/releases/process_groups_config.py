@@ -20,7 +20,7 @@ __all__ = ["COLLECTION_CLASS", "COLLECTION_FIELDS", "COLLECTION_GETTERS", "colle
 #: The process-group collection class of ``megatron.core.process_groups_config`` per series
 #: (0.14 has ``ModelCommProcessGroups`` / ``GradCommProcessGroups`` instead).
 COLLECTION_CLASS: dict[str, Optional[str]] = {
-    "0.14": None, "0.15": "ProcessGroupCollection", "0.16": "ProcessGroupCollection",
+    "0.12": None, "0.13": None, "0.14": None, "0.15": "ProcessGroupCollection", "0.16": "ProcessGroupCollection",
     "0.17": "ProcessGroupCollection", "0.18": "ProcessGroupCollection", "0.19": "ProcessGroupCollection",
 }
 _FIELDS_015 = (
@@ -36,7 +36,7 @@ _FIELDS_019 = (
 )
 #: series -> the collection's fields, in declaration order.
 COLLECTION_FIELDS: dict[str, tuple[str, ...]] = {
-    "0.14": (), "0.15": _FIELDS_015, "0.16": _FIELDS_015, "0.17": _FIELDS_015,
+    "0.12": (), "0.13": (), "0.14": (), "0.15": _FIELDS_015, "0.16": _FIELDS_015, "0.17": _FIELDS_015,
     "0.18": _FIELDS_018, "0.19": _FIELDS_019,
 }
 _LENIENT = {"check_initialized": False}

@@ -5,6 +5,8 @@
 * :mod:`.svg` — the SVG picture used by ``layout --format svg``.
 * :mod:`.port` — ``port``: find uses of ``megatron.core.parallel_state`` in a codebase and
   switch its imports to ``compat.parallel_state``.
+* :mod:`.upgrade` — ``port --upgrade FROM:TO``: the uses whose meaning changes between two
+  megatron-core releases, with the fix.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ spelling and, for group/rank/size getters and published globals, the named-grid 
 (``compat.parallel_state.get_state().groups["tp"]``). Names that ``compat.parallel_state``
 lacks are flagged ``UNKNOWN``. ``--rewrite`` prints a unified diff that switches the imports to
 compat (everything else keeps working: compat has the same API); ``--apply`` writes it.
+``--upgrade FROM:TO`` reports instead what breaks moving between two megatron-core releases
+(:mod:`.upgrade`).
 """
 
 from __future__ import annotations
@@ -129,6 +131,8 @@ def package_of(path: str) -> Optional[str]:
         if parent == directory:
             break
         directory = parent
+    if parts and os.path.basename(directory) == "megatron":
+        parts.append("megatron")  # Megatron's wheels ship ``megatron`` as a namespace package (no __init__.py)
     return ".".join(reversed(parts)) or None
 
 
@@ -601,6 +605,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print a unified diff switching the imports to compat (dry run; summary goes to stderr)",
     )
     parser.add_argument("--apply", action="store_true", help="write the rewritten files")
+    parser.add_argument(
+        "--upgrade",
+        metavar="FROM:TO",
+        help="instead: report every use whose meaning changes from megatron-core FROM to TO (e.g. 0.14:0.19; "
+        "downgrades too), with the fix; exit status 1 when something breaks",
+    )
 
 
 def _count(n: int, noun: str) -> str:
@@ -628,6 +638,10 @@ def _diff_lines(text: str) -> list[str]:
 
 def run(args: argparse.Namespace, stdout: Any) -> int:
     """Run the ``port`` command for parsed ``args``; returns the exit code."""
+    if getattr(args, "upgrade", None):
+        from .upgrade import run as run_upgrade
+
+        return run_upgrade(args, stdout)
     if not os.path.exists(args.path):
         raise UsageError(f"no such file or directory: {args.path!r}", "PATH")
     scans = [scan_file(p) for p in iter_python_files(args.path)]
