@@ -39,7 +39,9 @@ def check_install(version: str) -> dict:
     import compat
     import compat.parallel_state as ps
     from compat.pg_collection import to_process_group_collection
-    from parallel_state_ng.grid import HyperCommGrid as our_grid
+    from parallel_state_ng.grid_releases import hyper_comm_grid_class
+
+    our_grid = hyper_comm_grid_class(ps.MEGATRON_RELEASE)  # the served release's grid surface
 
     out: dict = {"served": ps.MEGATRON_VERSION}
     compat.install(hyper_comm_grid=True)

@@ -184,7 +184,9 @@ import json, sys
 import compat
 import megatron.core.hyper_comm_grid as mgrid
 import megatron.core.pipeline_parallel.bridge_communicator as bridge
-from parallel_state_ng.grid import HyperCommGrid as ours
+from parallel_state_ng.grid_releases import hyper_comm_grid_class
+import compat.parallel_state as cps
+ours = hyper_comm_grid_class(cps.MEGATRON_RELEASE)  # the served release's grid surface
 theirs = mgrid.HyperCommGrid
 out = {"bound_before": bridge.HyperCommGrid is theirs}
 compat.install(hyper_comm_grid=True)
