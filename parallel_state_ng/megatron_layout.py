@@ -90,7 +90,16 @@ def _read_order(order: str, sizes: dict[str, int], gtp_after: Optional[str]) -> 
         return normalize_order(order, sizes)
     if not isinstance(order, str):
         raise TypeError(f"order must be a str such as {DEFAULT_ORDER!r}, got {order!r}")
-    tokens = normalize_order(inject_gtp_remat(order, gtp_after), sizes, given=order)
+    injected = inject_gtp_remat(order, gtp_after)
+    lowered = injected.lower().split("-")
+    if lowered.count(GTP_TOKEN) > 1 and sizes.get(GTP_TOKEN, 1) == 1:
+        # 0.19 injects case-sensitively: an order naming GTP_REMAT in upper case gets a second
+        # gtp_remat token. At size 1 both are no-ops and MCore's layout is the one without the
+        # copy (at size > 1 MCore builds ranks outside the world: normalize_order refuses).
+        first = lowered.index(GTP_TOKEN)
+        parts = injected.split("-")
+        injected = "-".join(p for i, p in enumerate(parts) if i == first or lowered[i] != GTP_TOKEN)
+    tokens = normalize_order(injected, sizes, given=order)
     if "tp" not in tokens:
         message = (
             f"order {order!r} has no 'tp' token: megatron-core 0.19 mistakes the 'tp' in "
