@@ -537,13 +537,19 @@ def _read_source(path: str) -> tuple[str, str]:
     return data.decode(encoding), encoding
 
 
+def parse_source(source: str, path: str) -> tuple[Optional[ast.Module], Optional[str]]:
+    """``(tree, None)`` for Python ``source``, or ``(None, message)`` when it does not parse."""
+    try:
+        return ast.parse(source, filename=path), None
+    except SyntaxError as err:
+        return None, f"{path}:{err.lineno or 0}: cannot parse ({err.msg}); skipped"
+
+
 def scan_source(source: str, path: str = "<string>", package: Optional[str] = None) -> FileScan:
     """Scan Python ``source`` (``package``: its dotted package, for relative imports)."""
     result = FileScan(path=path, source=source)
-    try:
-        tree = ast.parse(source, filename=path)
-    except SyntaxError as err:
-        result.error = f"{path}:{err.lineno or 0}: cannot parse ({err.msg}); skipped"
+    tree, result.error = parse_source(source, path)
+    if tree is None:
         return result
     scanner = _FileScanner(path, source, tree, package)
     scanner.collect_bindings()

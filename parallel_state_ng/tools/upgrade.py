@@ -56,6 +56,7 @@ from .port import (
     _short,
     _UseFinder,
     iter_python_files,
+    parse_source,
     package_of,
 )
 from .port_table import PARALLEL_STATE
@@ -392,10 +393,8 @@ def check_source(source: str, old: Release, new: Release, path: str = "<string>"
                  package: Optional[str] = None) -> FileCheck:
     """The findings for Python ``source`` moving from release ``old`` to ``new``."""
     result = FileCheck(path=path, findings=[], uncovered=Counter())
-    try:
-        tree = ast.parse(source, filename=path)
-    except SyntaxError as err:
-        result.error = f"{path}:{err.lineno or 0}: cannot parse ({err.msg}); skipped"
+    tree, result.error = parse_source(source, path)
+    if tree is None:
         return result
     scanner = _FileScanner(path, source, tree, package)
     scanner.collect_bindings()
