@@ -328,6 +328,24 @@ class Layout:
                 mult *= s
         return pos
 
+    def group_at(self, index: int, dims: DimsArg) -> list[int]:
+        """Group ``index`` of :meth:`enumerate_groups` over ``dims`` (inverse of :meth:`group_index`).
+
+        O(group size); ``IndexError`` for an index outside ``[0, num_groups(dims))``.
+        """
+        inside = set(self.dims(dims))
+        count = self.num_groups(dims)
+        if not 0 <= index < count:
+            raise IndexError(f"group index {index} is out of range: {count} groups over {list(self.dims(dims))}")
+        coord, rest = {}, index
+        for name, s in zip(self.names, self.sizes):
+            if name in inside:
+                coord[name] = 0
+            else:
+                coord[name] = rest % s
+                rest //= s
+        return self.group_ranks(self.rank(coord), dims)
+
     def enumerate_groups(self, dims: DimsArg, *, keep_order: bool = False) -> torch.Tensor:
         """All groups over ``dims`` as an int64 tensor of shape (num_groups, group_size).
 

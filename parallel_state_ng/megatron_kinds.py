@@ -57,6 +57,7 @@ the GTP data-parallel globals are the plain data-parallel groups, and the intra-
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,6 +75,9 @@ __all__ = [
     "default_position_embedding_ranks",
     "EmptyGroupError",
     "quotient",
+    "hierarchical_group",
+    "token_kind_dims",
+    "read_order",
 ]
 
 # Tokens of MCore's ``order`` string, in the order its RankGenerator checks them.
@@ -83,15 +87,26 @@ GTP_TOKEN = "gtp_remat"
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
-def default_embedding_ranks(pp_ranks: Sequence[int]) -> list[int]:
-    """Ranks holding the word embeddings: first and last pipeline stage (one if pp == 1)."""
+def default_embedding_ranks(pp_ranks: Sequence[int], split_rank: Optional[int] = None) -> list[int]:
+    """Ranks holding the word embeddings: first and last pipeline stage (one if pp == 1).
+
+    ``split_rank`` (0.12–0.13, deprecated there): the stage ``pp_ranks[split_rank]`` (the
+    decoder's first) holds them too when it is neither the first nor the last.
+    """
     if len(pp_ranks) == 1:
         return [pp_ranks[0]]
+    if split_rank is not None and pp_ranks[split_rank] not in (pp_ranks[0], pp_ranks[-1]):
+        return [pp_ranks[0], pp_ranks[split_rank], pp_ranks[-1]]
     return [pp_ranks[0], pp_ranks[-1]]
 
 
-def default_position_embedding_ranks(pp_ranks: Sequence[int]) -> list[int]:
-    """Ranks holding the position embeddings: the first pipeline stage."""
+def default_position_embedding_ranks(pp_ranks: Sequence[int], split_rank: Optional[int] = None) -> list[int]:
+    """Ranks holding the position embeddings: the first pipeline stage.
+
+    ``split_rank`` (0.12–0.13): the stage ``pp_ranks[split_rank]`` too, when it is not the first.
+    """
+    if split_rank is not None and pp_ranks[0] != pp_ranks[split_rank]:
+        return [pp_ranks[0], pp_ranks[split_rank]]
     return [pp_ranks[0]]
 
 
@@ -142,6 +157,23 @@ def normalize_order(order: str, sizes: dict[str, int], given: Optional[str] = No
     return tokens
 
 
+def hierarchical_group(cp_ranks: list[int], rank: int, sizes: list[int], level: int) -> Optional[list[int]]:
+    """``rank``'s hierarchical context-parallel group at ``level`` within its cp group ``cp_ranks``.
+
+    Level ``level`` groups ``sizes[level]`` ranks that are ``prod(sizes[:level])`` apart, in
+    whole blocks of ``prod(sizes[:level + 1])`` consecutive positions of ``cp_ranks``. When
+    ``sizes`` multiply to the cp size every rank has a group at every level; otherwise (0.12
+    accepts that) ranks past the last whole block have none (``None``).
+    """
+    before = math.prod(sizes[:level])
+    block = before * sizes[level]
+    pos = cp_ranks.index(rank)
+    if pos // block >= len(cp_ranks) // block:
+        return None
+    first = pos % before + (pos // block) * block
+    return [cp_ranks[first + i * before] for i in range(sizes[level])]
+
+
 class EmptyGroupError(ValueError, TypeError):
     """A user callable produced an empty group (MCore fails on it with ``TypeError``)."""
 
@@ -174,7 +206,7 @@ class GroupKind:
     what: str
     view: str = "dense"
     token: str = ""
-    since: str = "0.14"
+    since: str = "0.12"
     until: Optional[str] = None
     when: str = "always"
 
@@ -190,7 +222,11 @@ GROUP_KINDS: dict[str, GroupKind] = {
         ),
         GroupKind(
             "intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", "one distributed-optimizer instance's share of dp × cp",
-            "derived", "", "0.14", None, "num_distributed_optimizer_instances > 1",
+            "derived", "", "0.12", None, "num_distributed_optimizer_instances > 1",
+        ),
+        GroupKind(
+            "inter_dp_cp", "INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", "dp × cp across distributed-optimizer instances",
+            "derived", "", "0.12", "0.12", "num_distributed_optimizer_instances > 1",
         ),
         GroupKind("dp", "DATA_PARALLEL_GROUP", "data parallel", "dense", "dp"),
         GroupKind(
@@ -229,11 +265,11 @@ GROUP_KINDS: dict[str, GroupKind] = {
         ),
         GroupKind(
             "intra_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L0", "one distributed-optimizer instance's share of expert dp",
-            "derived", "", "0.14", None, "num_distributed_optimizer_instances > 1",
+            "derived", "", "0.13", None, "num_distributed_optimizer_instances > 1",
         ),
         GroupKind(
             "inter_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L1", "expert dp across distributed-optimizer instances",
-            "derived", "", "0.14", None, "num_distributed_optimizer_instances > 1",
+            "derived", "", "0.13", None, "num_distributed_optimizer_instances > 1",
         ),
         GroupKind(
             "ep_gtp_remat_dp", "EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT", "expert data parallel spanning the expert GTP axis",
@@ -242,6 +278,59 @@ GROUP_KINDS: dict[str, GroupKind] = {
         GroupKind(
             "intra_dist_opt_instance", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
             "all ranks of one distributed-optimizer instance (0.19 with a GTP size > 1: the whole layout)", "derived",
+            "", "0.13",
         ),
     ]
 }
+
+
+@functools.lru_cache(maxsize=None)
+def token_kind_dims(gtp_axis: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Kind -> (view, dims) for the kinds read off a rank-generator token.
+
+    Without the GTP axis (before 0.19) the GTP kinds are absent and ``gtp_remat`` is dropped
+    from the tokens of the kinds that span it on 0.19.
+    """
+    out = {}
+    for name, kind in GROUP_KINDS.items():
+        if kind.view not in ("dense", "expert"):
+            continue
+        tokens = kind.token.split("-")
+        if GTP_TOKEN in tokens and not gtp_axis:
+            if kind.since == "0.19":
+                continue
+            tokens = [t for t in tokens if t != GTP_TOKEN]
+        out[name] = (kind.view, tuple(tokens))
+    return out
+
+
+def read_order(order: str, sizes: dict[str, int], gtp_after: Optional[str]) -> list[str]:
+    """The tokens of ``order`` as one of MCore's rank generators reads them.
+
+    ``gtp_after`` is the token the 0.19 GTP axis is injected after (``None`` before 0.19).
+    0.19 tests token presence by substring, so an order without ``tp`` passes the check
+    through ``gtp_remat`` and then lacks ``tp``: MCore fails later (``AssertionError`` from
+    its rank arithmetic when a tensor size > 1 is lost, ``ValueError`` looking ``tp`` up
+    otherwise); this raises the same types up front.
+    """
+    if gtp_after is None:
+        return normalize_order(order, sizes)
+    if not isinstance(order, str):
+        raise TypeError(f"order must be a str such as {DEFAULT_ORDER!r}, got {order!r}")
+    injected = inject_gtp_remat(order, gtp_after)
+    lowered = injected.lower().split("-")
+    if lowered.count(GTP_TOKEN) > 1 and sizes.get(GTP_TOKEN, 1) == 1:
+        # 0.19 injects case-sensitively: an order naming GTP_REMAT in upper case gets a second
+        # gtp_remat token. At size 1 both are no-ops and MCore's layout is the one without the
+        # copy (at size > 1 MCore builds ranks outside the world: normalize_order refuses).
+        first = lowered.index(GTP_TOKEN)
+        parts = injected.split("-")
+        injected = "-".join(p for i, p in enumerate(parts) if i == first or lowered[i] != GTP_TOKEN)
+    tokens = normalize_order(injected, sizes, given=order)
+    if "tp" not in tokens:
+        message = (
+            f"order {order!r} has no 'tp' token: megatron-core 0.19 mistakes the 'tp' in "
+            f"'gtp_remat' for it and cannot build the tensor-parallel groups; add 'tp' to order"
+        )
+        raise AssertionError(message) if sizes["tp"] != 1 else ValueError(message)
+    return tokens

@@ -1,7 +1,7 @@
 """Megatron-Core's process-group kinds as pure layout math, for every supported release.
 
 :class:`MegatronLayout` describes, for one ``initialize_model_parallel`` configuration of one
-release (0.14 … 0.19), every group kind that release builds as groups of a
+release (0.12 … 0.19), every group kind that release builds as groups of a
 :class:`~parallel_state_ng.layout.Layout`: the dense ("decoder") layout ``tp, cp, dp, pp``
 and the expert layout ``etp, ep, edp, pp`` (same order string, pp shared), plus the derived
 kinds (hierarchical context parallel, partial data parallel, embedding,
@@ -10,7 +10,9 @@ distributed-optimizer instance, hybrid dp×cp). Release 0.17 adds ``rank_offset`
 release 0.19 adds the GTP weight-rematerialization axis ``gtp_remat`` (size
 ``gtp_remat_size`` in the dense layout, injected after ``tp``; ``expert_gtp_remat_size`` in
 the expert layout, injected after ``ep``) and its kinds. With GTP sizes 1 a 0.19 layout has
-0.18's groups. For any rank it gives that rank's group of any kind in closed form (O(group
+0.18's groups. Releases 0.12–0.13 may put an encoder block before the decoder (its own
+tensor and pipeline sizes; pipelines stitched across both: :mod:`parallel_state_ng.encoder_layout`).
+For any rank it gives that rank's group of any kind in closed form (O(group
 size)), with MCore's in-group order; it can also enumerate all groups of a kind (for tools
 and tests).
 
@@ -27,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .encoder_layout import EncoderBlock, encoder_data_parallel_size, resolve_encoder_sizes
 from .layout import Layout, _check_int
 from .megatron_kinds import (
     DEFAULT_ORDER,
@@ -37,9 +40,11 @@ from .megatron_kinds import (
     GroupKind,
     default_embedding_ranks,
     default_position_embedding_ranks,
-    inject_gtp_remat,
+    hierarchical_group,
     normalize_order,
     quotient,
+    read_order,
+    token_kind_dims,
 )
 from .releases.layout import LayoutFacts, layout_facts
 
@@ -55,58 +60,6 @@ __all__ = [
 ]
 
 _ALL_GATHER_KINDS = ("dp_cp_ag", "ep_dp_ag")
-
-
-@functools.lru_cache(maxsize=None)
-def _token_kind_dims(gtp_axis: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Kind -> (view, dims) for the kinds read off a rank-generator token.
-
-    Without the GTP axis (before 0.19) the GTP kinds are absent and ``gtp_remat`` is dropped
-    from the tokens of the kinds that span it on 0.19.
-    """
-    out = {}
-    for name, kind in GROUP_KINDS.items():
-        if kind.view not in ("dense", "expert"):
-            continue
-        tokens = kind.token.split("-")
-        if GTP_TOKEN in tokens and not gtp_axis:
-            if kind.since == "0.19":
-                continue
-            tokens = [t for t in tokens if t != GTP_TOKEN]
-        out[name] = (kind.view, tuple(tokens))
-    return out
-
-
-def _read_order(order: str, sizes: dict[str, int], gtp_after: Optional[str]) -> list[str]:
-    """The tokens of ``order`` as one of MCore's rank generators reads them.
-
-    ``gtp_after`` is the token the 0.19 GTP axis is injected after (``None`` before 0.19).
-    0.19 tests token presence by substring, so an order without ``tp`` passes the check
-    through ``gtp_remat`` and then lacks ``tp``: MCore fails later (``AssertionError`` from
-    its rank arithmetic when a tensor size > 1 is lost, ``ValueError`` looking ``tp`` up
-    otherwise); this raises the same types up front.
-    """
-    if gtp_after is None:
-        return normalize_order(order, sizes)
-    if not isinstance(order, str):
-        raise TypeError(f"order must be a str such as {DEFAULT_ORDER!r}, got {order!r}")
-    injected = inject_gtp_remat(order, gtp_after)
-    lowered = injected.lower().split("-")
-    if lowered.count(GTP_TOKEN) > 1 and sizes.get(GTP_TOKEN, 1) == 1:
-        # 0.19 injects case-sensitively: an order naming GTP_REMAT in upper case gets a second
-        # gtp_remat token. At size 1 both are no-ops and MCore's layout is the one without the
-        # copy (at size > 1 MCore builds ranks outside the world: normalize_order refuses).
-        first = lowered.index(GTP_TOKEN)
-        parts = injected.split("-")
-        injected = "-".join(p for i, p in enumerate(parts) if i == first or lowered[i] != GTP_TOKEN)
-    tokens = normalize_order(injected, sizes, given=order)
-    if "tp" not in tokens:
-        message = (
-            f"order {order!r} has no 'tp' token: megatron-core 0.19 mistakes the 'tp' in "
-            f"'gtp_remat' for it and cannot build the tensor-parallel groups; add 'tp' to order"
-        )
-        raise AssertionError(message) if sizes["tp"] != 1 else ValueError(message)
-    return tokens
 
 
 @dataclass
@@ -141,6 +94,9 @@ class MegatronLayout:
     local_world_size: Optional[int] = None
     gtp_remat_size: int = 1
     expert_gtp_remat_size: int = 1
+    encoder_tensor_model_parallel_size: int = 0
+    encoder_pipeline_model_parallel_size: Optional[int] = 0
+    pipeline_model_parallel_split_rank: Optional[int] = None
     release: Optional[str] = None
     decoder: Layout = field(init=False, repr=False)
     expert: Layout = field(init=False, repr=False)
@@ -158,29 +114,46 @@ class MegatronLayout:
                 f"num_distributed_optimizer_instances == 1, got {n}"
             )
         what = "local_world_size" if self.local_world_size is not None else "world_size"
-        gtp_factor = {"gtp_remat_size": gtp} if axis else {}
-        self.data_parallel_size = quotient(
-            w, what, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp, **gtp_factor
+        enc_tp, enc_pp = resolve_encoder_sizes(
+            self.encoder_tensor_model_parallel_size, self.encoder_pipeline_model_parallel_size, tp
         )
+        self.encoder_tensor_model_parallel_size, self.encoder_pipeline_model_parallel_size = enc_tp, enc_pp
+        if enc_tp * enc_pp:  # 0.12-0.13: an encoder block first
+            self.data_parallel_size = encoder_data_parallel_size(w, what, enc_tp, enc_pp, tp, pp, cp)
+        else:
+            gtp_factor = {"gtp_remat_size": gtp} if axis else {}
+            self.data_parallel_size = quotient(
+                w, what, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
+                **gtp_factor,
+            )
+        #: Ranks of the encoder block ``[rank_offset, rank_offset + encoder_world_size)`` (0.12-0.13).
+        self.encoder_world_size = enc_tp * enc_pp * cp * self.data_parallel_size
+        encoder = None
+        if self.encoder_world_size:
+            sizes = {"tp": enc_tp, "pp": enc_pp, "dp": self.data_parallel_size, "ep": 1, "cp": cp}
+            tokens = normalize_order(self.order, sizes)
+            encoder = Layout([sizes[t] for t in tokens], tokens, self.rank_offset)
+        start = self.rank_offset + self.encoder_world_size  # the decoder and expert blocks
         dense = {"tp": tp, "pp": pp, "dp": self.data_parallel_size, "ep": 1, "cp": cp}
         if axis:
             dense[GTP_TOKEN] = gtp
-        self.order_tokens = _read_order(self.order, dense, "tp" if axis else None)
-        self.decoder = Layout([dense[t] for t in self.order_tokens], self.order_tokens, self.rank_offset)
+        self.order_tokens = read_order(self.order, dense, "tp" if axis else None)
+        self.decoder = Layout([dense[t] for t in self.order_tokens], self.order_tokens, start)
 
         if self.expert_tensor_parallel_size is None:
             self.expert_tensor_parallel_size = tp
         etp = self.expert_tensor_parallel_size
         egtp_factor = {"expert_gtp_remat_size": egtp} if axis else {}
         self.expert_data_parallel_size = quotient(
-            w, what, expert_tensor_parallel_size=etp, expert_model_parallel_size=ep,
-            pipeline_model_parallel_size=pp, **egtp_factor,
+            w - self.encoder_world_size, f"decoder {what}" if encoder else what, expert_tensor_parallel_size=etp,
+            expert_model_parallel_size=ep, pipeline_model_parallel_size=pp, **egtp_factor,
         )
         moe = {"tp": etp, "pp": pp, "dp": self.expert_data_parallel_size, "ep": ep, "cp": 1}
         if axis:
             moe[GTP_TOKEN] = egtp
-        expert_tokens = _read_order(self.order, moe, "ep" if axis else None)
-        self.expert = Layout([moe[t] for t in expert_tokens], expert_tokens, self.rank_offset)
+        expert_tokens = read_order(self.order, moe, "ep" if axis else None)
+        self.expert = Layout([moe[t] for t in expert_tokens], expert_tokens, start)
+        self.encoder_block = None if encoder is None else EncoderBlock(encoder, self.decoder, self.expert)
 
         if not (self.order.endswith("pp") or pp == 1 or self.expert_data_parallel_size == self.data_parallel_size):
             raise AssertionError(
@@ -202,30 +175,53 @@ class MegatronLayout:
                 f"is not divisible by num_distributed_optimizer_instances ({n})"
             )
         self.intra_partial_data_parallel_size = dp_cp // n
-        self._intra_dp_cp = self.decoder.split(["cp", "dp"], [dp_cp // n, n], ["intra_dp_cp", "inter_dp_cp"])
+        blocks = {"decoder": self.decoder, **({"encoder": encoder} if encoder else {})}
+        self._intra_dp_cp = {
+            name: block.split(["cp", "dp"], [dp_cp // n, n], ["intra_dp_cp", "inter_dp_cp"])
+            for name, block in blocks.items()
+        }
 
         hcp = self.hierarchical_context_parallel_sizes
-        self._hcp: Optional[Layout] = None
-        if hcp:
-            sizes = list(hcp)
-            if math.prod(sizes) != cp:
-                raise AssertionError(
-                    f"hierarchical_context_parallel_sizes {sizes} multiply to {math.prod(sizes)}, "
-                    f"not context_parallel_size ({cp})"
-                )
-            self._hcp = self.decoder.split("cp", sizes, [f"hcp{i}" for i in range(len(sizes))])
+        if hcp and self.facts.hcp_sizes_checked and math.prod(hcp) != cp:
+            raise AssertionError(
+                f"hierarchical_context_parallel_sizes {list(hcp)} multiply to {math.prod(hcp)}, "
+                f"not context_parallel_size ({cp})"
+            )
 
         edp = self.expert_data_parallel_size
-        if edp % n != 0:
+        if edp % n != 0 and self.facts.partial_expert_dp:
             raise AssertionError(
                 f"expert data parallel size ({edp}) is not divisible by num_distributed_optimizer_instances ({n})"
             )
         self.intra_partial_expert_data_parallel_size = edp // n
-        self._edp_split = self.expert.split("dp", [edp // n, n], ["intra_ep_dp", "inter_ep_dp"])
+        expert_blocks = {"decoder": self.expert, **({"encoder": encoder} if encoder else {})}
+        if encoder and n > 1 and self.facts.partial_expert_dp and self.data_parallel_size != edp:
+            # MCore splits the encoder's data-parallel groups (size dp) as if they were expert ones.
+            raise RuntimeError(
+                f"num_distributed_optimizer_instances ({n}) > 1 with an encoder needs the expert data parallel "
+                f"size ({edp}) to equal the data parallel size ({self.data_parallel_size}): megatron-core splits "
+                f"the encoder's data-parallel groups into expert distributed-optimizer shares"
+            )
+        self._edp_split = {
+            name: block.split("dp", [edp // n, n], ["intra_ep_dp", "inter_ep_dp"])
+            for name, block in expert_blocks.items()
+            if name == "decoder" or (n > 1 and self.facts.partial_expert_dp)
+        }
+        split = self.pipeline_model_parallel_split_rank
+        stages = enc_pp + pp
+        if split is not None and (self.get_embedding_ranks is None or self.get_position_embedding_ranks is None):
+            if not -stages <= split < stages:  # MCore's default embedding ranks index the pipeline with it
+                raise IndexError(
+                    f"pipeline_model_parallel_split_rank ({split}) is outside the pipeline of {stages} stages"
+                )
         if self.get_embedding_ranks is None:
-            self.get_embedding_ranks = default_embedding_ranks
+            self.get_embedding_ranks = default_embedding_ranks if split is None else functools.partial(
+                default_embedding_ranks, split_rank=split
+            )
         if self.get_position_embedding_ranks is None:
-            self.get_position_embedding_ranks = default_position_embedding_ranks
+            self.get_position_embedding_ranks = default_position_embedding_ranks if split is None else functools.partial(
+                default_position_embedding_ranks, split_rank=split
+            )
         self._kind_dims = self._token_kinds()
         self._all_gather: dict[str, Optional[Layout]] = {}
 
@@ -242,6 +238,19 @@ class MegatronLayout:
                 f"megatron-core {self.release} has no rank_offset / local_world_size (added in 0.17); "
                 f"got rank_offset={self.rank_offset!r}, local_world_size={self.local_world_size!r}"
             )
+        legacy = (self.encoder_tensor_model_parallel_size, self.encoder_pipeline_model_parallel_size,
+                  self.pipeline_model_parallel_split_rank)
+        if not self.facts.encoder_decoder and legacy != (0, 0, None):
+            raise TypeError(
+                f"megatron-core {self.release} has no encoder_tensor_model_parallel_size / encoder_pipeline_model_"
+                f"parallel_size / pipeline_model_parallel_split_rank (removed in 0.14); got {legacy}"
+            )
+        _check_int(self.encoder_tensor_model_parallel_size, "encoder_tensor_model_parallel_size", minimum=0)
+        if self.encoder_pipeline_model_parallel_size is not None:
+            _check_int(self.encoder_pipeline_model_parallel_size, "encoder_pipeline_model_parallel_size", minimum=0)
+        split = self.pipeline_model_parallel_split_rank
+        if split is not None and (isinstance(split, bool) or not isinstance(split, int)):
+            raise TypeError(f"pipeline_model_parallel_split_rank must be an int or None, got {split!r}")
         if not self.facts.gtp_remat_axis and (self.gtp_remat_size != 1 or self.expert_gtp_remat_size != 1):
             raise TypeError(
                 f"megatron-core {self.release} has no gtp_remat_size / expert_gtp_remat_size (added in 0.19); "
@@ -269,12 +278,12 @@ class MegatronLayout:
 
     def contains(self, rank: int) -> bool:
         """Whether ``rank`` lies in ``[rank_offset, rank_offset + local_world_size)``."""
-        return self.decoder.contains(rank)
+        return self.rank_offset <= rank < self.rank_offset + self.layout_world_size
 
     def _token_kinds(self) -> dict[str, tuple[Layout, tuple[str, ...]]]:
         """Kinds enumerated straight from a rank-generator token: (layout, dims)."""
         views = {"dense": self.decoder, "expert": self.expert}
-        return {name: (views[view], dims) for name, (view, dims) in _token_kind_dims(self.facts.gtp_remat_axis).items()}
+        return {name: (views[view], dims) for name, (view, dims) in token_kind_dims(self.facts.gtp_remat_axis).items()}
 
     @property
     def token_kinds(self) -> frozenset[str]:
@@ -284,7 +293,7 @@ class MegatronLayout:
     @property
     def hierarchical_levels(self) -> int:
         """Number of hierarchical context-parallel levels (0 when not configured)."""
-        return 0 if self._hcp is None else len(self.hierarchical_context_parallel_sizes)
+        return len(self.hierarchical_context_parallel_sizes or ())
 
     @property
     def gtp_active(self) -> bool:
@@ -297,10 +306,11 @@ class MegatronLayout:
         Hybrid dp×cp groups (:meth:`hybrid_group`) and the all-gather kinds (``dp_cp_ag``,
         ``ep_dp_ag``) are built on request only and are not listed.
         """
-        gtp = self.facts.gtp_remat_axis
+        gtp, facts = self.facts.gtp_remat_axis, self.facts
         multi = self.num_distributed_optimizer_instances > 1
         out = ["gtp_remat"] if gtp else []
-        out += ["dp_cp"] + (["intra_dp_cp"] if multi else []) + ["dp"]
+        dp_cp = ["dp_cp"] + (["intra_dp_cp"] if multi else []) + (["inter_dp_cp"] if multi and facts.inter_partial_dp else [])
+        out += ["dp", *dp_cp] if facts.dp_before_dp_cp else [*dp_cp, "dp"]
         if gtp and self.gtp_remat_size > 1:
             out += ["gtp_remat_dp", "gtp_remat_dp_cp"]
         out.append("cp")
@@ -308,10 +318,10 @@ class MegatronLayout:
         out += ["mp", "tp", "pp", "embd", "pos_embd", "tp_dp_cp", "tp_dp", "tp_cp"]
         out += ["expt_gtp_remat"] if gtp else []
         out += ["ep", "ep_tp", "tp_ep_mp", "tp_ep_pp"] + (["tp_ep_gtp_remat_pp"] if gtp else []) + ["ep_dp"]
-        out += ["intra_ep_dp", "inter_ep_dp"] if multi else []
+        out += ["intra_ep_dp", "inter_ep_dp"] if multi and facts.partial_expert_dp else []
         if gtp and self.expert_gtp_remat_size > 1:
             out.append("ep_gtp_remat_dp")
-        out.append("intra_dist_opt_instance")
+        out += ["intra_dist_opt_instance"] if facts.dist_opt_instance_group else []
         return out
 
     def group(self, kind: str, rank: int) -> Optional[list[int]]:
@@ -327,26 +337,52 @@ class MegatronLayout:
             if kind in self._kind_dims or kind in self.kinds() or kind in GROUP_KINDS:
                 return None
             raise KeyError(f"unknown group kind {kind!r}; kinds of this layout: {self.kinds()}")
+        enc = self.encoder_block
+        block = "encoder" if enc is not None and enc.contains(rank) else "decoder"
         if kind in self._kind_dims:
             lay, dims = self._kind_dims[kind]
+            if enc is not None:
+                if kind == "pp":
+                    return enc.pipelines(rank)[0]
+                if kind == "mp":
+                    return enc.concatenated(rank, dims)
+                if block == "encoder":
+                    lay = enc.encoder
             return lay.group_ranks(rank, dims)
-        if kind == "intra_dp_cp":
-            return self._intra_dp_cp.group_ranks(rank, "intra_dp_cp")
-        if kind.startswith("hcp") and self._hcp is not None and kind[3:].isdigit():
-            if int(kind[3:]) < self.hierarchical_levels:
-                return self._hcp.group_ranks(rank, kind)
-        if kind in ("intra_ep_dp", "inter_ep_dp"):
-            return self._edp_split.group_ranks(rank, kind)
+        if kind == "intra_dp_cp" or (kind == "inter_dp_cp" and self.facts.inter_partial_dp):
+            return self._intra_dp_cp[block].group_ranks(rank, kind)
+        if kind.startswith("hcp") and kind[3:].isdigit() and int(kind[3:]) < self.hierarchical_levels:
+            sizes = list(self.hierarchical_context_parallel_sizes)
+            return hierarchical_group(self.group("cp", rank), rank, sizes, int(kind[3:]))
+        if kind in ("intra_ep_dp", "inter_ep_dp") and block in self._edp_split:
+            return self._edp_split[block].group_ranks(rank, kind)
         if kind == "intra_dist_opt_instance":
             if self.facts.gtp_remat_axis and self.gtp_active:
                 # 0.19 with GTP: one group of every rank of the layout (one optimizer instance).
                 return list(range(self.rank_offset, self.rank_offset + self.layout_world_size))
-            dims = self._edp_split.dims(["tp", "ep", "pp"]) + ("intra_ep_dp",)
-            return self._edp_split.group_ranks(rank, dims, keep_order=True)
+            if enc is not None:  # consecutive tp-ep-pp groups of both blocks
+                return enc.chunk(rank, self.expert.dims(["tp", "ep", "pp"]), self.intra_partial_expert_data_parallel_size)
+            split = self._edp_split["decoder"]
+            return split.group_ranks(rank, split.dims(["tp", "ep", "pp"]) + ("intra_ep_dp",), keep_order=True)
         if kind in ("embd", "pos_embd"):
-            members = self.embedding_ranks(kind, self.group("pp", rank))
-            return members if rank in members else None
+            found = self.groups(kind, rank)
+            return found[-1] if found else None  # MCore keeps the last one it made
         raise KeyError(f"unknown group kind {kind!r}; kinds of this layout: {self.kinds()}")
+
+    def groups(self, kind: str, rank: int) -> list[list[int]]:
+        """Every group of ``kind`` that ``rank`` is in, in MCore's creation order.
+
+        One group (or none) for every kind, except on a 0.12/0.13 encoder rank, which is in
+        several stitched pipelines (``pp``) and in the embedding groups of each of them that
+        hold it (``embd``, ``pos_embd``; MCore keeps the last in its global, :meth:`group`).
+        """
+        if kind in ("pp", "embd", "pos_embd") and self.contains(rank):
+            pipelines = self.encoder_block.pipelines(rank) if self.encoder_block else [self.group("pp", rank)]
+            if kind == "pp":
+                return pipelines
+            return [m for m in (self.embedding_ranks(kind, p) for p in pipelines) if rank in m]
+        found = self.group(kind, rank)
+        return [] if found is None else [found]
 
     def rank_in_group(self, kind: str, rank: int) -> Optional[int]:
         """Position of ``rank`` in its group of ``kind`` (``None`` when it is in none)."""
@@ -386,7 +422,7 @@ class MegatronLayout:
                 after = "ep"
             if axis:
                 sizes[GTP_TOKEN] = gtp
-            tokens = _read_order(DEFAULT_ORDER, sizes, after if axis else None)
+            tokens = read_order(DEFAULT_ORDER, sizes, after if axis else None)
             self._all_gather[kind] = Layout([sizes[t] for t in tokens], tokens)
         return self._all_gather[kind]
 
@@ -448,11 +484,18 @@ class MegatronLayout:
         the first rank of each group (MCore may create ``intra_dp_cp``, ``intra_ep_dp`` and
         ``inter_ep_dp`` in another order: compare those as sets of groups).
         """
+        enc = self.encoder_block
         if kind in self._kind_dims:
             lay, dims = self._kind_dims[kind]
-            return lay.rank_enum(dims)
+            if enc is None:
+                return lay.rank_enum(dims)
+            if kind == "pp":
+                return enc.all_pipelines()
+            if kind == "mp":
+                return enc.all_concatenated(dims)
+            return enc.encoder.rank_enum(dims) + lay.rank_enum(dims)
         if kind in ("embd", "pos_embd"):
-            return [self.embedding_ranks(kind, g) for g in self.decoder.rank_enum("pp")]
+            return [self.embedding_ranks(kind, g) for g in self.enumerate("pp")]
         if kind in _ALL_GATHER_KINDS:
             lay = self.all_gather_layout(kind)
             if lay is not None:
@@ -466,6 +509,7 @@ class MegatronLayout:
             if r in seen:
                 continue
             g = self.group(kind, r)
-            seen.update(g)
-            groups.append(g)
+            if g is not None:  # None: 0.12 hierarchical levels that do not cover every rank
+                seen.update(g)
+                groups.append(g)
         return groups

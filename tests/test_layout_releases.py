@@ -66,6 +66,13 @@ def _draw(rng: random.Random, series: str, big: bool) -> dict:
         cfg["world_size"] = cfg["rank_offset"] + local + rng.choice([0, 0, 3])
     if release.at_least("0.19"):
         cfg["gtp_remat_size"], cfg["expert_gtp_remat_size"] = gtp, egtp
+    if release.before("0.14"):  # the encoder/decoder era
+        if rng.random() < 0.6:
+            enc_pp, enc_tp = rng.choice([1, 1, 2, None]), rng.choice([0, 1, tp, tp])
+            cfg["encoder_pipeline_model_parallel_size"], cfg["encoder_tensor_model_parallel_size"] = enc_pp, enc_tp
+            cfg["world_size"] += (enc_tp or tp) * (enc_pp or 0) * cp * dp
+        if rng.random() < 0.3:
+            cfg["pipeline_model_parallel_split_rank"] = rng.choice([0, 1, 2, -1])
     if rng.random() < 0.1:  # now and then an invalid world size
         cfg["world_size"] += 1 if "local_world_size" not in cfg else 0
         if "local_world_size" in cfg:
@@ -87,6 +94,25 @@ def configs_for(series: str, seed: int = 10) -> list[dict]:
     if parse_release(series).at_least("0.19"):
         big.update(num_distributed_optimizer_instances=1, gtp_remat_size=2, expert_gtp_remat_size=2)
     out.append(big)
+    if parse_release(series).before("0.14"):
+        enc = {"encoder_tensor_model_parallel_size": 1, "encoder_pipeline_model_parallel_size": 1}
+        # MCore's own example (6 ranks, tp-dp-pp), with expert tp 1: the distributed-optimizer
+        # instance groups (0.13) then take encoder and decoder tp-ep-pp groups together.
+        out.append({"world_size": 6, "order": "tp-dp-pp", "tensor_model_parallel_size": 2, **enc})
+        out.append({"world_size": 6, "order": "tp-dp-pp", "tensor_model_parallel_size": 2,
+                    "expert_tensor_parallel_size": 1, **enc})
+        # decoder tp not a multiple of the encoder's: uneven stitching of pipelines
+        out.append({"world_size": 20, "tensor_model_parallel_size": 3, "pipeline_model_parallel_size": 2,
+                    "encoder_tensor_model_parallel_size": 2, "encoder_pipeline_model_parallel_size": 2})
+        out.append({"world_size": 40, "tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 2,
+                    "context_parallel_size": 2, "encoder_tensor_model_parallel_size": 2,
+                    "encoder_pipeline_model_parallel_size": 1, "expert_model_parallel_size": 2,
+                    "hierarchical_context_parallel_sizes": [2, 1], "pipeline_model_parallel_split_rank": 1})
+        out.append({"world_size": 20, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+                    "num_distributed_optimizer_instances": 2, **enc})
+        out.append({"world_size": 8, "tensor_model_parallel_size": 1, "encoder_tensor_model_parallel_size": 2,
+                    "encoder_pipeline_model_parallel_size": 1})  # encoder tp > tp: AssertionError
+        out.append({"world_size": 16, "context_parallel_size": 4, "hierarchical_context_parallel_sizes": [3]})
     if parse_release(series).at_least("0.19"):
         # 0.19 quirks: an order without "tp" (ValueError / AssertionError), an upper-case order
         # (GTP axis injected first; rejected by the order.endswith("pp") check unless pp == 1 or

@@ -40,11 +40,12 @@ __all__ = [
 ]
 
 # Supported release series, oldest first. A series is one entry whatever its patch releases:
-# within a series the files mirrored here are identical.
-SUPPORTED_SERIES: tuple[str, ...] = ("0.14", "0.15", "0.16", "0.17", "0.18", "0.19")
-# Release series the per-release data knows, oldest first: the supported ones plus older ones
-# whose API facts are recorded (for the upgrade check, ``port --upgrade``) but not served.
-KNOWN_SERIES: tuple[str, ...] = ("0.12", "0.13", *SUPPORTED_SERIES)
+# within a series the files mirrored here are identical. 0.12 and 0.13 are the encoder/decoder
+# era (encoder sizes, pipeline split rank); 0.14 on is the modern API.
+SUPPORTED_SERIES: tuple[str, ...] = ("0.12", "0.13", "0.14", "0.15", "0.16", "0.17", "0.18", "0.19")
+# Release series the per-release data knows (the upgrade check, ``port --upgrade``): every
+# supported one.
+KNOWN_SERIES: tuple[str, ...] = SUPPORTED_SERIES
 ENV_VAR = "PSNG_MEGATRON_VERSION"
 
 _VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")

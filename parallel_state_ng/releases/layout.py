@@ -3,8 +3,8 @@
 Read from each release's ``megatron/core/parallel_state.py`` (``RankGenerator``,
 ``initialize_model_parallel``, ``create_all_gather_groups``). The group arithmetic
 (``generate_masked_orthogonal_rank_groups``, hierarchical and hybrid groups, embedding
-defaults) is the same in every supported release; what moves is which groups exist and a few
-parameters of the two rank generators. :class:`~parallel_state_ng.megatron_layout.MegatronLayout`
+defaults) is the same in every supported release; what moves is which groups exist, a few
+parameters of the rank generators, and (0.12–0.13) a third generator for an encoder. :class:`~parallel_state_ng.megatron_layout.MegatronLayout`
 reads these facts; it never compares version strings itself.
 """
 
@@ -44,6 +44,26 @@ class LayoutFacts:
         all_ranks_kinds: the group kinds whose in-group ranks ``get_all_ranks()`` joins with
             ``"_"``, in its order (0.19 adds the GTP rank and its default data-parallel rank
             spans the GTP axis).
+        encoder_decoder: ``encoder_tensor_model_parallel_size`` /
+            ``encoder_pipeline_model_parallel_size`` and ``pipeline_model_parallel_split_rank``
+            exist (0.12–0.13): an encoder block of ranks ``[0, encoder world)`` with a rank
+            generator of its own (expert size 1), the decoder and expert generators offset
+            after it, pipeline groups stitched from an encoder and a decoder pipeline (an
+            encoder rank can be in several), model-parallel groups concatenated, every other
+            kind's groups listed encoder first.
+        inter_partial_dp: with several distributed-optimizer instances, the groups across
+            the instances' dp × cp shares are built (``INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP``,
+            0.12); later releases build the expert ones instead.
+        partial_expert_dp: with several distributed-optimizer instances, the intra/inter
+            partial expert-data-parallel groups are built (0.13+).
+        dist_opt_instance_group: the intra-distributed-optimizer-instance group is built
+            (0.13+).
+        dp_before_dp_cp: the data-parallel groups are created before the dp × cp ones (0.12;
+            later the dp × cp groups come first, for SHARP).
+        hcp_sizes_checked: ``hierarchical_context_parallel_sizes`` must multiply to the
+            context-parallel size (``AssertionError``; 0.13+). 0.12 takes any sizes: a level
+            whose groups do not fit the context-parallel group leaves the ranks past the last
+            whole group without a group at that level.
     """
 
     series: str
@@ -54,6 +74,12 @@ class LayoutFacts:
     gtp_remat_axis: bool
     gtp_requires_single_instance: bool
     all_ranks_kinds: tuple[str, ...]
+    encoder_decoder: bool
+    inter_partial_dp: bool
+    partial_expert_dp: bool
+    dist_opt_instance_group: bool
+    dp_before_dp_cp: bool
+    hcp_sizes_checked: bool
 
 
 def _facts(series: str) -> LayoutFacts:
@@ -69,6 +95,12 @@ def _facts(series: str) -> LayoutFacts:
         all_ranks_kinds=(
             ("tp", "gtp_remat", "gtp_remat_dp", "cp", "pp", "ep") if r.at_least("0.19") else ("tp", "dp", "cp", "pp", "ep")
         ),
+        encoder_decoder=r.before("0.14"),
+        inter_partial_dp=r.before("0.13"),
+        partial_expert_dp=r.at_least("0.13"),
+        dist_opt_instance_group=r.at_least("0.13"),
+        dp_before_dp_cp=r.before("0.13"),
+        hcp_sizes_checked=r.at_least("0.13"),
     )
 
 

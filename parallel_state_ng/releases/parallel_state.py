@@ -2,8 +2,8 @@
 
 Read from each release's ``megatron/core/parallel_state.py`` and ``process_groups_config.py``
 (0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2; within a series the files are identical). The
-legacy releases 0.12 and 0.13 (``KNOWN_SERIES``, for the upgrade check; compat does not serve
-them) are stated in :mod:`.parallel_state_legacy` and merged into these tables at import.
+legacy releases 0.12 and 0.13 (0.12.3, 0.13.1: the encoder/decoder era) are stated in
+:mod:`.parallel_state_legacy` as differences from 0.14 and merged into these tables at import.
 Everything here is data; ``compat`` builds the module it serves from it, and tools (e.g. an
 upgrade checker) can query it:
 
@@ -92,7 +92,10 @@ def _next(series: str) -> str:
     return f"{major}.{minor + 1}"
 
 
-_ALL = (SUPPORTED_SERIES[0], SUPPORTED_SERIES[-1])
+# The tables below are written for the modern releases (0.14 on); the legacy 0.12/0.13 entries
+# are merged in at the end of the module.
+_MODERN_FIRST = "0.14"
+_ALL = (_MODERN_FIRST, SUPPORTED_SERIES[-1])
 
 
 def _v(since: str, until: str, *spec: Union[str, tuple[str, Any]]) -> Variant:
@@ -369,8 +372,8 @@ BEHAVIOUR: dict[str, tuple[str, str]] = {
 }
 
 # ------------------------------------------------------------- legacy releases 0.12 and 0.13
-# Known to the data (KNOWN_SERIES: the upgrade check), not served by compat. Their facts are in
-# parallel_state_legacy (a 0.14 entry is in 0.12/0.13 too unless stated there); merged here.
+# Their facts are in parallel_state_legacy (a 0.14 entry is in 0.12/0.13 too unless stated
+# there); merged here.
 from . import parallel_state_legacy as _legacy  # noqa: E402
 from .parallel_state_legacy import GLOBAL_VALUE_EXCEPTIONS  # noqa: E402
 
@@ -384,7 +387,7 @@ def _add_legacy() -> None:
     def extend(table: dict[str, list[Variant]], legacy_variants: dict[str, list]) -> None:
         for name, variants in table.items():
             first = variants[0]
-            if first.since != SUPPORTED_SERIES[0]:
+            if first.since != _MODERN_FIRST:
                 continue
             legacy = [_v(*spec) for spec in legacy_variants.get(name, [])]
             since = _next(legacy[-1].until) if legacy else first_since(name)
@@ -399,9 +402,10 @@ def _add_legacy() -> None:
     FUNCTIONS.clear()
     FUNCTIONS.update(ordered)
     for name, (since, until, init) in list(GLOBALS.items()):
-        if since == SUPPORTED_SERIES[0]:
+        if since == _MODERN_FIRST:
             GLOBALS[name] = (first_since(name), until, init)
     GLOBALS.update(_legacy.LEGACY_GLOBALS)
+    BEHAVIOUR.update(_legacy.LEGACY_BEHAVIOUR)
 
 
 _add_legacy()
