@@ -28,6 +28,10 @@ def install(hyper_comm_grid: bool = False) -> None:
     multimodule communicators, MIMO) runs on our grid (megatron's grid module is imported for
     this if it is not loaded yet). Calling it twice is harmless (a second call may add
     ``hyper_comm_grid=True``). :func:`uninstall` undoes everything.
+
+    Raises:
+        parallel_state_ng.releases.UnsupportedReleaseError: ``hyper_comm_grid=True`` while
+            serving 0.12 or 0.13, which have no ``HyperCommGrid`` (nothing is installed then).
     """
     from ._install import install as _install
 

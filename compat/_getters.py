@@ -22,6 +22,9 @@ from . import parallel_state as ps
 __all__: list[str] = []  # served through compat.parallel_state
 
 _PARTIAL_CHECK_FIRST = api.has("data_parallel_partial_check_first", ps.MEGATRON_RELEASE)
+# 0.12: the first/last-stage checks read the global virtual pipeline rank (no vp_stage).
+_STAGE_FROM_GLOBAL = api.has("virtual_stage_from_global", ps.MEGATRON_RELEASE)
+_SETTER_WARNS = api.has("virtual_rank_setter_warns", ps.MEGATRON_RELEASE)
 # Whether the served release's data-parallel getters take with_gtp_remat (0.19).
 _GTP_PARAMETER = "with_gtp_remat" in dict(api.signature("get_data_parallel_group", ps.MEGATRON_RELEASE))
 
@@ -226,11 +229,26 @@ def get_tensor_model_parallel_world_size():
     return ps.get_tensor_model_parallel_group().size()
 
 
+def _several_pipelines() -> bool:
+    """Whether this rank is in several pipelines (a 0.12/0.13 encoder rank): lists of groups/ranks."""
+    ranks = ps._PIPELINE_GLOBAL_RANKS
+    return bool(ranks) and isinstance(ranks[0], list)
+
+
 def get_pipeline_model_parallel_world_size():
-    """Size of the pipeline-model-parallel group (or the override)."""
+    """Size of the pipeline-model-parallel group (or the override).
+
+    A rank in several pipelines (0.12/0.13 encoder) gets their common size.
+    """
     if ps._MPU_PIPELINE_MODEL_PARALLEL_WORLD_SIZE is not None:
         return ps._MPU_PIPELINE_MODEL_PARALLEL_WORLD_SIZE
-    return ps.get_pipeline_model_parallel_group().size()
+    group = ps.get_pipeline_model_parallel_group()
+    if isinstance(group, list):
+        sizes = {len(ranks) for ranks in ps._PIPELINE_GLOBAL_RANKS}
+        if len(sizes) != 1:
+            raise AssertionError(f"this rank's pipelines differ in size: {sorted(sizes)}")
+        return group[0].size()
+    return group.size()
 
 
 def get_tensor_model_parallel_rank():
@@ -244,7 +262,14 @@ def get_pipeline_model_parallel_rank():
     """This rank's pipeline stage (or the override)."""
     if ps._MPU_PIPELINE_MODEL_PARALLEL_RANK is not None:
         return ps._MPU_PIPELINE_MODEL_PARALLEL_RANK
-    return torch.distributed.get_rank(group=ps.get_pipeline_model_parallel_group())
+    group = ps.get_pipeline_model_parallel_group()
+    if isinstance(group, list):  # a 0.12/0.13 encoder rank: the same stage in each of its pipelines
+        rank = torch.distributed.get_rank()
+        stages = {ranks.index(rank) for ranks in ps._PIPELINE_GLOBAL_RANKS if rank in ranks}
+        if len(stages) != 1:
+            raise AssertionError(f"rank {rank} is at different stages of its pipelines: {sorted(stages)}")
+        group = group[0]
+    return torch.distributed.get_rank(group=group)
 
 
 def get_data_parallel_world_size(with_context_parallel=False, with_gtp_remat=False, partial_data_parallel=False):
@@ -299,6 +324,8 @@ def _virtual_stage_matches(ignore_virtual: bool, vp_stage: Optional[int], wanted
     vp_size = ps.get_virtual_pipeline_model_parallel_world_size()
     if ignore_virtual or vp_size is None:
         return True
+    if _STAGE_FROM_GLOBAL:
+        return ps.get_virtual_pipeline_model_parallel_rank() == wanted(vp_size)
     if vp_stage is None:
         raise AssertionError("vp_stage must be passed if virtual pipeline is enabled")
     return vp_stage == wanted(vp_size)
@@ -345,12 +372,13 @@ def get_virtual_pipeline_model_parallel_rank():
 
 
 def set_virtual_pipeline_model_parallel_rank(rank):
-    """Set the virtual pipeline rank (deprecated: pass ``vp_stage`` instead)."""
-    warnings.warn(
-        "set_virtual_pipeline_model_parallel_rank in global scope is deprecated. "
-        "Pass vp_stage explicitly to is_pipeline_first_stage, is_pipeline_last_stage, etc.",
-        DeprecationWarning,
-    )
+    """Set the virtual pipeline rank (deprecated from 0.13 on: pass ``vp_stage`` instead)."""
+    if _SETTER_WARNS:
+        warnings.warn(
+            "set_virtual_pipeline_model_parallel_rank in global scope is deprecated. "
+            "Pass vp_stage explicitly to is_pipeline_first_stage, is_pipeline_last_stage, etc.",
+            DeprecationWarning,
+        )
     ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK = rank
 
 
@@ -376,24 +404,41 @@ def get_data_parallel_src_rank(with_context_parallel=False):
     return required(ps._DATA_PARALLEL_GLOBAL_RANKS, "Data parallel group")[0]
 
 
+def _stage_ranks(position: Callable[[], int]) -> Any:
+    """The global rank at stage ``position()`` of this rank's pipeline; a list of them, one per
+    pipeline, for a rank in several (0.12/0.13 encoder)."""
+    ranks = required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
+    i = position()
+    return [pipeline[i] for pipeline in ranks] if _several_pipelines() else ranks[i]
+
+
 def get_pipeline_model_parallel_first_rank():
-    """Global rank of the first stage of this rank's pipeline."""
-    return required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")[0]
+    """Global rank of the first stage of this rank's pipeline (all its pipelines share it)."""
+    ranks = required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
+    if _several_pipelines():
+        if len({pipeline[0] for pipeline in ranks}) != 1:
+            raise AssertionError(f"this rank's pipelines start at different ranks: {ranks}")
+        return ranks[0][0]
+    return ranks[0]
 
 
 def get_pipeline_model_parallel_last_rank():
-    """Global rank of the last stage of this rank's pipeline."""
-    ranks = required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
-    return ranks[ps.get_pipeline_model_parallel_world_size() - 1]
+    """Global rank of the last stage of this rank's pipeline (one per pipeline for a rank in several)."""
+    required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
+    return _stage_ranks(lambda: ps.get_pipeline_model_parallel_world_size() - 1)
 
 
 def get_pipeline_model_parallel_next_rank():
     """Global rank of the next stage of this rank's pipeline (wrapping around)."""
-    ranks = required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
-    return ranks[(ps.get_pipeline_model_parallel_rank() + 1) % ps.get_pipeline_model_parallel_world_size()]
+    required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
+    return _stage_ranks(
+        lambda: (ps.get_pipeline_model_parallel_rank() + 1) % ps.get_pipeline_model_parallel_world_size()
+    )
 
 
 def get_pipeline_model_parallel_prev_rank():
     """Global rank of the previous stage of this rank's pipeline (wrapping around)."""
-    ranks = required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
-    return ranks[(ps.get_pipeline_model_parallel_rank() - 1) % ps.get_pipeline_model_parallel_world_size()]
+    required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
+    return _stage_ranks(
+        lambda: (ps.get_pipeline_model_parallel_rank() - 1) % ps.get_pipeline_model_parallel_world_size()
+    )

@@ -9,6 +9,7 @@ release) rejects arguments the release does not have.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import List, Optional
@@ -69,6 +70,7 @@ def initialize_model_parallel(
     tensor_model_parallel_size: int = 1,
     pipeline_model_parallel_size: int = 1,
     virtual_pipeline_model_parallel_size: Optional[int] = None,
+    pipeline_model_parallel_split_rank: Optional[int] = None,
     pipeline_model_parallel_comm_backend: Optional[str] = None,
     use_sharp: bool = False,
     context_parallel_size: int = 1,
@@ -82,6 +84,8 @@ def initialize_model_parallel(
     nccl_communicator_config_path: Optional[str] = None,
     distributed_timeout_minutes: int = 30,
     order: str = "tp-cp-ep-dp-pp",
+    encoder_tensor_model_parallel_size: int = 0,
+    encoder_pipeline_model_parallel_size: Optional[int] = 0,
     get_embedding_ranks: Optional[Callable[[List[int], Optional[int]], List[int]]] = None,
     get_position_embedding_ranks: Optional[Callable[[List[int], Optional[int]], List[int]]] = None,
     create_gloo_process_groups: bool = True,
@@ -107,8 +111,17 @@ def initialize_model_parallel(
     # Every rank must pass the same arguments: compare them across ranks before anything else
     # (a mismatch raises on every rank instead of hanging; see parallel_state_ng.agreement).
     check_initialize_agreement(locals())
+    if encoder_tensor_model_parallel_size != 0 or encoder_pipeline_model_parallel_size != 0:
+        if api.has("encoder_deprecation_warnings", ps.MEGATRON_RELEASE):
+            warnings.warn(
+                "encoder_tensor_model_parallel_size / encoder_pipeline_model_parallel_size: encoder-specific "
+                "pipeline parallelism is deprecated in megatron-core 0.13 and removed in 0.14",
+                DeprecationWarning,
+                stacklevel=2,
+            )
     sharp_enabled_group = _check_sharp(use_sharp, sharp_enabled_group, num_distributed_optimizer_instances)
-    os.environ.pop("NCCL_COLLNET_ENABLE", None)
+    if not api.has("sharp_collnet_zero", ps.MEGATRON_RELEASE):  # 0.14+ starts without the SHARP variable
+        os.environ.pop("NCCL_COLLNET_ENABLE", None)
     if not dist.is_initialized():
         raise AssertionError("torch.distributed is not initialized: call init_process_group() first")
     validate_initialize_args(dict(locals()))
@@ -135,6 +148,9 @@ def initialize_model_parallel(
         local_world_size=local_world_size,
         gtp_remat_size=gtp_remat_size,
         expert_gtp_remat_size=expert_gtp_remat_size,
+        encoder_tensor_model_parallel_size=encoder_tensor_model_parallel_size,
+        encoder_pipeline_model_parallel_size=encoder_pipeline_model_parallel_size,
+        pipeline_model_parallel_split_rank=pipeline_model_parallel_split_rank,
         release=ps.MEGATRON_RELEASE.series,
     )
     if ps._DATA_PARALLEL_GROUP is not None or _scoping.get_state() is not None:
@@ -177,6 +193,8 @@ def initialize_model_parallel(
         hybrid_context_parallel=hybrid_context_parallel,
     )
     _scoping.set_active(state)
+    if pipeline_model_parallel_split_rank is not None:  # 0.12-0.13; kept across destroy, as in MCore
+        ps._PIPELINE_MODEL_PARALLEL_SPLIT_RANK = pipeline_model_parallel_split_rank
     if virtual_pipeline_model_parallel_size is not None:
         ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK = 0
         ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = virtual_pipeline_model_parallel_size

@@ -104,17 +104,22 @@ def _rebind_object(old: Any, new: Any) -> None:
                 namespace[attr] = new
 
 
-def _install_grid() -> None:
-    """Redirect ``megatron.core.hyper_comm_grid.HyperCommGrid`` (and names bound to it) to ours.
-
-    The module is imported if megatron is installed and it is not loaded yet, so that later
-    ``from megatron.core.hyper_comm_grid import HyperCommGrid`` gets ours too.
-    """
+def _served_grid_class() -> type:
+    """Our grid class with the served release's surface (``UnsupportedReleaseError`` before 0.14,
+    whose releases have no ``HyperCommGrid``)."""
     from parallel_state_ng.grid_releases import hyper_comm_grid_class
 
     from .parallel_state import MEGATRON_RELEASE
 
-    ours = hyper_comm_grid_class(MEGATRON_RELEASE)  # the served release's exact grid surface
+    return hyper_comm_grid_class(MEGATRON_RELEASE)
+
+
+def _install_grid(ours: type) -> None:
+    """Redirect ``megatron.core.hyper_comm_grid.HyperCommGrid`` (and names bound to it) to ``ours``.
+
+    The module is imported if megatron is installed and it is not loaded yet, so that later
+    ``from megatron.core.hyper_comm_grid import HyperCommGrid`` gets ours too.
+    """
 
     module = sys.modules.get(GRID_TARGET)
     if module is None:
@@ -134,9 +139,10 @@ def _install_grid() -> None:
 
 def install(hyper_comm_grid: bool = False) -> None:
     """See :func:`compat.install`."""
+    grid = _served_grid_class() if hyper_comm_grid else None  # checked before anything changes
     if _saved_module:
-        if hyper_comm_grid:
-            _install_grid()
+        if grid is not None:
+            _install_grid(grid)
         return
     from . import parallel_state as ours
 
@@ -154,8 +160,8 @@ def install(hyper_comm_grid: bool = False) -> None:
             if getattr(parent, attr, None) is not ours:
                 _patches.append((parent.__dict__, attr, parent.__dict__.get(attr, _MISSING)))
                 parent.__dict__[attr] = ours
-    if hyper_comm_grid:
-        _install_grid()
+    if grid is not None:
+        _install_grid(grid)
 
 
 class _Missing:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from parallel_state_ng.releases import parallel_state as api
+
 from ._state import ParallelState
 
 __all__ = [
@@ -44,6 +46,7 @@ GROUP_GLOBALS: dict[str, str] = {
     "_EXPERT_DATA_PARALLEL_GROUP": "ep_dp",
     "_EXPERT_DATA_PARALLEL_GROUP_GLOO": "ep_dp_gloo",
     "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP": "inter_ep_dp",
+    "_INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "inter_dp_cp",
     "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "intra_dist_opt_instance",
     "_GTP_WEIGHT_REMAT_GROUP": "gtp_remat",
     "_EXPERT_GTP_WEIGHT_REMAT_GROUP": "expt_gtp_remat",
@@ -85,6 +88,7 @@ _GTP_GLOBALS: dict[str, tuple[str, str]] = {
 }
 _OTHER_STATE = (
     "_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS",
+    "_PIPELINE_MODEL_PARALLEL_DECODER_START",
     "_HYBRID_DP_CP_GROUPS",
     "_VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK",
     "_VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE",
@@ -120,12 +124,12 @@ def state_globals(ns: dict[str, Any]) -> list[str]:
 
 
 def publish(ns: dict[str, Any], state: Optional[ParallelState]) -> None:
-    """Mirror ``state`` into the module globals ``ns`` (``None``: reset them).
+    """Mirror ``state`` into the module globals ``ns`` (``None``: reset them to their import values).
 
     Only globals ``ns`` has (those of the served release) are written.
     """
-    values: dict[str, Any] = dict.fromkeys(state_globals(ns))
-    values["_HYBRID_DP_CP_GROUPS"] = {}
+    initial = api.globals_of(ns["MEGATRON_RELEASE"])  # import-time values: None, dict or list
+    values: dict[str, Any] = {name: None if initial.get(name) is None else initial[name]() for name in state_globals(ns)}
     if state is not None:
         g = state.groups
         values.update({name: g.get(key) for name, key in GROUP_GLOBALS.items()})
@@ -134,7 +138,10 @@ def publish(ns: dict[str, Any], state: Optional[ParallelState]) -> None:
         values.update({name: g.get(keys[0] if partial else keys[1]) for name, keys in _PARTIAL_GLOBALS.items()})
         for name, (key, alias) in _GTP_GLOBALS.items():
             values[name] = g[key] if key in g else values[alias]
-        values["_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS"] = state.hierarchical_cp_groups
+        if state.hierarchical_cp_groups is not None:
+            values["_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS"] = state.hierarchical_cp_groups
+        # 0.12-0.13: the first decoder stage of a pipeline that starts with an encoder
+        values["_PIPELINE_MODEL_PARALLEL_DECODER_START"] = state.layout.encoder_pipeline_model_parallel_size or None
         values["_HYBRID_DP_CP_GROUPS"] = dict(state.hybrid_dp_cp_groups)
         values["_global_process_group_list"] = state.process_group_list
     for name, value in values.items():

@@ -109,6 +109,8 @@ def _clear_module(ns: dict[str, Any]) -> None:
     for name in (*OVERRIDE_GLOBALS, *BUFFER_GLOBALS):
         if name in ns:
             ns[name] = None
+    if "_MOE_LAYER_WISE_LOGGING_TRACKER" in ns:  # 0.12: destroy starts a new tracker
+        ns["_MOE_LAYER_WISE_LOGGING_TRACKER"] = {}
 
 
 def detach_state() -> _state.ParallelState:

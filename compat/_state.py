@@ -72,6 +72,11 @@ class ParallelState:
                 raise KeyError(
                     f"rank {self.rank} has no group of kind {kind!r}; its groups: {sorted(self.ranks)}"
                 )
+            if isinstance(group, list):
+                raise KeyError(
+                    f"rank {self.rank} is in several {kind!r} groups (a 0.12/0.13 encoder rank in several "
+                    f"pipelines: {self.ranks[kind]}); a handle needs one group"
+                )
             handle = self.handles[kind] = GroupHandle(
                 self.ranks[kind], group, self.groups.get(f"{kind}_gloo"), rank=self.rank, name=kind
             )
@@ -149,9 +154,16 @@ def build_state(
     return state
 
 
-def _sharp_barrier(group: Any) -> None:
-    """Force the lazily created communicator into existence so SHARP applies to it."""
+def _sharp_barrier(group: Any, legacy: bool) -> None:
+    """Force the lazily created communicator into existence so SHARP applies to it.
+
+    ``legacy`` (0.12–0.13): no CUDA synchronize, and NCCL_COLLNET_ENABLE is set to "0" after it
+    (later releases remove the variable).
+    """
     dist.barrier(group=group, device_ids=[torch.cuda.current_device()])
+    if legacy:
+        os.environ["NCCL_COLLNET_ENABLE"] = "0"
+        return
     torch.cuda.synchronize()
     os.environ.pop("NCCL_COLLNET_ENABLE", None)
 
@@ -168,10 +180,13 @@ def _create_all(
 ) -> None:
     lay, rank = state.layout, state.rank
     g, r = state.groups, state.ranks
+    facts = lay.facts
     n_instances = lay.num_distributed_optimizer_instances
-    gtp_axis = lay.facts.gtp_remat_axis  # 0.19: the GTP weight-rematerialization kinds exist
+    gtp_axis = facts.gtp_remat_axis  # 0.19: the GTP weight-rematerialization kinds exist
     # the expert-parallel group gets the init timeout from 0.16 on (torch's default before)
     ep_timeout = {} if api.has("expert_group_timeout", lay.release) else {"timeout": None}
+    hcp_timeout = {"timeout": None} if api.has("hierarchical_cp_default_timeout", lay.release) else {}
+    legacy_sharp = api.has("sharp_collnet_zero", lay.release)
 
     def kind(name: str, desc: str, option_key: Optional[str] = None, **kw: Any) -> Any:
         ranks = lay.group(name, rank)
@@ -186,8 +201,15 @@ def _create_all(
     if gtp_axis:
         kind("gtp_remat", "GTP_WEIGHT_REMAT_GROUP")
         gloo = gloo and lay.gtp_remat_size == 1  # 0.19: no gloo groups under GTP
+
+    def data_parallel() -> None:
+        kind("dp", "DATA_PARALLEL_GROUP")
+        gloo_twin("dp", "DATA_PARALLEL_GROUP_GLOO")
+
+    if facts.dp_before_dp_cp:  # 0.12
+        data_parallel()
     # Data parallel with context parallel first: with SHARP it must be the first communicator.
-    if sharp == "dp":
+    if sharp == "dp" and not legacy_sharp:
         os.environ["NCCL_COLLNET_ENABLE"] = "1"
     kind("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP")
     if all_gather:  # 0.16-0.17 init argument
@@ -196,8 +218,10 @@ def _create_all(
     if n_instances > 1:
         kind("intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP")
         gloo_twin("intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO")
+        if facts.inter_partial_dp:  # 0.12
+            kind("inter_dp_cp", "INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP")
     if sharp == "dp":
-        _sharp_barrier(g["dp_cp"])
+        _sharp_barrier(g["dp_cp"], legacy_sharp)
 
     if hybrid:
         for size in lay.hybrid_group_sizes():
@@ -205,8 +229,8 @@ def _create_all(
                 lay.hybrid_group(rank, size), f"HYBRID_DP_CP_GROUP_{size}", pg_options=opts("dp_cp"), timeout=None
             )
 
-    kind("dp", "DATA_PARALLEL_GROUP")
-    gloo_twin("dp", "DATA_PARALLEL_GROUP_GLOO")
+    if not facts.dp_before_dp_cp:
+        data_parallel()
     if gtp_axis and lay.gtp_remat_size > 1:  # else these alias dp / dp_cp
         kind("gtp_remat_dp", "DATA_PARALLEL_GROUP_WITH_GTP_REMAT")
         kind("gtp_remat_dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT")
@@ -216,26 +240,34 @@ def _create_all(
         state.hierarchical_cp_groups = []
         for level in range(lay.hierarchical_levels):
             ranks = lay.group(f"hcp{level}", rank)
+            if ranks is None:  # 0.12: sizes that do not cover the cp group leave ranks out
+                continue
             r[f"hcp{level}"] = ranks
-            pg = make.make(ranks, f"HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{level}", pg_options=opts("hcp"))
+            pg = make.make(ranks, f"HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{level}", pg_options=opts("hcp"), **hcp_timeout)
             g[f"hcp{level}"] = pg
             state.hierarchical_cp_groups.append(pg)
 
     kind("mp", "MODEL_PARALLEL_GROUP")
     kind("tp", "TENSOR_MODEL_PARALLEL_GROUP")
 
-    r["pp"] = lay.group("pp", rank)
-    g["pp"] = make.make(
-        r["pp"],
-        "PIPELINE_MODEL_PARALLEL_GROUP",
-        backend=pp_backend,
-        pg_options=None if pp_backend == "ucc" else opts("pp"),
-    )
-    for name, desc in (("embd", "EMBEDDING_GROUP"), ("pos_embd", "POSITION_EMBEDDING_GROUP")):
-        members = lay.embedding_ranks(name, r["pp"])
-        if rank in members:
-            r[name] = members
-            g[name] = make.make(members, desc, pg_options=opts(name))
+    # A 0.12/0.13 encoder rank can be in several stitched pipelines: MCore then keeps lists
+    # of their groups and ranks, and the embedding groups of the last pipeline holding it.
+    pipelines, pp_groups = lay.groups("pp", rank), []
+    for pipeline in pipelines:
+        pp_groups.append(make.make(
+            pipeline,
+            "PIPELINE_MODEL_PARALLEL_GROUP",
+            backend=pp_backend,
+            pg_options=None if pp_backend == "ucc" else opts("pp"),
+        ))
+        for name, desc in (("embd", "EMBEDDING_GROUP"), ("pos_embd", "POSITION_EMBEDDING_GROUP")):
+            members = lay.embedding_ranks(name, pipeline)
+            if rank in members:
+                r[name] = members
+                g[name] = make.make(members, desc, pg_options=opts(name))
+    several = len(pipelines) > 1
+    r["pp"] = pipelines if several else pipelines[0]
+    g["pp"] = pp_groups if several else pp_groups[0]
 
     kind("tp_dp_cp", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP")
     kind("tp_dp", "TENSOR_AND_DATA_PARALLEL_GROUP")
@@ -252,7 +284,7 @@ def _create_all(
         gloo = gloo and lay.expert_gtp_remat_size == 1  # 0.19: no expert gloo groups under expert GTP
     kind("ep_dp", "EXPERT_DATA_PARALLEL_GROUP")
     gloo_twin("ep_dp", "EXPERT_DATA_PARALLEL_GROUP_GLOO", timeout=None)
-    if n_instances > 1:
+    if n_instances > 1 and facts.partial_expert_dp:
         if sharp == "dp_replica":
             os.environ["NCCL_COLLNET_ENABLE"] = "1"
         for level, name in enumerate(("intra_ep_dp", "inter_ep_dp")):
@@ -263,4 +295,10 @@ def _create_all(
     if gtp_axis and lay.expert_gtp_remat_size > 1:  # else it aliases ep_dp
         kind("ep_gtp_remat_dp", "EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT")
 
-    kind("intra_dist_opt_instance", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP")
+    if facts.dist_opt_instance_group:
+        members = lay.group("intra_dist_opt_instance", rank)
+        if members is not None:  # None: a 0.13 encoder layout's leftover groups form no instance
+            r["intra_dist_opt_instance"] = members
+            g["intra_dist_opt_instance"] = make.make(
+                members, "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", pg_options=opts("intra_dist_opt_instance")
+            )

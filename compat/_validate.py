@@ -137,6 +137,18 @@ def validate_initialize_args(args: dict[str, Any]) -> None:
     if backend is not None and not isinstance(backend, str):
         raise BackendTypeError(f"pipeline_model_parallel_comm_backend must be None or a str, got {backend!r}")
 
+    for name in ("encoder_tensor_model_parallel_size", "encoder_pipeline_model_parallel_size"):  # 0.12-0.13
+        value = args[name]
+        if value is None and name == "encoder_pipeline_model_parallel_size":
+            continue
+        if not _is_int(value):
+            raise TypeError(f"{name} must be an int >= 0 (0: no encoder), got {value!r} ({type(value).__name__})")
+        if value < 0:
+            raise SizeBelowOneError(f"{name} must be >= 0 (0: no encoder), got {value}")
+    split = args["pipeline_model_parallel_split_rank"]
+    if split is not None and not _is_int(split):
+        raise TypeError(f"pipeline_model_parallel_split_rank must be None or an int, got {split!r} ({type(split).__name__})")
+
     path = args["nccl_communicator_config_path"]
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"nccl_communicator_config_path must be a path or None, got {path!r}")

@@ -1,4 +1,4 @@
-"""Drop-in replacement for ``megatron.core.parallel_state``, for megatron-core 0.14 … 0.19.
+"""Drop-in replacement for ``megatron.core.parallel_state``, for megatron-core 0.12 … 0.19.
 
 It serves the API of ONE release: :data:`MEGATRON_VERSION` (the installed megatron-core, or
 ``$PSNG_MEGATRON_VERSION``, or the newest supported release; see
@@ -37,7 +37,7 @@ MEGATRON_VERSION: str = MEGATRON_RELEASE.version
 globals().update({name: (None if init is None else init()) for name, init in _api.globals_of(MEGATRON_RELEASE).items()})
 
 # The implementations read and write the globals above; importing them needs MEGATRON_RELEASE.
-from . import _expert, _getters, _helpers, _init, _scoping  # noqa: E402
+from . import _expert, _getters, _helpers, _init, _legacy, _scoping  # noqa: E402
 from ._surface import serve as _serve  # noqa: E402
 from parallel_state_ng.megatron_layout import (  # noqa: E402  (MCore API: the embedding defaults)
     default_embedding_ranks as _default_embedding_ranks,
@@ -49,7 +49,7 @@ globals().update(
         MEGATRON_RELEASE,
         __name__,
         {
-            **{n: f for m in (_getters, _expert, _helpers, _init) for n, f in vars(m).items() if callable(f)},
+            **{n: f for m in (_getters, _expert, _helpers, _init, _legacy) for n, f in vars(m).items() if callable(f)},
             "destroy_model_parallel": _scoping.destroy_model_parallel,
             "default_embedding_ranks": _default_embedding_ranks,
             "default_position_embedding_ranks": _default_position_embedding_ranks,

@@ -90,7 +90,7 @@ def to_process_group_collection(
     context parallelism, the all-gather groups of 0.18+) are ``None``, as MCore leaves them.
 
     Raises:
-        ImportError: the served release (0.14) has no ``ProcessGroupCollection``.
+        ImportError: the served release (0.12–0.14) has no ``ProcessGroupCollection``.
         ValueError: ``required_pgs`` names a field the installed class does not have.
         UnknownCollectionFieldError: the installed class has a field compat cannot fill (a newer
             megatron-core); nothing is silently skipped.

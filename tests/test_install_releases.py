@@ -6,7 +6,9 @@ first, plus a module that binds names with ``from megatron.core.parallel_state i
 then ``compat.install(hyper_comm_grid=True)`` must rebind all of them to compat (serving that
 release), the release's own ``ProcessGroupCollection.use_mpu_process_groups()`` must then give
 exactly the groups of ``compat.pg_collection.to_process_group_collection()``, and
-``uninstall()`` must restore every name.
+``uninstall()`` must restore every name. 0.12 and 0.13 have no ``HyperCommGrid``:
+``install(hyper_comm_grid=True)`` must refuse there and leave nothing installed, and their
+``ModelCommProcessGroups.use_mpu_process_groups()`` (0.13) must read compat's groups.
 """
 
 from __future__ import annotations
@@ -27,13 +29,18 @@ def check_install(version: str) -> dict:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    import megatron.core.hyper_comm_grid as mgrid
     import megatron.core.parallel_state as theirs
     import megatron.core.process_groups_config as pgc
+    from parallel_state_ng.releases import UnsupportedReleaseError
+
+    try:
+        import megatron.core.hyper_comm_grid as mgrid
+    except ImportError:  # 0.12, 0.13
+        mgrid = None
 
     user = types.ModuleType("megatron.core.user_code")  # a module with MCore-style from-imports
     exec("from megatron.core.parallel_state import get_data_parallel_group, get_tensor_model_parallel_rank\n"
-         "from megatron.core.hyper_comm_grid import HyperCommGrid\n", user.__dict__)
+         + ("from megatron.core.hyper_comm_grid import HyperCommGrid\n" if mgrid else ""), user.__dict__)
     sys.modules[user.__name__] = user
 
     import compat
@@ -41,19 +48,28 @@ def check_install(version: str) -> dict:
     from compat.pg_collection import to_process_group_collection
     from parallel_state_ng.grid_releases import hyper_comm_grid_class
 
-    our_grid = hyper_comm_grid_class(ps.MEGATRON_RELEASE)  # the served release's grid surface
-
     out: dict = {"served": ps.MEGATRON_VERSION}
-    compat.install(hyper_comm_grid=True)
+    if mgrid is None:
+        try:
+            compat.install(hyper_comm_grid=True)
+            out["grid_refused"] = "installed"
+        except UnsupportedReleaseError as exc:
+            out["grid_refused"] = str(exc)
+        out["untouched"] = sys.modules["megatron.core.parallel_state"] is theirs
+        compat.install()
+    else:
+        our_grid = hyper_comm_grid_class(ps.MEGATRON_RELEASE)  # the served release's grid surface
+        compat.install(hyper_comm_grid=True)
     out["rebound"] = {
         "sys.modules": sys.modules["megatron.core.parallel_state"] is ps,
         "megatron.core attribute": sys.modules["megatron.core"].parallel_state is ps,
-        "process_groups_config": pgc.parallel_state is ps,
+        "process_groups_config": getattr(pgc, "parallel_state", ps) is ps,  # 0.12's does not import it
         "from-import function": user.get_data_parallel_group is ps.get_data_parallel_group,
         "from-import rank getter": user.get_tensor_model_parallel_rank is ps.get_tensor_model_parallel_rank,
-        "grid module": mgrid.HyperCommGrid is our_grid,
-        "from-import grid": user.HyperCommGrid is our_grid,
     }
+    if mgrid is not None:
+        out["rebound"]["grid module"] = mgrid.HyperCommGrid is our_grid
+        out["rebound"]["from-import grid"] = user.HyperCommGrid is our_grid
     dist.init_process_group("fake", rank=3, world_size=8, store=FakeStore())
     try:
         ps.initialize_model_parallel(
@@ -67,8 +83,10 @@ def check_install(version: str) -> dict:
                 out["export"] = "no error"
             except ImportError as exc:
                 out["export"] = f"ImportError: {exc}"
-            model = pgc.ModelCommProcessGroups.use_mpu_process_groups()
-            out["model_comm_tp_is_compat"] = model.tp is ps.get_tensor_model_parallel_group()
+            if hasattr(pgc.ModelCommProcessGroups, "use_mpu_process_groups"):  # 0.12 has none
+                model = pgc.ModelCommProcessGroups.use_mpu_process_groups()
+                out["model_comm_tp_is_compat"] = model.tp is ps.get_tensor_model_parallel_group()
+                out["model_comm_pp_is_compat"] = model.pp is ps.get_pipeline_model_parallel_group()
         else:
             reference = collection.use_mpu_process_groups()  # the release's own method, on compat
             ours = to_process_group_collection()
@@ -82,11 +100,12 @@ def check_install(version: str) -> dict:
     compat.uninstall()
     out["restored"] = {
         "sys.modules": sys.modules["megatron.core.parallel_state"] is theirs,
-        "process_groups_config": pgc.parallel_state is theirs,
+        "process_groups_config": getattr(pgc, "parallel_state", theirs) is theirs,
         "from-import function": user.get_data_parallel_group is theirs.get_data_parallel_group,
-        "grid module": mgrid.HyperCommGrid is not our_grid,
-        "from-import grid": user.HyperCommGrid is mgrid.HyperCommGrid,
     }
+    if mgrid is not None:
+        out["restored"]["grid module"] = mgrid.HyperCommGrid is not our_grid
+        out["restored"]["from-import grid"] = user.HyperCommGrid is mgrid.HyperCommGrid
     return out
 
 
@@ -101,5 +120,8 @@ def test_install_on_release(version):
         assert out["fields"] == {"0.18": 22, "0.19": 27}.get(version[:4], 20)
         assert {"inter_dist_opt", "hcp"} <= set(out["unset_fields"])  # one optimizer instance, no hierarchical cp
     else:
-        assert out["export"].startswith("ImportError") and "0.14" in out["export"]
-        assert out["model_comm_tp_is_compat"]
+        assert out["export"].startswith("ImportError") and version[:4] in out["export"]
+        if version[:4] != "0.12":  # 0.12's ModelCommProcessGroups has no use_mpu_process_groups
+            assert out["model_comm_tp_is_compat"] and out["model_comm_pp_is_compat"]
+    if version[:4] in ("0.12", "0.13"):
+        assert "no HyperCommGrid" in out["grid_refused"] and out["untouched"], out

@@ -1,11 +1,12 @@
-"""The per-release data for the releases compat does not serve (0.12.3, 0.13.1) against their modules.
+"""The legacy releases' data (0.12.3, 0.13.1) against their own modules, apart from compat.
 
-compat serves 0.14-0.19 from ``parallel_state_ng.releases.parallel_state``, and
-``tests/test_releases_compat.py`` checks compat against each of those releases (which checks the
-data they share). The data also knows 0.12 and 0.13 (``KNOWN_SERIES``, for ``port --upgrade``):
-here each of those releases' own ``parallel_state``, imported in its own process, is compared
-with what the data says about it — functions with parameter names, kinds, defaults and module
-order, state globals with their import-time values, ``RankGenerator`` — both directions.
+compat serves every supported release from ``parallel_state_ng.releases.parallel_state``, and
+``tests/test_releases_compat.py`` checks compat against each release (which checks the data it
+serves). The 0.12/0.13 entries are written as differences from 0.14
+(``releases/parallel_state_legacy.py``) and also drive ``port --upgrade``: here each legacy
+release's own ``parallel_state``, imported in its own process, is compared directly with what
+the data says about it — functions with parameter names, kinds, defaults and module order,
+state globals with their import-time values, ``RankGenerator`` — both directions.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import pytest
 
 import mcore_releases
-from parallel_state_ng.releases import KNOWN_SERIES, SUPPORTED_SERIES
+from parallel_state_ng.releases import KNOWN_SERIES, SUPPORTED_SERIES, parse_release
 
 
-def test_legacy_series_are_known_not_supported():
-    assert set(mcore_releases.LEGACY_RELEASES) == set(KNOWN_SERIES) - set(SUPPORTED_SERIES)
+def test_legacy_series_are_supported():
+    assert set(mcore_releases.LEGACY_RELEASES) <= set(SUPPORTED_SERIES) == set(KNOWN_SERIES)
+    assert [s for s in SUPPORTED_SERIES if parse_release(s).before("0.14")] == sorted(mcore_releases.LEGACY_RELEASES)
 
 
 @pytest.mark.parametrize("version", sorted(mcore_releases.LEGACY_RELEASES.values()))

@@ -57,9 +57,9 @@ def test_newer_warns_naming_both_and_serves_the_newest():
     assert release.series == SUPPORTED_SERIES[-1] and release.version == "0.25.0"
 
 
-@pytest.mark.parametrize("version", ["0.13.1", "0.9"])
+@pytest.mark.parametrize("version", ["0.11.0", "0.9"])
 def test_older_raises_naming_the_supported_range(version):
-    with pytest.raises(UnsupportedReleaseError, match=r"0\.14 to 0\.19"):
+    with pytest.raises(UnsupportedReleaseError, match=r"0\.12 to 0\.19"):
         select_release(version)
 
 
@@ -109,7 +109,7 @@ def _surface(env_version):
     return json.loads(done.stdout.split("@@")[-1])
 
 
-@pytest.mark.parametrize("requested", ["0.14", "0.17.1", "0.19"])
+@pytest.mark.parametrize("requested", ["0.12", "0.13.1", "0.14", "0.17.1", "0.19"])
 def test_module_serves_exactly_the_requested_release(requested):
     """MEGATRON_VERSION is the request; functions, signatures, globals and RankGenerator are its."""
     out = _surface(requested)
@@ -127,8 +127,8 @@ def test_newer_release_at_import_warns_and_older_fails():
     newer = _surface("0.99.0")
     assert newer["version"] == "0.99.0" and newer["series"] == SUPPORTED_SERIES[-1]
     assert any("0.99.0" in w and SUPPORTED_SERIES[-1] in w for w in newer["warnings"])
-    done = _run("import compat.parallel_state", "0.13")
-    assert done.returncode != 0 and "UnsupportedReleaseError" in done.stderr and "0.14 to 0.19" in done.stderr
+    done = _run("import compat.parallel_state", "0.11")
+    assert done.returncode != 0 and "UnsupportedReleaseError" in done.stderr and "0.12 to 0.19" in done.stderr
 
 
 _POSITIONAL = r"""

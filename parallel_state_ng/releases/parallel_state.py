@@ -351,6 +351,8 @@ RANK_GENERATOR: dict[str, list[Variant]] = {
 BEHAVIOUR: dict[str, tuple[str, str]] = {
     # create_group() appends the groups of this rank to _global_process_group_list.
     "process_group_list": ("0.15", "0.19"),
+    # set_virtual_pipeline_model_parallel_rank() warns (DeprecationWarning: pass vp_stage instead).
+    "virtual_rank_setter_warns": ("0.13", "0.19"),
     # The expert-model-parallel group gets the init timeout (before: torch's default timeout).
     "expert_group_timeout": ("0.16", "0.19"),
     # initialize_model_parallel() creates the symmetric memory buffer lazily via
