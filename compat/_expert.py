@@ -15,6 +15,7 @@ from ._getters import (
     distributed,
     gtp_keyword,
     required,
+    served_keywords,
 )
 
 __all__: list[str] = []  # served through compat.parallel_state
@@ -137,7 +138,9 @@ def get_data_modulo_expert_parallel_group(partial_expert_data_parallel=False):
         "get_data_modulo_expert_parallel_group is deprecated, please use get_expert_data_parallel_group instead.",
         DeprecationWarning,
     )
-    return ps.get_expert_data_parallel_group(partial_expert_data_parallel=partial_expert_data_parallel)
+    return ps.get_expert_data_parallel_group(
+        **served_keywords("get_expert_data_parallel_group", partial_expert_data_parallel=partial_expert_data_parallel)
+    )
 
 
 def get_expert_data_parallel_group_gloo(partial_expert_data_parallel=False):
@@ -152,7 +155,8 @@ def get_expert_data_parallel_rank(with_gtp_remat=False, partial_expert_data_para
     if not distributed():
         return 0
     return ps.get_expert_data_parallel_group(
-        partial_expert_data_parallel=partial_expert_data_parallel, **gtp_keyword(with_gtp_remat)
+        **served_keywords("get_expert_data_parallel_group", partial_expert_data_parallel=partial_expert_data_parallel),
+        **gtp_keyword(with_gtp_remat),
     ).rank()
 
 
@@ -161,7 +165,8 @@ def get_expert_data_parallel_world_size(with_gtp_remat=False, partial_expert_dat
     if not distributed():
         return 0
     return ps.get_expert_data_parallel_group(
-        partial_expert_data_parallel=partial_expert_data_parallel, **gtp_keyword(with_gtp_remat)
+        **served_keywords("get_expert_data_parallel_group", partial_expert_data_parallel=partial_expert_data_parallel),
+        **gtp_keyword(with_gtp_remat),
     ).size()
 
 

@@ -9,6 +9,7 @@ signature on top.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any, Optional
@@ -25,6 +26,7 @@ _PARTIAL_CHECK_FIRST = api.has("data_parallel_partial_check_first", ps.MEGATRON_
 # 0.12: the first/last-stage checks read the global virtual pipeline rank (no vp_stage).
 _STAGE_FROM_GLOBAL = api.has("virtual_stage_from_global", ps.MEGATRON_RELEASE)
 _SETTER_WARNS = api.has("virtual_rank_setter_warns", ps.MEGATRON_RELEASE)
+_RANK_FIRST = api.has("pipeline_rank_reads_world_rank", ps.MEGATRON_RELEASE)
 # Whether the served release's data-parallel getters take with_gtp_remat (0.19).
 _GTP_PARAMETER = "with_gtp_remat" in dict(api.signature("get_data_parallel_group", ps.MEGATRON_RELEASE))
 
@@ -36,6 +38,21 @@ def gtp_keyword(with_gtp_remat: bool) -> dict[str, bool]:
     ``compat.parallel_state`` is seen by the getters built on it.
     """
     return {"with_gtp_remat": with_gtp_remat} if _GTP_PARAMETER else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _served_parameters(function: str) -> frozenset[str]:
+    return frozenset(dict(api.signature(function, ps.MEGATRON_RELEASE) or ()))
+
+
+def served_keywords(function: str, **kwargs: Any) -> dict[str, Any]:
+    """``kwargs`` limited to the parameters the served release's ``function`` has.
+
+    For calls of one served function from another: a parameter the release lacks (e.g.
+    ``vp_stage`` on 0.12) is at its default in the caller, which is what that release does.
+    """
+    accepted = _served_parameters(function)
+    return {name: value for name, value in kwargs.items() if name in accepted}
 
 
 def required(value: Any, what: str) -> Any:
@@ -262,6 +279,8 @@ def get_pipeline_model_parallel_rank():
     """This rank's pipeline stage (or the override)."""
     if ps._MPU_PIPELINE_MODEL_PARALLEL_RANK is not None:
         return ps._MPU_PIPELINE_MODEL_PARALLEL_RANK
+    if _RANK_FIRST:
+        torch.distributed.get_rank()  # 0.12/0.13 read the world rank first (ValueError without a world)
     group = ps.get_pipeline_model_parallel_group()
     if isinstance(group, list):  # a 0.12/0.13 encoder rank: the same stage in each of its pipelines
         rank = torch.distributed.get_rank()
@@ -354,9 +373,9 @@ def is_rank_in_embedding_group(ignore_virtual=True, vp_stage=None):
     if ignore_virtual:
         return True
     if rank == ranks[0]:
-        return ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+        return ps.is_pipeline_first_stage(**served_keywords("is_pipeline_first_stage", ignore_virtual=False, vp_stage=vp_stage))
     if rank == ranks[-1]:
-        return ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+        return ps.is_pipeline_last_stage(**served_keywords("is_pipeline_last_stage", ignore_virtual=False, vp_stage=vp_stage))
     return True
 
 

@@ -291,7 +291,7 @@ def _create_all(
             kind(name, f"HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L{level}")
             gloo_twin(name, f"HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L{level}", pg_options=opts(name))
         if sharp == "dp_replica":
-            _sharp_barrier(g["inter_ep_dp"])
+            _sharp_barrier(g["inter_ep_dp"], legacy_sharp)
     if gtp_axis and lay.expert_gtp_remat_size > 1:  # else it aliases ep_dp
         kind("ep_gtp_remat_dp", "EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT")
 

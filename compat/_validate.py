@@ -23,6 +23,7 @@ __all__ = [
     "validate_initialize_args",
     "ZeroSizeError",
     "SizeBelowOneError",
+    "ZeroHierarchicalSizeError",
     "NegativeWorldSizeError",
     "OrderTypeError",
     "BackendTypeError",
@@ -36,6 +37,11 @@ class ZeroSizeError(ValueError, ZeroDivisionError):
 class SizeBelowOneError(ValueError, AssertionError):
     """A negative parallel size, or a hierarchical context-parallel size below 1 (MCore fails
     on them with ``AssertionError``)."""
+
+
+class ZeroHierarchicalSizeError(SizeBelowOneError, ZeroDivisionError):
+    """A hierarchical context-parallel size of 0 (0.13+ fail on it with ``AssertionError``,
+    0.12 divides by it: ``ZeroDivisionError``)."""
 
 
 class OrderTypeError(TypeError, AttributeError):
@@ -123,7 +129,7 @@ def validate_initialize_args(args: dict[str, Any]) -> None:
         if isinstance(hcp, (str, bytes)) or not isinstance(hcp, Sequence):
             raise TypeError(f"hierarchical_context_parallel_sizes must be a list of ints, got {hcp!r}")
         for i, size in enumerate(hcp):
-            _check_size(f"hierarchical_context_parallel_sizes[{i}]", size, SizeBelowOneError)
+            _check_size(f"hierarchical_context_parallel_sizes[{i}]", size, ZeroHierarchicalSizeError)
 
     groups = args["high_priority_stream_groups"]
     if groups is not None:

@@ -202,10 +202,11 @@ class MegatronLayout:
                 f"size ({edp}) to equal the data parallel size ({self.data_parallel_size}): megatron-core splits "
                 f"the encoder's data-parallel groups into expert distributed-optimizer shares"
             )
-        self._edp_split = {
+        self._edp_split = {  # 0.13+: the expert dp shares of the optimizer instances
             name: block.split("dp", [edp // n, n], ["intra_ep_dp", "inter_ep_dp"])
             for name, block in expert_blocks.items()
-            if name == "decoder" or (n > 1 and self.facts.partial_expert_dp)
+            if (self.facts.partial_expert_dp or self.facts.dist_opt_instance_group)
+            and (name == "decoder" or (n > 1 and self.facts.partial_expert_dp))
         }
         split = self.pipeline_model_parallel_split_rank
         stages = enc_pp + pp

@@ -7,9 +7,12 @@ hand-written edge cases and seeded random ones. Everything here follows the *ref
 ``tests/mcore_releases.activate`` bound the process to): a configuration only uses parameters
 the reference's ``initialize_model_parallel`` has, the sampler draws GTP sizes only where the
 reference has ``gtp_remat_size``, a sub-world only where it has ``rank_offset`` and
-``local_world_size``, and the all-gather groups after init only where it has
-``create_all_gather_groups``. A parameter of the reference this module does not know raises
-:class:`differential.UnknownApiError` (a new argument is never silently left at its default).
+``local_world_size``, the all-gather groups after init only where it has
+``create_all_gather_groups``, and an encoder block or a pipeline split rank only where it has
+the 0.12/0.13 encoder sizes and ``pipeline_model_parallel_split_rank``; the release-specific
+families are in ``tests/diff_configs_releases.py``. A parameter of the reference this module
+does not know raises :class:`differential.UnknownApiError` (a new argument is never silently
+left at its default).
 
 Running and comparing them is ``tests/diff_run.py``.
 """
@@ -120,6 +123,9 @@ class Config:
             parts.append(f"{short}{k.get(name, 1)}")
         if k.get("expert_tensor_parallel_size") is not None:
             parts.append(f"etp{k['expert_tensor_parallel_size']}")
+        for name, short in _releases().ID_PARTS:  # 0.12/0.13: encoder sizes, split rank
+            if name in k:
+                parts.append(f"{short}{k[name]}")
         for name, short in (("gtp_remat_size", "gtp"), ("expert_gtp_remat_size", "egtp"),
                             ("rank_offset", "off"), ("local_world_size", "lws")):
             if name in k:
@@ -174,6 +180,8 @@ class Config:
         offset, local = self.kwargs.get("rank_offset"), self.kwargs.get("local_world_size")
         if isinstance(offset, int) and isinstance(local, int):  # both edges of the sub-world
             ranks += [r for r in (offset, offset + local - 1) if 0 <= r < w and r not in ranks]
+        if _releases().ENC_PP in self.kwargs:  # 0.12/0.13: where the encoder and decoder blocks meet
+            ranks += [r for r in _releases().boundary_ranks(self) if r not in ranks]
         return ranks
 
 
@@ -220,7 +228,16 @@ KNOWN_INIT_PARAMETERS = frozenset({
     "get_embedding_ranks", "get_position_embedding_ranks", "create_gloo_process_groups",
     "high_priority_stream_groups", "sharp_enabled_group", "create_all_gather_group", "rank_offset",
     "local_world_size",
+    # 0.12/0.13 (tests/diff_configs_releases.py)
+    "pipeline_model_parallel_split_rank", "encoder_tensor_model_parallel_size", "encoder_pipeline_model_parallel_size",
 })
+
+
+def _releases():
+    """``tests/diff_configs_releases.py`` (imported on first use: it imports this module)."""
+    import diff_configs_releases
+
+    return diff_configs_releases
 
 
 @functools.lru_cache(maxsize=None)
@@ -253,6 +270,10 @@ def _random_config(rng: random.Random, w: int) -> Config:
     Draws for parameters a release lacks are not made, so the configurations of a release
     without them are the same whatever newer releases added.
     """
+    if has("encoder_pipeline_model_parallel_size") and rng.random() < 0.3:  # 0.12/0.13: an encoder block
+        cfg = _releases().random_encoder_config(rng, w)
+        if cfg is not None:
+            return cfg
     n, extra = w, {}
     if has("local_world_size") and w >= 4 and rng.random() < 0.2:  # a layout on part of the world
         n = rng.choice([d for d in _divisors(w) if d < w and d >= 2])
@@ -337,8 +358,10 @@ def _random_config(rng: random.Random, w: int) -> Config:
         kw["get_position_embedding_ranks"] = EMBEDDING_CALLABLES[rng.choice(["last", "all", "even", "middle"])]
     if rng.random() < 0.04:
         kw["pipeline_model_parallel_comm_backend"] = rng.choice(["nccl", "ucc", "nccl"])
-    if rng.random() < 0.05:
+    if has("high_priority_stream_groups") and rng.random() < 0.05:
         kw["high_priority_stream_groups"] = rng.choice([["zz"], [], ["tp"], ["dp_cp", "ep_dp"]])
+    if has("pipeline_model_parallel_split_rank"):  # 0.12/0.13 arguments without an encoder block
+        _releases().random_legacy_extras(rng, kw)
     after: tuple[D.Call, ...] = ()
     if has_function("create_all_gather_groups") and rng.random() < 0.3:
         after = tuple(D.Call("create_all_gather_groups", dict(rng.choice(AFTER_INIT_CHOICES)))
@@ -417,11 +440,13 @@ def _hand_written() -> list[Config]:
         c(16, expert_model_parallel_size=2, context_parallel_size=2),
         # distributed optimizer instances
         bad(8, num_distributed_optimizer_instances=3), bad(8, num_distributed_optimizer_instances=0),
-        c(8, num_distributed_optimizer_instances=8), bad(8, expert_model_parallel_size=8, num_distributed_optimizer_instances=2),
+        c(8, num_distributed_optimizer_instances=8),
+        c(8, expert_model_parallel_size=8, num_distributed_optimizer_instances=2,
+          invalid_since="0.13"),  # 0.12 has no expert partial data-parallel groups to check
         c(16, expert_model_parallel_size=4, expert_tensor_parallel_size=2, num_distributed_optimizer_instances=2),
-        # hierarchical sizes whose product is not cp
-        bad(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 3]),
-        bad(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[8]),
+        # hierarchical sizes whose product is not cp (0.12 does not check: it builds the levels that fit)
+        c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 3], invalid_since="0.13"),
+        c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[8], invalid_since="0.13"),
         # SHARP: on a CPU build MCore's barrier needs torch.cuda; with the stub it runs
         # (0.19 asserts its GTP-remat data-parallel group exists before creating it)
         bad(8, use_sharp=True), c(8, use_sharp=True, cuda_stub=True, invalid_since="0.19"),
@@ -455,45 +480,10 @@ def _hand_written() -> list[Config]:
         c(16, hybrid_context_parallel=True, distributed_timeout_minutes=7),
         Config(8, {"tensor_model_parallel_size": 2}, tag="default-gloo", invalid=True, hand_written=True),
         c(8, create_all_gather_group=None),
-        # 0.19: the GTP weight-rematerialization axis (dense after tp, expert after ep)
-        c(8, gtp_remat_size=2), c(8, expert_gtp_remat_size=2, expert_model_parallel_size=2),
-        c(16, tensor_model_parallel_size=2, gtp_remat_size=2, pipeline_model_parallel_size=2,
-          virtual_pipeline_model_parallel_size=2),
-        c(32, tensor_model_parallel_size=2, gtp_remat_size=2, context_parallel_size=2, expert_model_parallel_size=4,
-          expert_tensor_parallel_size=1, expert_gtp_remat_size=2),
-        c(16, gtp_remat_size=4, expert_gtp_remat_size=2, expert_model_parallel_size=2, order="tp-cp-ep-pp-dp"),
-        c(16, gtp_remat_size=2, tensor_model_parallel_size=2, order="tp-cp-ep-gtp_remat-dp-pp"),
-        c(8, gtp_remat_size=2, order="TP-CP-EP-DP-PP"),
-        c(8, gtp_remat_size=2, expert_gtp_remat_size=2, create_gloo_process_groups=True, tag="gloo-forced-off"),
-        c(1024, tensor_model_parallel_size=4, gtp_remat_size=2, pipeline_model_parallel_size=4,
-          expert_model_parallel_size=8, expert_tensor_parallel_size=1, expert_gtp_remat_size=2),
-        bad(16, gtp_remat_size=2, num_distributed_optimizer_instances=2),
-        bad(16, expert_gtp_remat_size=2, num_distributed_optimizer_instances=2),
-        bad(8, gtp_remat_size=3), bad(8, expert_gtp_remat_size=16),
-        c(8, gtp_remat_size=1, expert_gtp_remat_size=1, num_distributed_optimizer_instances=2),
-        # 0.17+: a layout on part of the world (both generators offset)
-        c(16, local_world_size=8, rank_offset=8, tensor_model_parallel_size=2),
-        c(16, local_world_size=8, rank_offset=0, pipeline_model_parallel_size=2, expert_model_parallel_size=2),
-        c(16, local_world_size=8, rank_offset=5, tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
-        c(16, local_world_size=16, rank_offset=0, tensor_model_parallel_size=4),
-        c(12, local_world_size=4, rank_offset=6, tensor_model_parallel_size=2, context_parallel_size=2),
-        c(1024, local_world_size=512, rank_offset=512, tensor_model_parallel_size=8, pipeline_model_parallel_size=4,
-          expert_model_parallel_size=4),
-        c(16, local_world_size=8, rank_offset=8, gtp_remat_size=2, expert_gtp_remat_size=2,
-          expert_model_parallel_size=2),
-        bad(8, rank_offset=4, tag="offset-without-local-world"),
-        bad(8, local_world_size=16, tag="local-world-beyond-world"),
-        c(8, local_world_size=3, tensor_model_parallel_size=2, invalid=True),
-        # 0.18+: all-gather groups made after init
-        c(8, tensor_model_parallel_size=2, after=(ag(),)),
-        c(16, expert_model_parallel_size=4, after=(ag(for_expert_parallelism=True),)),
-        c(16, context_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=2,
-          pipeline_model_parallel_size=2, after=(ag(for_expert_parallelism=True, timeout=timedelta(minutes=3)),)),
-        c(8, after=(ag(for_expert_parallelism=True), ag())),
-        c(16, local_world_size=8, rank_offset=8, expert_model_parallel_size=2, after=(ag(for_expert_parallelism=True),)),
-        c(16, gtp_remat_size=2, expert_gtp_remat_size=2, expert_model_parallel_size=2,
-          after=(ag(for_expert_parallelism=True),)),
-        c(8, tensor_model_parallel_size=2, after=(ag(nccl_comm_cfgs={"dp_cp": {"max_ctas": 2}}),)),
+        # release-specific families: 0.19 GTP, 0.17+ sub-world, 0.18+ all-gather groups; 0.12/0.13
+        # encoder blocks and split ranks (tests/diff_configs_releases.py)
+        *_releases().hand_written_recent(c, bad, ag),
+        *_releases().hand_written_legacy(c, bad),
     ]
     return [cfg for cfg in cfgs if applies(cfg)]
 

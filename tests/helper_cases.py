@@ -159,6 +159,42 @@ HELPER_CASES: dict[str, tuple[Callable, dict]] = {
     "hybrid_not_member": (lambda ps: ps.create_hybrid_dp_cp_groups(1, [0, 2, 4, 6], None), {}),
     "update_pg_timeout_cpu": (_timeout_then_update, {}),
     "update_pg_timeout_stubbed": (_timeout_then_update, {"cuda_stub": True}),
+    # 0.12/0.13: the deprecated split rank of the default embedding callables
+    "default_embedding_split_middle": (lambda ps: ps.default_embedding_ranks([1, 3, 5, 7], split_rank=2), {}),
+    "default_embedding_split_first": (lambda ps: ps.default_embedding_ranks([1, 3, 5, 7], split_rank=0), {}),
+    "default_embedding_split_last": (lambda ps: ps.default_embedding_ranks([1, 3, 5, 7], 3), {}),
+    "default_embedding_split_negative": (lambda ps: ps.default_embedding_ranks([1, 3, 5, 7], split_rank=-2), {}),
+    "default_embedding_split_beyond": (lambda ps: ps.default_embedding_ranks([1, 3, 5, 7], split_rank=4), {}),
+    "default_embedding_split_one_stage": (lambda ps: ps.default_embedding_ranks([5], split_rank=3), {}),
+    "default_embedding_split_none": (lambda ps: ps.default_embedding_ranks([1, 3], split_rank=None), {}),
+    "default_position_embedding_split_middle": (
+        lambda ps: ps.default_position_embedding_ranks([1, 3, 5, 7], split_rank=2), {}),
+    "default_position_embedding_split_first": (
+        lambda ps: ps.default_position_embedding_ranks([1, 3, 5, 7], split_rank=0), {}),
+    "default_position_embedding_split_beyond": (
+        lambda ps: ps.default_position_embedding_ranks([1, 3], split_rank=2), {}),
+    "default_position_embedding_split_one_stage": (
+        lambda ps: ps.default_position_embedding_ranks([5], split_rank=0), {}),
+    # 0.12: hierarchical groups by index arithmetic (group_size, levels that fit; no einops)
+    "hierarchical_parallel_member": (
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], 8, [2, 2, 2], None), {}),
+    "hierarchical_parallel_two_levels": (
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [7, 5, 3, 1], 4, [2, 2], None), {}),
+    "hierarchical_parallel_one_level": (
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3], 4, [4], None), {}),
+    "hierarchical_parallel_not_member": (
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 2, 4, 6], 4, [2, 2], None), {}),
+    "hierarchical_parallel_sizes_not_multiplying": (
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3], 4, [2, 3], None), {}),
+    "hierarchical_parallel_size_beyond_group": (
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3], 4, [8], None), {}),
+    "hierarchical_parallel_group_size_below_ranks": (
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], 4, [2, 2], None), {}),
+}
+# Cases that need a parameter some releases' function lacks: case -> parameter.
+HELPER_CASE_PARAMETERS: dict[str, str] = {
+    case: "split_rank" for case in HELPER_CASES
+    if case.startswith(("default_embedding_split", "default_position_embedding_split"))
 }
 
 
@@ -168,15 +204,22 @@ def helper_function(case: str) -> str:
         "masked_groups": "generate_masked_orthogonal_rank_groups", "default_embedding": "default_embedding_ranks",
         "default_position_embedding": "default_position_embedding_ranks", "overwrite_cfgs": "overwrite_nccl_comm_cfgs",
         "nccl_options": "get_nccl_options", "create_group": "create_group", "hierarchical": "create_hierarchical_groups",
+        "hierarchical_parallel": "create_hierarchical_parallel_groups",
         "hybrid": "create_hybrid_dp_cp_groups", "update_pg_timeout": "update_pg_timeout",
     }
     return next(fn for prefix, fn in sorted(prefixes.items(), key=lambda kv: -len(kv[0])) if case.startswith(prefix))
 
 
 def helper_cases() -> list[str]:
-    """The cases whose function the reference has."""
+    """The cases whose function (and the parameter the case needs) the reference has."""
     functions = D.reference_functions()
-    return [case for case in sorted(HELPER_CASES) if helper_function(case) in functions]
+    out = []
+    for case in sorted(HELPER_CASES):
+        fn = functions.get(helper_function(case))
+        needs = HELPER_CASE_PARAMETERS.get(case)
+        if fn is not None and (needs is None or needs in inspect.signature(fn).parameters):
+            out.append(case)
+    return out
 
 
 def compare_helper(compat_ps: Any, case: str) -> list[str]:

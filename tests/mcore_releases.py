@@ -4,6 +4,8 @@ Every supported release's ``parallel_state.py`` / ``hyper_comm_grid.py`` /
 ``process_groups_config.py`` is the specification compat is checked against. Only one
 megatron-core can be installed, so tests get the others from their wheels:
 
+* :data:`RELEASES` maps each supported series (0.12 ... 0.19) to the patch release tests use;
+  :data:`LEGACY_RELEASES` is its encoder/decoder-era part (0.12, 0.13).
 * :func:`release_dir` downloads the wheel (``pip download --no-deps``; releases 0.17+ publish
   cp312-only wheels, fetched with ``--python-version 3.12 --only-binary=:all:``) and unzips it
   into a cache directory (``$PSNG_RELEASE_CACHE``, default ``~/.cache/parallel_state_ng/
@@ -39,8 +41,11 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
 # Release series -> the patch release the tests use (within a series the files compat mirrors
-# are byte-identical).
+# are byte-identical), oldest first. 0.12 and 0.13 are the encoder/decoder era
+# (:data:`LEGACY_RELEASES`, also part of :data:`RELEASES`).
+LEGACY_RELEASES: dict[str, str] = {"0.12": "0.12.3", "0.13": "0.13.1"}
 RELEASES: dict[str, str] = {
+    **LEGACY_RELEASES,
     "0.14": "0.14.0",
     "0.15": "0.15.3",
     "0.16": "0.16.1",
@@ -48,7 +53,7 @@ RELEASES: dict[str, str] = {
     "0.18": "0.18.2",
     "0.19": "0.19.2",
 }
-LEGACY_RELEASES: dict[str, str] = {"0.12": "0.12.3", "0.13": "0.13.1"}
+# Series whose wheels are cp312-only (0.12-0.16 install on Python 3.11 normally).
 _CP312_ONLY = {"0.17", "0.18", "0.19"}
 
 _RESULT_MARK = "@@PSNG-RESULT@@"

@@ -34,6 +34,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from parallel_state_ng.releases import parse_release
+
 # Public functions compat has in every release on top of Megatron-Core's (documented in the
 # README: state scoping). Anything else compat exposes must be the release's; each of these must
 # exist (the list cannot go stale).
@@ -182,6 +184,7 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
 
     import compat.parallel_state as ps
     import diff_configs as C
+    import diff_configs_releases as CR
     import diff_run
     import differential as D
     import megatron.core.parallel_state as ref
@@ -205,22 +208,26 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
         "gtp": lambda c: c.kwargs.get("gtp_remat_size", 1) != 1 or c.kwargs.get("expert_gtp_remat_size", 1) != 1,
         "sub_world": lambda c: "local_world_size" in c.kwargs or "rank_offset" in c.kwargs,
         "after_init": lambda c: bool(c.after_init),
+        "encoder": CR.has_encoder,  # 0.12/0.13: an encoder block
+        "split_rank": CR.has_split_rank,  # 0.12/0.13: a pipeline split rank
     }
     present = {"gtp": C.has("gtp_remat_size"), "sub_world": C.has("local_world_size"),
-               "after_init": C.has_function("create_all_gather_groups")}
+               "after_init": C.has_function("create_all_gather_groups"),
+               "encoder": C.has(CR.ENC_PP), "split_rank": C.has(CR.SPLIT)}
     tally = diff_run.Tally()
     worlds = set()
     with tempfile.TemporaryDirectory() as tmp:
         # the harness against itself: the release compared with itself shows no difference, on
-        # the first configuration and the first valid one of each feature the release has
+        # the first configuration and the first valid one of each feature the release has (on its
+        # first and last compared rank)
         sample = configs[:1] + [next((c for c in configs if is_feature(c) and not c.expected_invalid), None)
                                 for name, is_feature in features.items() if present[name]]
         for cfg in filter(None, sample):
-            rank = cfg.ranks()[-1]
-            first, second = (diff_run.run_side(ref, cfg, rank, Path(tmp)) for _ in range(2))
-            diffs = D.compare(first.comparable(), second.comparable())
-            if diffs or (cfg.after_init and first.outcome == "ok" and not first.after_init):
-                problems.append(f"harness self-check {cfg.id} rank {rank}: " + D.describe(diffs, 4))
+            for rank in sorted({cfg.ranks()[0], cfg.ranks()[-1]}):  # e.g. an encoder rank and a decoder rank
+                first, second = (diff_run.run_side(ref, cfg, rank, Path(tmp)) for _ in range(2))
+                diffs = D.compare(first.comparable(), second.comparable())
+                if diffs or (cfg.after_init and first.outcome == "ok" and not first.after_init):
+                    problems.append(f"harness self-check {cfg.id} rank {rank}: " + D.describe(diffs, 4))
         for cfg in configs:
             worlds.add(cfg.world)
             failures = diff_run.compare_config(ps, cfg, Path(tmp), tally)
@@ -293,7 +300,7 @@ def bad_input_report() -> dict:
     import test_bad_input as B
 
     parameters = set(inspect.signature(ref.initialize_model_parallel).parameters)
-    cases = B._build_cases(parameters)
+    cases = B._build_cases(parameters, parse_release(importlib.metadata.version("megatron-core")))
     problems: list[str] = []
     uncovered = parameters - {c.argument for c in cases}
     if uncovered:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import compat
 import compat.parallel_state as ps
 from compat import _publish as _published
+from parallel_state_ng.releases import Release
 
 WORLD = 8
 RANK = 3
@@ -49,6 +50,10 @@ class BadInput:
     kwargs: dict
     mcore_fails_for_other_reason: Optional[str] = None
     run_mcore: bool = True
+    # Bad only from this release series on: an older release accepts it and builds a layout from
+    # it (0.12 builds the hierarchical context-parallel levels that fit), which compat then builds
+    # too (the differential test compares them), so there it is no bad input.
+    first_series: Optional[str] = None
 
 
 NEEDS_CUDA = "MCore's SHARP path needs CUDA; on this CPU-only build it fails for that, not for the value"
@@ -62,20 +67,24 @@ def _ranks_outside_pipeline(pp_ranks, *args):
     return [pp_ranks[0], WORLD + 100]
 
 
-def _build_cases(parameters: Optional[set] = None) -> list[BadInput]:
-    """Every bad input, for the ``initialize_model_parallel`` parameters given (default: compat's).
+def _build_cases(parameters: Optional[set] = None, release: Optional[Release] = None) -> list[BadInput]:
+    """Every bad input, for the ``initialize_model_parallel`` parameters given (default: compat's)
+    of ``release`` (default: the one compat serves).
 
     A case is kept when the release has every argument it passes (0.14 has no
     ``hybrid_context_parallel``, 0.17+ adds ``rank_offset`` / ``local_world_size``, 0.19 the
-    GTP sizes, ...).
+    GTP sizes, only 0.12/0.13 have the encoder sizes and the pipeline split rank, ...).
     """
     if parameters is None:
         parameters = set(inspect.signature(ps.initialize_model_parallel).parameters)
+    if release is None:
+        release = ps.MEGATRON_RELEASE
     cases: list[BadInput] = []
 
-    def add(argument: str, label: str, kwargs: dict, other_reason: Optional[str] = None) -> None:
+    def add(argument: str, label: str, kwargs: dict, other_reason: Optional[str] = None,
+            first_series: Optional[str] = None) -> None:
         run_mcore = other_reason is not FILE_DESCRIPTOR
-        cases.append(BadInput(f"{argument}:{label}", argument, kwargs, other_reason, run_mcore))
+        cases.append(BadInput(f"{argument}:{label}", argument, kwargs, other_reason, run_mcore, first_series))
 
     for name in SIZES:
         # vpp needs pp > 1 to be meaningful; give it that so the value itself is what is wrong
@@ -118,7 +127,9 @@ def _build_cases(parameters: Optional[set] = None) -> list[BadInput]:
         ("wrong_product", [2, 3]),
         ("huge_item", [2**40]),
     ]:
-        add(hcp, label, {"context_parallel_size": 4, hcp: value})
+        # 0.12 does not check the product: it builds the levels that fit in cp
+        first = "0.13" if label in ("wrong_product", "huge_item") else None
+        add(hcp, label, {"context_parallel_size": 4, hcp: value}, first_series=first)
 
     path = "nccl_communicator_config_path"
     add(path, "int", {path: 5}, FILE_DESCRIPTOR)
@@ -181,7 +192,25 @@ def _build_cases(parameters: Optional[set] = None) -> list[BadInput]:
                          ("list", [4]), ("beyond_world", 16)]:
         add("local_world_size", label, {"local_world_size": value})
     add("local_world_size", "not_divisible", {"local_world_size": 3, "tensor_model_parallel_size": 2})
-    return [case for case in cases if set(case.kwargs) <= parameters]
+    # 0.12/0.13: encoder sizes (an encoder block needs encoder pp > 0) and the pipeline split rank
+    enc_tp, enc_pp = "encoder_tensor_model_parallel_size", "encoder_pipeline_model_parallel_size"
+    for label, value in [("str", "1"), ("bool", True), ("float", 1.0), ("list", [1]), ("huge", 2**40)]:
+        add(enc_tp, label, {enc_tp: value, enc_pp: 1})
+    add(enc_tp, "negative", {enc_tp: -1})  # MCore: no encoder block, accepted
+    add(enc_tp, "negative_with_encoder", {enc_tp: -1, enc_pp: 1, "tensor_model_parallel_size": 2})
+    add(enc_tp, "none", {enc_tp: None})
+    add(enc_tp, "greater_than_tp", {enc_tp: 2})
+    for label, value in [("str", "1"), ("negative", -1), ("bool", True), ("float", 1.0), ("list", [1]),
+                         ("huge", 2**40)]:
+        add(enc_pp, label, {enc_pp: value})
+    add(enc_pp, "not_divisible", {enc_pp: 1, enc_tp: 1, "tensor_model_parallel_size": 2})
+    split = "pipeline_model_parallel_split_rank"
+    for label, value in [("str", "1"), ("bool", True), ("float", 1.0), ("list", [1]), ("beyond_pipeline", 2),
+                         ("negative_beyond_pipeline", -3)]:
+        add(split, label, {split: value, "pipeline_model_parallel_size": 2})
+    add(split, "str_one_stage", {split: "0"})
+    return [case for case in cases if set(case.kwargs) <= parameters
+            and (case.first_series is None or release.at_least(case.first_series))]
 
 
 CASES = _build_cases()

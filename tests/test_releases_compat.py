@@ -1,6 +1,6 @@
 """compat against every supported Megatron-Core release, each in its own process.
 
-For each release (0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2) one subprocess bound to it
+For each release (0.12.3, 0.13.1, 0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2) one subprocess bound to it
 (``tests/mcore_releases.run_in_release``) runs ``tests/release_checks.run``: compat must serve
 that release (picked from ``importlib.metadata``) and match its API both ways, its
 ``initialize_model_parallel`` on the differential configurations (every getter and global, on
@@ -33,11 +33,15 @@ INSTALLED = installed_megatron_version()
 # Differential configurations of the installed release's subprocess (the full plan runs in-process).
 INSTALLED_SAMPLE = 20
 
-# Minimum counts per section; the plan gives more (the child reports what it ran).
+# Minimum counts per section; the plan gives more (the child reports what it ran). The smallest
+# release API is 0.14's (79 functions, 47 globals; 0.12: 86 and 47), the fewest bad inputs 0.14's
+# (107; 0.12: 123), the fewest helper cases 0.14's (24).
 MIN_FUNCTIONS, MIN_GLOBALS, MIN_BAD_INPUTS = 70, 40, 100
 MIN_RANK_GENERATOR_CASES, MIN_HELPER_CASES = 12, 20
 MIN_CONFIGS, MIN_RANKS_PER_CONFIG = 100, 3
-MIN_FEATURE_CONFIGS = 10  # GTP (0.19), sub-world (0.17+), all-gather groups after init (0.18+)
+# Per feature the release has: GTP (0.19), sub-world (0.17+), all-gather groups after init (0.18+),
+# an encoder block and a pipeline split rank (0.12/0.13; ~45 and ~25 configurations).
+MIN_FEATURE_CONFIGS = 10
 
 
 def _summary(version: str, result: dict, wall: float) -> str:

@@ -131,6 +131,9 @@ LEGACY_BEHAVIOUR: dict[str, tuple[str, str]] = {
     "encoder_deprecation_warnings": ("0.13", "0.13"),
     # The hierarchical context-parallel groups get torch's default timeout (not the init's).
     "hierarchical_cp_default_timeout": ("0.12", "0.12"),
+    # get_pipeline_model_parallel_rank() reads torch.distributed.get_rank() before the group
+    # (without a default process group it raises torch's ValueError, not "not initialized").
+    "pipeline_rank_reads_world_rank": ("0.12", "0.13"),
     # is_pipeline_first_stage / is_pipeline_last_stage(ignore_virtual=False) compare the global
     # virtual pipeline rank (there is no vp_stage parameter).
     "virtual_stage_from_global": ("0.12", "0.12"),
