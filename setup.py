@@ -1,6 +1,6 @@
 """Packaging for parallel_state_ng (engine) and compat (Megatron-Core parallel_state facade)."""
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 TEST_REQUIRES = [
     "pytest>=7",
@@ -20,7 +20,7 @@ setup(
     ),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=["parallel_state_ng", "parallel_state_ng.releases", "parallel_state_ng.tools", "compat"],
+    packages=find_packages(include=["parallel_state_ng", "parallel_state_ng.*", "compat"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.4"],
     extras_require={"megatron": ["megatron-core", "einops"], "test": TEST_REQUIRES},

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 
-from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.mcore.releases import parallel_state as api
 
 from . import parallel_state as ps
 from ._buffers import GlobalMemoryBuffer

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.mcore.releases import parallel_state as api
 
 from . import parallel_state as ps
 

@@ -10,11 +10,11 @@ from typing import Any, List, Optional
 
 import torch
 
-from parallel_state_ng.layout import Layout
-from parallel_state_ng.megatron_layout import normalize_order
-from parallel_state_ng.naming import new_member_group
-from parallel_state_ng.releases import parallel_state as api
-from parallel_state_ng.releases.parallel_state import REQUIRED
+from parallel_state_ng.core.layout import Layout
+from parallel_state_ng.mcore.layout import normalize_order
+from parallel_state_ng.core.naming import new_member_group
+from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.mcore.releases.parallel_state import REQUIRED
 
 from . import parallel_state as ps
 from ._surface import exact_function
@@ -217,7 +217,7 @@ class _RankGenerator:
     """Rank groups for a tp/ep/dp/pp/cp (0.19: and gtp_remat) layout given by an ``order`` string.
 
     Same constructor and methods as the served release's ``RankGenerator``; groups come from
-    the engine's :class:`~parallel_state_ng.layout.Layout` (vectorized).
+    the engine's :class:`~parallel_state_ng.core.layout.Layout` (vectorized).
     """
 
     def __init__(

@@ -16,9 +16,9 @@ from typing import List, Optional
 
 import torch.distributed as dist
 
-from parallel_state_ng.agreement import check_initialize_agreement
-from parallel_state_ng.megatron_layout import MegatronLayout
-from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.core.agreement import check_initialize_agreement
+from parallel_state_ng.mcore.layout import MegatronLayout
+from parallel_state_ng.mcore.releases import parallel_state as api
 
 from . import _scoping, _state
 from . import parallel_state as ps
@@ -109,7 +109,7 @@ def initialize_model_parallel(
     module uninitialized; and a later ``destroy_model_parallel`` destroys every group.
     """
     # Every rank must pass the same arguments: compare them across ranks before anything else
-    # (a mismatch raises on every rank instead of hanging; see parallel_state_ng.agreement).
+    # (a mismatch raises on every rank instead of hanging; see parallel_state_ng.core.agreement).
     check_initialize_agreement(locals())
     if encoder_tensor_model_parallel_size != 0 or encoder_pipeline_model_parallel_size != 0:
         if api.has("encoder_deprecation_warnings", ps.MEGATRON_RELEASE):

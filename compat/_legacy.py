@@ -12,8 +12,8 @@ from __future__ import annotations
 import warnings
 from typing import Optional
 
-from parallel_state_ng.megatron_kinds import hierarchical_group
-from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.mcore.kinds import hierarchical_group
+from parallel_state_ng.mcore.releases import parallel_state as api
 
 from . import parallel_state as ps
 from ._getters import required

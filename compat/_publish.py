@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.mcore.releases import parallel_state as api
 
 from ._state import ParallelState
 

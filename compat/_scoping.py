@@ -13,7 +13,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.mcore.releases import parallel_state as api
 
 from . import _state
 from . import parallel_state as ps

@@ -1,12 +1,12 @@
 """The one state object behind ``compat.parallel_state``.
 
-:func:`build_state` turns a :class:`~parallel_state_ng.megatron_layout.MegatronLayout` into the
+:func:`build_state` turns a :class:`~parallel_state_ng.mcore.layout.MegatronLayout` into the
 process groups of ONE rank: it computes only that rank's groups (closed form, no loop over the
 world) and creates each with ``new_group(..., use_local_synchronization=True)`` under a name
-that depends only on its members (:mod:`parallel_state_ng.naming`), in the creation order of
+that depends only on its members (:mod:`parallel_state_ng.core.naming`), in the creation order of
 the layout's release. Steps that only some releases take read as conditions on the layout
 (``lay.facts``: the release's layout facts, e.g. the 0.19 GTP axis) or on the release data
-(:mod:`parallel_state_ng.releases.parallel_state`). If anything fails, every group created so
+(:mod:`parallel_state_ng.mcore.releases.parallel_state`). If anything fails, every group created so
 far is destroyed before the error propagates (atomic initialization).
 """
 
@@ -20,11 +20,11 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from parallel_state_ng.handles import GroupHandle
-from parallel_state_ng.megatron_layout import MegatronLayout
-from parallel_state_ng.naming import destroy_groups
-from parallel_state_ng.releases import parallel_state as api
-from parallel_state_ng.sharing import GroupPool
+from parallel_state_ng.core.handles import GroupHandle
+from parallel_state_ng.mcore.layout import MegatronLayout
+from parallel_state_ng.core.naming import destroy_groups
+from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.core.sharing import GroupPool
 
 __all__ = ["ParallelState", "build_state", "destroy_state", "destroy_groups"]
 
@@ -34,7 +34,7 @@ class ParallelState:
     """Every group and rank list one ``initialize_model_parallel`` produced for this rank.
 
     ``groups`` and ``ranks`` are keyed by group kind (see
-    :data:`parallel_state_ng.megatron_layout.GROUP_KINDS`; gloo companions end in ``_gloo``).
+    :data:`parallel_state_ng.mcore.layout.GROUP_KINDS`; gloo companions end in ``_gloo``).
     A kind whose key is missing from ``groups`` was not built (option off, or the rank is in
     no group of that kind).
     """
@@ -55,7 +55,7 @@ class ParallelState:
         return self.groups.get(kind)
 
     def handle(self, kind: str) -> "GroupHandle":
-        """A :class:`~parallel_state_ng.handles.GroupHandle` for this rank's group of ``kind``.
+        """A :class:`~parallel_state_ng.core.handles.GroupHandle` for this rank's group of ``kind``.
 
         Ranks are in MCore's order for the kind (e.g. pipeline stages for ``"pp"``); the
         gloo twin, when one was created (``dp``, ``dp_cp``, ``ep_dp``, ...), is the handle's

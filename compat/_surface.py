@@ -17,8 +17,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from parallel_state_ng.releases import parallel_state as api
-from parallel_state_ng.releases.parallel_state import REQUIRED, Param
+from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.mcore.releases.parallel_state import REQUIRED, Param
 
 __all__ = ["exact_function", "serve", "shape_of"]
 

@@ -7,7 +7,7 @@ assertion, so that error is also an ``AssertionError``; a non-str ``order`` make
 with ``AttributeError``, a non-str pipeline backend with ``ValueError``); where MCore would go
 on and build a wrong layout (bools, repeated order tokens), the error is a plain
 ``ValueError`` or ``TypeError``. Layout-level conditions (divisibility, ``order``) are
-checked by :class:`~parallel_state_ng.megatron_layout.MegatronLayout`.
+checked by :class:`~parallel_state_ng.mcore.layout.MegatronLayout`.
 """
 
 from __future__ import annotations

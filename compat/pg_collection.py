@@ -7,7 +7,7 @@ globals with ``ProcessGroupCollection.use_mpu_process_groups()``;
 :func:`to_process_group_collection` fills one from a compat :class:`~compat._state.ParallelState`
 (the active one, or any other grid of the job, see ``compat.parallel_state.use_state``),
 every field with the group the served release's method would put there (fields and getters
-per release: :mod:`parallel_state_ng.releases.process_groups_config`).
+per release: :mod:`parallel_state_ng.mcore.releases.process_groups_config`).
 
 megatron-core is imported only when the function is called.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Optional
 
-from parallel_state_ng.releases import process_groups_config as facts
+from parallel_state_ng.mcore.releases import process_groups_config as facts
 
 from . import parallel_state as ps
 from ._state import ParallelState
@@ -104,7 +104,7 @@ def to_process_group_collection(
         raise UnknownCollectionFieldError(
             f"ProcessGroupCollection of the installed megatron-core has field(s) {unknown} that "
             f"compat.pg_collection cannot fill (known: {sorted(getters)}); add them to "
-            f"parallel_state_ng.releases.process_groups_config.COLLECTION_GETTERS"
+            f"parallel_state_ng.mcore.releases.process_groups_config.COLLECTION_GETTERS"
         )
     if required_pgs is None:
         wanted = fields

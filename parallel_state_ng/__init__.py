@@ -11,10 +11,10 @@
 The Megatron-shaped global API lives in the separate ``compat`` package.
 """
 
-from .grid import BASE_VIEW, HyperCommGrid
-from .handles import GroupHandle
-from .layout import Layout, UnknownDimError
-from .mesh import device_mesh
+from parallel_state_ng.core.grid import BASE_VIEW, HyperCommGrid
+from parallel_state_ng.core.handles import GroupHandle
+from parallel_state_ng.core.layout import Layout, UnknownDimError
+from parallel_state_ng.core.mesh import device_mesh
 
 __all__ = ["HyperCommGrid", "Layout", "UnknownDimError", "BASE_VIEW", "GroupHandle", "device_mesh"]
 __version__ = "0.1.0"

@@ -26,7 +26,7 @@ PROG = "parallel-state-ng"
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per command."""
-    from .tools import layout_report, port
+    from parallel_state_ng.tools import layout_report, port
 
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-    from .tools import UsageError
+    from parallel_state_ng.tools import UsageError
 
     parser = build_parser()
     try:

@@ -6,7 +6,7 @@
 Each world is a set of local processes (gloo). ``--store file`` rendezvous through a
 ``FileStore`` in a temporary directory; ``--store tcp`` through a ``TCPStore`` on a free
 loopback port (what ``torchrun`` uses). Every rank runs
-:func:`parallel_state_ng.agreement.measure_agreement_check` (a barrier, then one check, repeated);
+:func:`parallel_state_ng.core.agreement.measure_agreement_check` (a barrier, then one check, repeated);
 the table shows the median and max time of a check over ranks, the store operations of a
 waiting rank (constant: it does not grow with the world) and of the one comparing rank, and
 the time of a mismatch verdict (one rank passes another tensor-parallel size).
@@ -38,7 +38,7 @@ def _worker(rank: int, world: int, store_kind: str, where: str, repeats: int, ou
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.distributed as dist
 
-    from parallel_state_ng import agreement
+    from parallel_state_ng.core import agreement
 
     if store_kind == "tcp":
         store = dist.TCPStore("127.0.0.1", int(where), world, is_master=rank == 0, wait_for_workers=True)

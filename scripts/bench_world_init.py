@@ -7,7 +7,7 @@ implementation:
 * ``mcore``        — ``megatron.core.parallel_state.initialize_model_parallel``;
 * ``compat``       — ``compat.parallel_state.initialize_model_parallel`` (default settings);
 * ``compat_share`` — the same with group sharing on
-  (:func:`parallel_state_ng.sharing.set_group_sharing`).
+  (:func:`parallel_state_ng.core.sharing.set_group_sharing`).
 
 What is timed on every rank, from the end of a world barrier: ``initialize_model_parallel``
 plus one all-reduce on the tensor- and on the data-parallel group (checked for the right sum).
@@ -15,7 +15,7 @@ The job's time is the slowest rank's; the table gives its median / min / max ove
 Also per implementation: communicators per rank (process groups the init added to torch's
 registry, median over ranks) and, for compat, where the slowest rank's time went: agreement
 check, group creation (``torch.distributed.new_group``), synchronization
-(``torch.distributed.barrier`` and the readiness marks of :mod:`parallel_state_ng.naming`)
+(``torch.distributed.barrier`` and the readiness marks of :mod:`parallel_state_ng.core.naming`)
 and the rest (layout math, Python). Destroy time is reported separately (not in the job time).
 MCore's ``destroy_model_parallel`` leaves its non-gloo groups alive; the benchmark destroys
 them after each round so that rounds do not accumulate sockets.
@@ -85,10 +85,10 @@ def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[s
     import torch.distributed as dist
 
     try:
-        from parallel_state_ng import sharing
+        from parallel_state_ng.core import sharing
     except ImportError:  # an older checkout (for "before" figures): no sharing there
         sharing = None
-        assert impl != "compat_share", "this checkout has no parallel_state_ng.sharing"
+        assert impl != "compat_share", "this checkout has no parallel_state_ng.core.sharing"
 
     world = dist.distributed_c10d._world
     mod = mods["mcore" if impl == "mcore" else "compat"]
@@ -147,7 +147,7 @@ def _worker(rank: int, world_size: int, inbox: Any, outbox: Any, impls: list[str
             mods["mcore"] = mcore_ps
         import compat.parallel_state as compat_ps
         from compat import _init as compat_init
-        from parallel_state_ng import naming
+        from parallel_state_ng.core import naming
 
         mods["compat"] = compat_ps
         # initialize_model_parallel calls the agreement check through compat._init's binding

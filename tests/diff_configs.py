@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 import differential as D
 import megatron.core.parallel_state as mcore_ps
-from parallel_state_ng.releases import Release, parse_release
+from parallel_state_ng.mcore.releases import Release, parse_release
 
 # --------------------------------------------------------------------------- embedding callables
 # MCore calls get_embedding_ranks(ranks) with one list of python ints per pipeline group. These

@@ -5,7 +5,7 @@ For each configuration, that release's ``initialize_model_parallel`` runs agains
 stand-in for ``torch.distributed`` (``create_group`` records ranks and ``group_desc``; the
 getters read the recorded groups), followed by ``create_all_gather_groups`` where the release
 has it. Every recorded group, kind by kind, is then compared with
-:class:`~parallel_state_ng.megatron_layout.MegatronLayout` of the same release: the creation
+:class:`~parallel_state_ng.mcore.layout.MegatronLayout` of the same release: the creation
 order of the kinds, each kind's full enumeration, the per-rank closed form for sampled ranks
 (ranks outside a ``rank_offset`` block included), hybrid dp×cp groups, ``get_all_ranks()``,
 and the exception type where the release rejects the configuration. The release's own
@@ -77,7 +77,7 @@ def _run_mcore(ps: Any, cfg: dict, rank: int) -> tuple[list[_Group], Optional[st
 
 
 def _layout(cfg: dict, series: str):
-    from parallel_state_ng.megatron_layout import MegatronLayout
+    from parallel_state_ng.mcore.layout import MegatronLayout
 
     keys = ["world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
             "expert_model_parallel_size", "expert_tensor_parallel_size", "order", "num_distributed_optimizer_instances",
@@ -88,7 +88,7 @@ def _layout(cfg: dict, series: str):
 
 
 def _desc_to_kind(desc: str) -> Optional[str]:
-    from parallel_state_ng.megatron_kinds import GROUP_KINDS
+    from parallel_state_ng.mcore.kinds import GROUP_KINDS
 
     prefix = "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L"
     if desc.startswith(prefix):

@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from parallel_state_ng.releases import parse_release
+from parallel_state_ng.mcore.releases import parse_release
 
 # Public functions compat has in every release on top of Megatron-Core's (documented in the
 # README: state scoping). Anything else compat exposes must be the release's; each of these must

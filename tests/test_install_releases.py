@@ -31,7 +31,7 @@ def check_install(version: str) -> dict:
 
     import megatron.core.parallel_state as theirs
     import megatron.core.process_groups_config as pgc
-    from parallel_state_ng.releases import UnsupportedReleaseError
+    from parallel_state_ng.mcore.releases import UnsupportedReleaseError
 
     try:
         import megatron.core.hyper_comm_grid as mgrid
@@ -46,7 +46,7 @@ def check_install(version: str) -> dict:
     import compat
     import compat.parallel_state as ps
     from compat.pg_collection import to_process_group_collection
-    from parallel_state_ng.grid_releases import hyper_comm_grid_class
+    from parallel_state_ng.mcore.grid_releases import hyper_comm_grid_class
 
     out: dict = {"served": ps.MEGATRON_VERSION}
     if mgrid is None:

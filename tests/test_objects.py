@@ -7,7 +7,7 @@ import textwrap
 import torch
 import torch.distributed as dist
 
-from parallel_state_ng.objects import all_gather_objects, broadcast_object, object_to_tensor, tensor_to_object
+from parallel_state_ng.core.objects import all_gather_objects, broadcast_object, object_to_tensor, tensor_to_object
 
 
 def test_round_trip():
@@ -25,7 +25,7 @@ def test_works_where_numpy_is_missing():
         warnings.simplefilter("ignore")
         sys.modules["numpy"] = None  # numpy cannot be imported in this process
         import torch
-        from parallel_state_ng.objects import object_to_tensor, tensor_to_object
+        from parallel_state_ng.core.objects import object_to_tensor, tensor_to_object
         t = object_to_tensor({"ok": [1, 2]})
         try:
             t.numpy()

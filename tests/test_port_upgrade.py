@@ -27,7 +27,7 @@ import pytest
 
 import mcore_releases
 from parallel_state_ng.__main__ import main
-from parallel_state_ng.releases import parse_release
+from parallel_state_ng.mcore.releases import parse_release
 from parallel_state_ng.tools.upgrade import KINDS, check_file
 
 FROM, TO = "0.13.1", "0.19.2"

@@ -26,7 +26,7 @@ import pytest
 import differential as D
 import mcore_releases
 import release_checks
-from parallel_state_ng.releases import ENV_VAR, installed_megatron_version
+from parallel_state_ng.mcore.releases import ENV_VAR, installed_megatron_version
 
 VERSIONS = list(mcore_releases.RELEASES.values())
 INSTALLED = installed_megatron_version()

@@ -1,4 +1,4 @@
-"""Opt-in group sharing (``parallel_state_ng.sharing``) and the destroy-time early-destroy guard.
+"""Opt-in group sharing (``parallel_state_ng.core.sharing``) and the destroy-time early-destroy guard.
 
 Sharing: kinds with identical rank lists and identical creation options share one process
 group; any differing option (backend as requested, pg_options, timeout) refuses sharing.
@@ -8,7 +8,7 @@ same members and the same all-reduce results as without sharing, refused sharing
 groups, ranks that disagree on the setting fail the agreement check).
 
 Guard: destroying a gloo group right after creating it waits for every member's readiness
-mark (``parallel_state_ng.naming``), and the wait is bounded when a member never marks.
+mark (``parallel_state_ng.core.naming``), and the wait is bounded when a member never marks.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import compat.parallel_state as ps
-from parallel_state_ng import naming, sharing
+from parallel_state_ng.core import naming, sharing
 from parallel_state_ng.__main__ import main as cli_main
 
 _WORLD = dist.distributed_c10d._world

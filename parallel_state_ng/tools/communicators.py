@@ -1,7 +1,7 @@
 """Communicators per rank with and without group sharing (``layout --share``).
 
 Counts the process groups ``compat.parallel_state.initialize_model_parallel`` would create on
-a rank, by running compat's group-creation sequence with :func:`parallel_state_ng.sharing.record_requests`
+a rank, by running compat's group-creation sequence with :func:`parallel_state_ng.core.sharing.record_requests`
 (nothing is created, no processes): once as Megatron-Core does it (one communicator per group
 kind; MCore creates the same number on the rank) and once with sharing on
 (``PSNG_SHARE_GROUPS=1``), where kinds with identical rank lists and options share one.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from parallel_state_ng.megatron_layout import MegatronLayout
-from parallel_state_ng.sharing import PlannedGroup, record_requests
+from parallel_state_ng.mcore.layout import MegatronLayout
+from parallel_state_ng.core.sharing import PlannedGroup, record_requests
 
 __all__ = ["planned_groups", "communicator_report"]
 

@@ -1,6 +1,6 @@
 """``python -m parallel_state_ng layout``: the process groups of a Megatron-Core configuration.
 
-Everything comes from :class:`~parallel_state_ng.megatron_layout.MegatronLayout` (pure math:
+Everything comes from :class:`~parallel_state_ng.mcore.layout.MegatronLayout` (pure math:
 no processes, no GPUs). The report holds
 
 * the sizes (tp, pp, cp, dp, ep, etp, edp, order) and the dims of the dense and expert layouts;
@@ -23,9 +23,9 @@ import re
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from parallel_state_ng.megatron_layout import GROUP_KINDS, MegatronLayout
+from parallel_state_ng.mcore.layout import GROUP_KINDS, MegatronLayout
 
-from . import UsageError
+from parallel_state_ng.tools import UsageError
 
 __all__ = [
     "add_arguments",
@@ -420,7 +420,7 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
                 f"{loc['crossing_groups']} of {loc['num_groups']}"
             )
     if report.get("communicators"):
-        from .communicators import render_communicators
+        from parallel_state_ng.tools.communicators import render_communicators
 
         lines += render_communicators(report["communicators"])
     lines.append("")
@@ -456,7 +456,7 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         raise UsageError(f"rank {args.rank} is out of range for --world-size {args.world_size}", "--rank")
 
     if args.format == "svg":
-        from .svg import MAX_SVG_RANKS, render_svg
+        from parallel_state_ng.tools.svg import MAX_SVG_RANKS, render_svg
 
         if args.color_kind not in known:
             raise UsageError(f"unknown group kind {args.color_kind!r}; kinds of this layout: {','.join(known)}", "--color-kind")
@@ -484,7 +484,7 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
     else:
         report = build_report(layout, gpus_per_node=gpus_per_node, kinds=args.kinds, rank=args.rank)
         if args.share:
-            from .communicators import communicator_report
+            from parallel_state_ng.tools.communicators import communicator_report
 
             ranks = [0, args.world_size - 1] + ([] if args.rank is None else [args.rank])
             report["communicators"] = communicator_report(layout, ranks, gloo=not args.no_gloo_twins)

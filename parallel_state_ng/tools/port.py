@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import UsageError
-from .port_table import (
+from parallel_state_ng.tools import UsageError
+from parallel_state_ng.tools.port_table import (
     PARALLEL_STATE,
     MEGATRON_CORE,
     COMPAT_PARALLEL_STATE,
@@ -645,7 +645,7 @@ def _diff_lines(text: str) -> list[str]:
 def run(args: argparse.Namespace, stdout: Any) -> int:
     """Run the ``port`` command for parsed ``args``; returns the exit code."""
     if getattr(args, "upgrade", None):
-        from .upgrade import run as run_upgrade
+        from parallel_state_ng.tools.upgrade import run as run_upgrade
 
         return run_upgrade(args, stdout)
     if not os.path.exists(args.path):

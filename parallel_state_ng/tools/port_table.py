@@ -1,6 +1,6 @@
 """The tables behind the porting tool: Megatron's parallel_state names and their equivalents.
 
-Which group kind (of :class:`~parallel_state_ng.megatron_layout.MegatronLayout` and
+Which group kind (of :class:`~parallel_state_ng.mcore.layout.MegatronLayout` and
 ``compat.parallel_state.get_state().groups``) each getter reads, which keyword variants pick
 another kind, the names ``compat.parallel_state`` has, and the named-grid spelling of a kind.
 """
@@ -162,7 +162,7 @@ def _published_globals() -> dict[str, tuple[str, str]]:
 
 
 def _kind_words(kind: str) -> str:
-    from parallel_state_ng.megatron_layout import GROUP_KINDS
+    from parallel_state_ng.mcore.layout import GROUP_KINDS
 
     base = kind[: -len("_gloo")] if kind.endswith("_gloo") else kind
     what = GROUP_KINDS[base].what if base in GROUP_KINDS else base

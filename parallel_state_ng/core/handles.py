@@ -2,7 +2,7 @@
 
 A handle is built from plain data — the ordered member ranks, the device process group and,
 optionally, a CPU (gloo) companion group — so anything that owns process groups (a
-:class:`~parallel_state_ng.grid.HyperCommGrid`, the Megatron-shaped compat state) can hand
+:class:`~parallel_state_ng.core.grid.HyperCommGrid`, the Megatron-shaped compat state) can hand
 one out. It answers the questions training code keeps asking about a group (my position,
 the first / last member, my ring neighbours) and wraps the common collectives.
 
@@ -32,8 +32,8 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as dist
 
-from .naming import destroy_groups, new_member_group
-from .objects import broadcast_object
+from parallel_state_ng.core.naming import destroy_groups, new_member_group
+from parallel_state_ng.core.objects import broadcast_object
 
 __all__ = ["GroupHandle"]
 
@@ -208,7 +208,7 @@ class GroupHandle:
 
         Created on first access with only the members taking part
         (``use_local_synchronization=True``, named by
-        :func:`parallel_state_ng.naming.new_member_group`), so every member must reach its
+        :func:`parallel_state_ng.core.naming.new_member_group`), so every member must reach its
         first access; cached afterwards. Other groups are not affected by which ranks made
         a companion.
         """

@@ -4,7 +4,7 @@
 builds, with the ``group_desc`` MCore gives it, the rank-generator token it is enumerated
 from, the release that introduced it and when it is created. Kind names are MCore's NCCL
 communicator-config keys (the ``nccl_comm_cfgs`` section that configures the group) where one
-exists. :class:`~parallel_state_ng.megatron_layout.MegatronLayout` computes every kind.
+exists. :class:`~parallel_state_ng.mcore.layout.MegatronLayout` computes every kind.
 
 Kinds, with the MCore global (``group_desc`` where it differs) and the rank generator
 ("view") and ``get_ranks`` token they come from:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from . import SUPPORTED_SERIES, Release, parse_release
+from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, Release, parse_release
 
 __all__ = ["COLLECTION_CLASS", "COLLECTION_FIELDS", "COLLECTION_GETTERS", "collection_fields"]
 

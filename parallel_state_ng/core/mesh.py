@@ -1,7 +1,7 @@
 """``DeviceMesh`` interop: a torch ``DeviceMesh`` over a grid's existing process groups.
 
 :func:`device_mesh` builds a ``torch.distributed.device_mesh.DeviceMesh`` whose mesh dims are
-dims of a :class:`~parallel_state_ng.grid.HyperCommGrid` (or of one of its views), with
+dims of a :class:`~parallel_state_ng.core.grid.HyperCommGrid` (or of one of its views), with
 ``DeviceMesh.from_group``: every mesh dim uses the grid's own process group, so DTensor and
 FSDP2 / tensor-parallel APIs run on the communicators the grid already has and no new
 communicator is created.
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Optional, Union
 import torch
 import torch.distributed as dist
 
-from .layout import Layout
+from parallel_state_ng.core.layout import Layout
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.device_mesh import DeviceMesh
 
-    from .grid import HyperCommGrid
+    from parallel_state_ng.core.grid import HyperCommGrid
 
 __all__ = ["device_mesh", "mesh_dim_specs", "slice_mesh_ranks", "MeshDimsArg"]
 

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional
 
-from .naming import new_member_group
+from parallel_state_ng.core.naming import new_member_group
 
 __all__ = [
     "ENV_SHARE",
@@ -152,7 +152,7 @@ class GroupPool:
     """Creates the groups of one build; with sharing on, reuses a group for an equal request.
 
     ``share=None`` takes :func:`group_sharing_enabled`. ``create`` makes a group (default
-    :func:`parallel_state_ng.naming.new_member_group`).
+    :func:`parallel_state_ng.core.naming.new_member_group`).
     """
 
     def __init__(self, share: Optional[bool] = None, create: Optional[Callable[..., Any]] = None) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .layout import Layout
+from parallel_state_ng.core.layout import Layout
 
 __all__ = ["EncoderBlock", "resolve_encoder_sizes", "encoder_data_parallel_size"]
 

@@ -1,6 +1,6 @@
 """``HyperCommGrid`` classes with exactly one megatron-core release's surface.
 
-:class:`parallel_state_ng.grid.HyperCommGrid` serves the superset of every supported release's
+:class:`parallel_state_ng.core.grid.HyperCommGrid` serves the superset of every supported release's
 API. Code written for one release may feature-detect (``hasattr(grid, "destroy")``) or call
 positionally, so ``compat.install(hyper_comm_grid=True)`` puts in place of
 ``megatron.core.hyper_comm_grid.HyperCommGrid`` the class :func:`hyper_comm_grid_class`
@@ -18,7 +18,7 @@ returns: a subclass of ours in which
   they carry names no release uses. ``create_pg(..., all_ranks=True)`` still works through
   ``**kwargs``.
 
-The facts come from :mod:`parallel_state_ng.releases.hyper_comm_grid`; one class per release
+The facts come from :mod:`parallel_state_ng.mcore.releases.hyper_comm_grid`; one class per release
 series is built from them (and cached), there is no per-release code.
 """
 
@@ -28,9 +28,9 @@ import functools
 import inspect
 from typing import Any, Callable
 
-from .grid import HyperCommGrid
-from .releases import SUPPORTED_SERIES, Release, UnsupportedReleaseError, current_release, parse_release, select_release
-from .releases import hyper_comm_grid as _facts
+from parallel_state_ng.core.grid import HyperCommGrid
+from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, Release, UnsupportedReleaseError, current_release, parse_release, select_release
+from parallel_state_ng.mcore.releases import hyper_comm_grid as _facts
 
 __all__ = ["hyper_comm_grid_class"]
 
@@ -88,7 +88,7 @@ def _build(series: str) -> type:
         "__qualname__": "HyperCommGrid",
         "__doc__": (
             f"``megatron.core.hyper_comm_grid.HyperCommGrid`` of megatron-core {series}, on "
-            f":class:`parallel_state_ng.grid.HyperCommGrid` (see :mod:`parallel_state_ng.grid_releases`)."
+            f":class:`parallel_state_ng.core.grid.HyperCommGrid` (see :mod:`parallel_state_ng.mcore.grid_releases`)."
         ),
         "megatron_release": series,
     }
@@ -111,13 +111,13 @@ def _build(series: str) -> type:
 def hyper_comm_grid_class(release: Release | str | None = None) -> type:
     """The ``HyperCommGrid`` class serving ``release``'s surface (default: the current release).
 
-    ``release`` is a :class:`~parallel_state_ng.releases.Release`, a version string (``"0.16"``,
-    ``"0.19.2"``) or ``None`` for :func:`~parallel_state_ng.releases.current_release`. Releases of
-    one series share a class; the class is a subclass of :class:`parallel_state_ng.grid.HyperCommGrid`
+    ``release`` is a :class:`~parallel_state_ng.mcore.releases.Release`, a version string (``"0.16"``,
+    ``"0.19.2"``) or ``None`` for :func:`~parallel_state_ng.mcore.releases.current_release`. Releases of
+    one series share a class; the class is a subclass of :class:`parallel_state_ng.core.grid.HyperCommGrid`
     and its ``megatron_release`` attribute names the series.
 
     Raises:
-        parallel_state_ng.releases.UnsupportedReleaseError: ``release`` is not supported or has
+        parallel_state_ng.mcore.releases.UnsupportedReleaseError: ``release`` is not supported or has
             no ``HyperCommGrid`` (older than 0.14).
     """
     if release is None:

@@ -17,7 +17,7 @@ upgrade checker) can query it:
   omitted).
 * :data:`BEHAVIOUR` — behaviour that changed without a signature change (the series it
   starts with, and until which it lasts).
-* The ``ProcessGroupCollection`` facts are in :mod:`parallel_state_ng.releases.process_groups_config`.
+* The ``ProcessGroupCollection`` facts are in :mod:`parallel_state_ng.mcore.releases.process_groups_config`.
 
 * :data:`REPLACEMENTS` — what to use instead of a removed function, parameter or global.
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from . import KNOWN_SERIES, SUPPORTED_SERIES, Release, parse_release
+from parallel_state_ng.mcore.releases import KNOWN_SERIES, SUPPORTED_SERIES, Release, parse_release
 
 __all__ = [
     "REQUIRED",
@@ -376,8 +376,8 @@ BEHAVIOUR: dict[str, tuple[str, str]] = {
 # ------------------------------------------------------------- legacy releases 0.12 and 0.13
 # Their facts are in parallel_state_legacy (a 0.14 entry is in 0.12/0.13 too unless stated
 # there); merged here.
-from . import parallel_state_legacy as _legacy  # noqa: E402
-from .parallel_state_legacy import GLOBAL_VALUE_EXCEPTIONS  # noqa: E402
+from parallel_state_ng.mcore.releases import parallel_state_legacy as _legacy  # noqa: E402
+from parallel_state_ng.mcore.releases.parallel_state_legacy import GLOBAL_VALUE_EXCEPTIONS  # noqa: E402
 
 
 def _add_legacy() -> None:

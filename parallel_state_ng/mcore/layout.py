@@ -2,7 +2,7 @@
 
 :class:`MegatronLayout` describes, for one ``initialize_model_parallel`` configuration of one
 release (0.12 … 0.19), every group kind that release builds as groups of a
-:class:`~parallel_state_ng.layout.Layout`: the dense ("decoder") layout ``tp, cp, dp, pp``
+:class:`~parallel_state_ng.core.layout.Layout`: the dense ("decoder") layout ``tp, cp, dp, pp``
 and the expert layout ``etp, ep, edp, pp`` (same order string, pp shared), plus the derived
 kinds (hierarchical context parallel, partial data parallel, embedding,
 distributed-optimizer instance, hybrid dp×cp). Release 0.17 adds ``rank_offset`` /
@@ -11,13 +11,13 @@ release 0.19 adds the GTP weight-rematerialization axis ``gtp_remat`` (size
 ``gtp_remat_size`` in the dense layout, injected after ``tp``; ``expert_gtp_remat_size`` in
 the expert layout, injected after ``ep``) and its kinds. With GTP sizes 1 a 0.19 layout has
 0.18's groups. Releases 0.12–0.13 may put an encoder block before the decoder (its own
-tensor and pipeline sizes; pipelines stitched across both: :mod:`parallel_state_ng.encoder_layout`).
+tensor and pipeline sizes; pipelines stitched across both: :mod:`parallel_state_ng.mcore.encoder_layout`).
 For any rank it gives that rank's group of any kind in closed form (O(group
 size)), with MCore's in-group order; it can also enumerate all groups of a kind (for tools
 and tests).
 
-The kinds, their MCore globals and tokens are listed in :mod:`parallel_state_ng.megatron_kinds`
-(:data:`GROUP_KINDS`); the per-release facts in :mod:`parallel_state_ng.releases.layout`.
+The kinds, their MCore globals and tokens are listed in :mod:`parallel_state_ng.mcore.kinds`
+(:data:`GROUP_KINDS`); the per-release facts in :mod:`parallel_state_ng.mcore.releases.layout`.
 No ``torch.distributed`` here: the compat module turns these rank lists into process groups.
 """
 
@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .encoder_layout import EncoderBlock, encoder_data_parallel_size, resolve_encoder_sizes
-from .layout import Layout, _check_int
-from .megatron_kinds import (
+from parallel_state_ng.mcore.encoder_layout import EncoderBlock, encoder_data_parallel_size, resolve_encoder_sizes
+from parallel_state_ng.core.layout import Layout, _check_int
+from parallel_state_ng.mcore.kinds import (
     DEFAULT_ORDER,
     GROUP_KINDS,
     GTP_TOKEN,
@@ -46,7 +46,7 @@ from .megatron_kinds import (
     read_order,
     token_kind_dims,
 )
-from .releases.layout import LayoutFacts, layout_facts
+from parallel_state_ng.mcore.releases.layout import LayoutFacts, layout_facts
 
 __all__ = [
     "MegatronLayout",
@@ -69,7 +69,7 @@ class MegatronLayout:
     Sizes use MCore's argument names. ``world_size`` is the number of ranks of the job;
     ``local_world_size`` (0.17+) the number the layout covers, from ``rank_offset`` (0.17+).
     ``release`` is the series mirrored (``"0.19"``; ``None``: the selected release, see
-    :func:`parallel_state_ng.releases.current_release`). ``order`` is read as that release
+    :func:`parallel_state_ng.mcore.releases.current_release`). ``order`` is read as that release
     reads it. Validation follows MCore's checks and exception types (``RuntimeError`` for an
     indivisible world or a size > 1 missing from ``order``, ``AssertionError`` for its asserted
     conditions), with messages that name the argument and its value; arguments the release
@@ -229,7 +229,7 @@ class MegatronLayout:
     def _check_release_arguments(self) -> None:
         """Resolve ``release`` and reject arguments it does not have, or bad offsets/sizes."""
         if self.release is None:
-            from .releases import current_release
+            from parallel_state_ng.mcore.releases import current_release
 
             self.release = current_release().series
         self.facts: LayoutFacts = layout_facts(self.release)

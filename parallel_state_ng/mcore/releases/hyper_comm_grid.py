@@ -16,7 +16,7 @@ Every release raises ``ValueError`` for ``len(shape) != len(dim_names)`` and a n
 for a second ``create_pg`` over the same dims and for ``get_pg`` before ``create_pg``. An unknown
 dim is ``ValueError`` in a list (all releases) and in 0.19 everywhere, but ``KeyError``
 (``get_pg``) or einops' ``RuntimeError`` (``create_pg``, ``get_rank_enum``) for a single name
-before 0.19: :class:`parallel_state_ng.layout.UnknownDimError` is all three, so one
+before 0.19: :class:`parallel_state_ng.core.layout.UnknownDimError` is all three, so one
 implementation serves every release.
 
 :data:`METHODS` gives, per method, the signature each release introduced (a later entry replaces
@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional, Union
 
-from . import SUPPORTED_SERIES, Release, current_release, parse_release
+from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, Release, current_release, parse_release
 
 __all__ = [
     "METHODS",

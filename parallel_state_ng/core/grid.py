@@ -1,4 +1,4 @@
-"""``HyperCommGrid``: named-dim process groups over a :class:`~parallel_state_ng.layout.Layout`.
+"""``HyperCommGrid``: named-dim process groups over a :class:`~parallel_state_ng.core.layout.Layout`.
 
 Constructor- and method-compatible with ``megatron.core.hyper_comm_grid.HyperCommGrid`` of every
 supported release (0.14 ... 0.19): this class serves the *superset* of their APIs
@@ -6,7 +6,7 @@ supported release (0.14 ... 0.19): this class serves the *superset* of their API
 ``is_current_rank_in_grid``, ``register_view`` and the keyword-only ``view=``, the attributes
 ``shape``, ``dim_names``, ``rank_offset``, ``size``, ``backend``), with the 0.19 view
 semantics: a request in a view over dims that are all shared with the base view *is* the base
-view's group (same key, same object). :func:`parallel_state_ng.grid_releases.hyper_comm_grid_class`
+view's group (same key, same object). :func:`parallel_state_ng.mcore.grid_releases.hyper_comm_grid_class`
 gives a subclass whose Megatron-named methods are exactly one release's (absent ones absent,
 signatures equal), for ``compat.install(hyper_comm_grid=True)``.
 
@@ -24,7 +24,7 @@ Differences that matter at scale:
   dense one) live in one grid; dims shared between views are checked to have identical
   membership.
 * ``destroy()`` destroys every group the grid created.
-* With group sharing on (:mod:`parallel_state_ng.sharing`, ``PSNG_SHARE_GROUPS=1``), dims
+* With group sharing on (:mod:`parallel_state_ng.core.sharing`, ``PSNG_SHARE_GROUPS=1``), dims
   sets whose groups have the same rank list and options share one process group (e.g.
   ``["tp", "cp"]`` and ``"tp"`` when cp has size 1); ``destroy()`` destroys it once.
 
@@ -39,10 +39,10 @@ from typing import Any, Optional, Union
 
 import torch.distributed as dist
 
-from . import agreement as _agreement
-from .layout import DimsArg, Layout, UnknownDimError
-from .naming import destroy_groups, new_member_group
-from .sharing import GroupPool, group_sharing_enabled
+from parallel_state_ng.core import agreement as _agreement
+from parallel_state_ng.core.layout import DimsArg, Layout, UnknownDimError
+from parallel_state_ng.core.naming import destroy_groups, new_member_group
+from parallel_state_ng.core.sharing import GroupPool, group_sharing_enabled
 
 # UnknownDimError: megatron raises ValueError for an unknown name in a list and KeyError for an
 # unknown single name in get_pg; this error is both, and re-exported here.
@@ -117,7 +117,7 @@ class HyperCommGrid:
         backend: backend for the groups it creates (``None``: the default backend).
         check_agreement: compare the arguments across all ranks of the world first (every
             rank must construct the grid); a difference raises
-            :class:`~parallel_state_ng.agreement.ParallelConfigMismatchError` on every rank
+            :class:`~parallel_state_ng.core.agreement.ParallelConfigMismatchError` on every rank
             instead of a hang later. Timeout from ``PSNG_AGREEMENT_TIMEOUT`` (default 60 s).
 
     Raises:
@@ -325,7 +325,7 @@ class HyperCommGrid:
 
         Only the calling rank's group is computed and created, with
         ``use_local_synchronization=True`` under a name its members agree on (see
-        :mod:`parallel_state_ng.naming`); a rank outside the grid makes no call and gets
+        :mod:`parallel_state_ng.core.naming`); a rank outside the grid makes no call and gets
         ``None``. ``all_ranks=True`` creates every group of the enumeration on every rank
         instead (megatron's collective behaviour). Keyword arguments (``timeout``,
         ``pg_options``, ``group_desc``, ``backend``) go to ``torch.distributed.new_group``.
@@ -429,7 +429,7 @@ class HyperCommGrid:
 
     # ------------------------------------------------------- handles and meshes
     def group(self, dims: DimsArg, *, view: Optional[str] = None, cpu: bool = False, create: bool = False):
-        """A :class:`~parallel_state_ng.handles.GroupHandle` for the caller's group over ``dims``.
+        """A :class:`~parallel_state_ng.core.handles.GroupHandle` for the caller's group over ``dims``.
 
         The handle wraps the group made by :meth:`create_pg` (``create=True`` makes it first
         when missing) and is cached: the same handle comes back while that group lives.
@@ -440,7 +440,7 @@ class HyperCommGrid:
             KeyError: the group was not created (and ``create`` is False), as :meth:`get_pg`.
             ValueError: the caller is outside the grid.
         """
-        from .handles import GroupHandle
+        from parallel_state_ng.core.handles import GroupHandle
 
         if create and not self.has_pg(dims, view=view):
             self._create_pg(dims, view, False, {})
@@ -460,10 +460,10 @@ class HyperCommGrid:
     def device_mesh(self, dims, device_type: str = "cpu", *, view: Optional[str] = None, create: bool = False):
         """A ``torch`` ``DeviceMesh`` over the caller's slice of the grid, on the grid's groups.
 
-        See :func:`parallel_state_ng.mesh.device_mesh`: one mesh dim per item of ``dims``
+        See :func:`parallel_state_ng.core.mesh.device_mesh`: one mesh dim per item of ``dims``
         (a dim name, or a tuple of names for a merged dim), ``mesh_dim_names`` the dims, no
         new communicator; each dim's group must exist unless ``create=True``.
         """
-        from .mesh import device_mesh
+        from parallel_state_ng.core.mesh import device_mesh
 
         return device_mesh(self, dims, device_type, view=view, create=create)

@@ -4,7 +4,7 @@ Read from each release's ``megatron/core/parallel_state.py`` (``RankGenerator``,
 ``initialize_model_parallel``, ``create_all_gather_groups``). The group arithmetic
 (``generate_masked_orthogonal_rank_groups``, hierarchical and hybrid groups, embedding
 defaults) is the same in every supported release; what moves is which groups exist, a few
-parameters of the rank generators, and (0.12–0.13) a third generator for an encoder. :class:`~parallel_state_ng.megatron_layout.MegatronLayout`
+parameters of the rank generators, and (0.12–0.13) a third generator for an encoder. :class:`~parallel_state_ng.mcore.layout.MegatronLayout`
 reads these facts; it never compares version strings itself.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from . import SUPPORTED_SERIES, parse_release
+from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, parse_release
 
 __all__ = ["LayoutFacts", "LAYOUT_FACTS", "layout_facts"]
 

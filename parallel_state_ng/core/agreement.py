@@ -59,8 +59,8 @@ from typing import Any, Optional, Union
 
 import torch.distributed as dist
 
-from .objects import all_gather_objects
-from .sharing import group_sharing_enabled
+from parallel_state_ng.core.objects import all_gather_objects
+from parallel_state_ng.core.sharing import group_sharing_enabled
 
 __all__ = [
     "AgreementError",
