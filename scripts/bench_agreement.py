@@ -6,7 +6,7 @@
 Each world is a set of local processes (gloo). ``--store file`` rendezvous through a
 ``FileStore`` in a temporary directory; ``--store tcp`` through a ``TCPStore`` on a free
 loopback port (what ``torchrun`` uses). Every rank runs
-:func:`parallel_state_ng.core.agreement.measure_agreement_check` (a barrier, then one check, repeated);
+:func:`measure_agreement_check` (a barrier, then one check, repeated);
 the table shows the median and max time of a check over ranks, the store operations of a
 waiting rank (constant: it does not grow with the world) and of the one comparing rank, and
 the time of a mismatch verdict (one rank passes another tensor-parallel size).
@@ -22,6 +22,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
+from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -32,6 +34,80 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _example_fields() -> dict[str, Any]:
+    """A typical set of ``initialize_model_parallel`` arguments (what the check compares)."""
+    return {
+        "tensor_model_parallel_size": 8,
+        "pipeline_model_parallel_size": 4,
+        "virtual_pipeline_model_parallel_size": None,
+        "pipeline_model_parallel_comm_backend": None,
+        "use_sharp": False,
+        "context_parallel_size": 2,
+        "hierarchical_context_parallel_sizes": None,
+        "hybrid_context_parallel": False,
+        "expert_model_parallel_size": 8,
+        "num_distributed_optimizer_instances": 1,
+        "expert_tensor_parallel_size": None,
+        "nccl_communicator_config_path": None,
+        "distributed_timeout_minutes": 30,
+        "order": "tp-cp-ep-dp-pp",
+        "get_embedding_ranks": None,
+        "get_position_embedding_ranks": None,
+        "create_gloo_process_groups": True,
+        "high_priority_stream_groups": None,
+        "sharp_enabled_group": None,
+        "create_all_gather_group": False,
+    }
+
+
+def measure_agreement_check(
+    repeats: int = 20, *, fields: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None, barrier: bool = True
+) -> dict[str, Any]:
+    """Time :func:`check_agreement` on this rank; call it on EVERY rank of the world.
+
+    Runs ``repeats`` checks of ``fields`` (default: a typical set of
+    ``initialize_model_parallel`` arguments), each after a barrier when ``barrier`` (so the
+    time is the check's, not the ranks' skew). Returns per-call seconds (``times_s``,
+    ``median_s``, ``mean_s``, ``min_s``, ``max_s``), the world size, the store operations of
+    a rank that did not compare (``store_ops_waiting``, constant) and of the comparing rank
+    (``store_ops_comparing``; ``None`` if this rank never compared). ``timeout`` defaults
+    to the check's default (:data:`parallel_state_ng.core.agreement.DEFAULT_TIMEOUT_S`).
+    """
+    import torch.distributed as dist
+
+    from parallel_state_ng.core.agreement import DEFAULT_TIMEOUT_S, check_agreement
+
+    timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    fields = _example_fields() if fields is None else fields
+    times: list[float] = []
+    waiting: Optional[int] = None
+    comparing: Optional[int] = None
+    for _ in range(repeats):
+        if barrier:
+            dist.barrier()
+        t0 = time.perf_counter()
+        result = check_agreement(fields, name="agreement-benchmark", timeout=timeout)
+        times.append(time.perf_counter() - t0)
+        if result.compared:
+            comparing = result.store_ops
+        else:
+            waiting = result.store_ops
+    return {
+        "world_size": dist.get_world_size(),
+        "rank": dist.get_rank(),
+        "repeats": repeats,
+        "times_s": times,
+        "median_s": statistics.median(times),
+        "mean_s": statistics.fmean(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "store_ops_waiting": waiting,
+        "store_ops_comparing": comparing,
+    }
 
 
 def _worker(rank: int, world: int, store_kind: str, where: str, repeats: int, out_dir: str) -> None:
@@ -45,7 +121,7 @@ def _worker(rank: int, world: int, store_kind: str, where: str, repeats: int, ou
     else:
         store = dist.FileStore(where, world)
     dist.init_process_group("gloo", rank=rank, world_size=world, store=store)
-    result = agreement.measure_agreement_check(repeats)
+    result = measure_agreement_check(repeats)
     # Mismatch: the last rank asks for another tensor-parallel size.
     fields = {"tensor_model_parallel_size": 2 if rank == world - 1 else 1, "order": "tp-cp-ep-dp-pp"}
     dist.barrier()

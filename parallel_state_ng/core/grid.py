@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from parallel_state_ng.core import agreement as _agreement
 from parallel_state_ng.core.layout import DimsArg, Layout, UnknownDimError
+from parallel_state_ng.core.mesh import MeshDimsArg, mesh_over_groups
 from parallel_state_ng.core.naming import destroy_groups, new_member_group
 from parallel_state_ng.core.sharing import GroupPool, group_sharing_enabled
 
@@ -457,13 +458,19 @@ class HyperCommGrid:
             handle.cpu_group
         return handle
 
-    def device_mesh(self, dims, device_type: str = "cpu", *, view: Optional[str] = None, create: bool = False):
+    def device_mesh(
+        self, dims: MeshDimsArg, device_type: str = "cpu", *, view: Optional[str] = None, create: bool = False
+    ):
         """A ``torch`` ``DeviceMesh`` over the caller's slice of the grid, on the grid's groups.
 
         See :func:`parallel_state_ng.core.mesh.device_mesh`: one mesh dim per item of ``dims``
         (a dim name, or a tuple of names for a merged dim), ``mesh_dim_names`` the dims, no
-        new communicator; each dim's group must exist unless ``create=True``.
+        new communicator; each dim's group must exist unless ``create=True`` (then a missing
+        one is created, as :meth:`create_pg`, in the order of ``dims``).
         """
-        from parallel_state_ng.core.mesh import device_mesh
+        def group_of(spec: list[str]) -> Optional[dist.ProcessGroup]:
+            if create and not self.has_pg(spec, view=view):
+                self._create_pg(spec, view, False, {})
+            return self._get_pg(spec, view)  # not get_pg: a release's class may lack ``view=``
 
-        return device_mesh(self, dims, device_type, view=view, create=create)
+        return mesh_over_groups(self.view_layout(view), dims, device_type, group_of)

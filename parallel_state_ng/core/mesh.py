@@ -4,7 +4,9 @@
 dims of a :class:`~parallel_state_ng.core.grid.HyperCommGrid` (or of one of its views), with
 ``DeviceMesh.from_group``: every mesh dim uses the grid's own process group, so DTensor and
 FSDP2 / tensor-parallel APIs run on the communicators the grid already has and no new
-communicator is created.
+communicator is created. The grid supplies the groups (``HyperCommGrid.device_mesh``);
+this module does the layout math and builds the mesh (:func:`mesh_over_groups`), so it
+does not depend on the grid.
 
 The mesh is the caller's *slice* of the grid: the ranks that agree with the caller on every
 grid dim that is not a mesh dim. Ranks of other slices build their own (different) mesh;
@@ -19,7 +21,7 @@ ranks run in the grid's layout order (first dim fastest), the order of that grou
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 
 import torch
 import torch.distributed as dist
@@ -29,11 +31,21 @@ from parallel_state_ng.core.layout import Layout
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.device_mesh import DeviceMesh
 
-    from parallel_state_ng.core.grid import HyperCommGrid
-
-__all__ = ["device_mesh", "mesh_dim_specs", "slice_mesh_ranks", "MeshDimsArg"]
+__all__ = ["device_mesh", "mesh_over_groups", "mesh_dim_specs", "slice_mesh_ranks", "MeshDimsArg", "HasDeviceMesh"]
 
 MeshDimsArg = Union[str, Sequence[Union[str, Sequence[str]]]]
+
+
+class HasDeviceMesh(Protocol):
+    """A grid that builds meshes over its own groups, such as
+    :class:`~parallel_state_ng.core.grid.HyperCommGrid` (this module does not import it: the
+    grid depends on this module, not the reverse)."""
+
+    def device_mesh(
+        self, dims: MeshDimsArg, device_type: str = "cpu", *, view: Optional[str] = None, create: bool = False
+    ) -> DeviceMesh:
+        """A ``DeviceMesh`` over the caller's slice of the grid, one grid group per mesh dim."""
+        ...
 
 
 def mesh_dim_specs(layout: Layout, dims: MeshDimsArg) -> tuple[list[tuple[str, ...]], list[str]]:
@@ -79,8 +91,51 @@ def slice_mesh_ranks(layout: Layout, rank: int, specs: Sequence[Sequence[str]]) 
     return ranks.reshape(sizes).to(torch.int).contiguous()
 
 
+def mesh_over_groups(
+    layout: Layout,
+    dims: MeshDimsArg,
+    device_type: str,
+    group_of: Callable[[list[str]], Any],
+) -> "DeviceMesh":
+    """A ``DeviceMesh`` over the caller's slice of ``layout``, one given group per mesh dim.
+
+    ``group_of(spec)`` returns the process group over the grid dims ``spec`` (a list in layout
+    order) that the caller belongs to; it is called once per mesh dim, outermost first, and
+    may create the group. Every group's rank order is checked against the mesh.
+
+    Raises:
+        ValueError: the caller is outside ``layout``, or a group's rank order does not match
+            the layout order of its dims (DTensor would misplace data on such a mesh).
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    rank = dist.get_rank()
+    if not layout.contains(rank):
+        raise ValueError(
+            f"rank {rank} is outside the grid (ranks [{layout.rank_offset}, {layout.rank_offset + layout.size})) "
+            f"and has no mesh over dims {dims!r}"
+        )
+    specs, names = mesh_dim_specs(layout, dims)
+    mesh = slice_mesh_ranks(layout, rank, specs)
+    coord = [layout.rank_in_group(rank, spec) for spec in specs]
+    groups = []
+    for axis, spec in enumerate(specs):
+        pg = group_of(list(spec))
+        index = list(coord)
+        index[axis] = slice(None)
+        expected = mesh[tuple(index)].tolist()
+        actual = dist.get_process_group_ranks(pg)
+        if actual != expected:
+            raise ValueError(
+                f"mesh dim {names[axis]!r}: the grid's group has ranks in the order {actual}, but the mesh "
+                f"needs {expected} (layout order); a DeviceMesh over it would place data wrongly"
+            )
+        groups.append(pg)
+    return DeviceMesh.from_group(groups, device_type, mesh, mesh_dim_names=tuple(names))
+
+
 def device_mesh(
-    grid: "HyperCommGrid",
+    grid: HasDeviceMesh,
     dims: MeshDimsArg,
     device_type: str = "cpu",
     *,
@@ -88,6 +143,8 @@ def device_mesh(
     create: bool = False,
 ) -> "DeviceMesh":
     """A ``DeviceMesh`` over the caller's slice of ``grid``, one existing group per mesh dim.
+
+    The same as ``grid.device_mesh(dims, device_type, view=view, create=create)``.
 
     Args:
         grid: the grid whose groups the mesh uses.
@@ -110,31 +167,4 @@ def device_mesh(
             the layout order of its dims (possible in a composed view, because
             ``new_group`` sorts ranks); DTensor would misplace data on such a mesh.
     """
-    from torch.distributed.device_mesh import DeviceMesh
-
-    layout = grid.view_layout(view)
-    rank = dist.get_rank()
-    if not layout.contains(rank):
-        raise ValueError(
-            f"rank {rank} is outside the grid (ranks [{layout.rank_offset}, {layout.rank_offset + layout.size})) "
-            f"and has no mesh over dims {dims!r}"
-        )
-    specs, names = mesh_dim_specs(layout, dims)
-    mesh = slice_mesh_ranks(layout, rank, specs)
-    coord = [layout.rank_in_group(rank, spec) for spec in specs]
-    groups = []
-    for axis, spec in enumerate(specs):
-        if create and not grid.has_pg(list(spec), view=view):
-            grid._create_pg(list(spec), view, False, {})
-        pg = grid._get_pg(list(spec), view)  # not get_pg: a release's class may lack ``view=``
-        index = list(coord)
-        index[axis] = slice(None)
-        expected = mesh[tuple(index)].tolist()
-        actual = dist.get_process_group_ranks(pg)
-        if actual != expected:
-            raise ValueError(
-                f"mesh dim {names[axis]!r}: the grid's group has ranks in the order {actual}, but the mesh "
-                f"needs {expected} (layout order); a DeviceMesh over it would place data wrongly"
-            )
-        groups.append(pg)
-    return DeviceMesh.from_group(groups, device_type, mesh, mesh_dim_names=tuple(names))
+    return grid.device_mesh(dims, device_type, view=view, create=create)

@@ -25,13 +25,9 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
-import inspect
-import io
 import os
 import re
 import sys
-import tokenize
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -40,14 +36,25 @@ from parallel_state_ng.tools.port_table import (
     PARALLEL_STATE,
     MEGATRON_CORE,
     COMPAT_PARALLEL_STATE,
-    _MODULE_ALIASES,
     _PS_NAMES_IN_CORE,
     NAMED_GRID_GETTERS,
     GETTER_VARIANTS,
     compat_api,
-    _published_globals,
     named_grid_equivalent,
 )
+from parallel_state_ng.tools.named_grid_hints import getter_hint, global_hint
+from parallel_state_ng.tools.source_scan import (
+    FileImports,
+    MemberUseFinder,
+    canonical_module,
+    from_import_module,
+    iter_python_files,
+    package_of,
+    parse_source,
+    read_source,
+    shorten,
+)
+from parallel_state_ng.tools.upgrade import run as run_upgrade
 
 __all__ = [
     "add_arguments",
@@ -66,7 +73,8 @@ __all__ = [
     "COMPAT_PARALLEL_STATE",
 ]
 
-# The tables (getter -> group kind, compat's names) live in port_table.
+# The tables (getter -> group kind, compat's names) live in port_table, the machinery that finds
+# the uses (shared with upgrade) in source_scan, the named-grid hints in named_grid_hints.
 
 
 # --------------------------------------------------------------------------- scanning
@@ -112,204 +120,14 @@ class FileScan:
         return sum(1 for u in self.uses if u.category == "import")
 
 
-def _canonical(qualified: Optional[str]) -> Optional[str]:
-    if qualified is None:
-        return None
-    for alias, target in _MODULE_ALIASES.items():
-        if qualified == alias or qualified.startswith(alias + "."):
-            return target + qualified[len(alias) :]
-    return qualified
-
-
-def package_of(path: str) -> Optional[str]:
-    """Dotted package of a file, from the ``__init__.py`` files above it (None: not in a package)."""
-    parts: list[str] = []
-    directory = os.path.dirname(os.path.abspath(path))
-    while os.path.isfile(os.path.join(directory, "__init__.py")):
-        parts.append(os.path.basename(directory))
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            break
-        directory = parent
-    if parts and os.path.basename(directory) == "megatron":
-        parts.append("megatron")  # Megatron's wheels ship ``megatron`` as a namespace package (no __init__.py)
-    return ".".join(reversed(parts)) or None
-
-
-def _from_module(node: ast.ImportFrom, package: Optional[str]) -> Optional[str]:
-    """Absolute module of a ``from X import ...`` (relative ones resolved against ``package``)."""
-    if not node.level:
-        return node.module
-    if package is None:
-        return None
-    parts = package.split(".")
-    if node.level - 1 >= len(parts):
-        return None
-    base = parts[: len(parts) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))
-
-
-class _LineIndex:
-    """Converts ast (line, UTF-8 byte column) positions to character offsets."""
-
-    def __init__(self, source: str) -> None:
-        self.lines = re.split(r"(?<=\r\n)|(?<=\n)|(?<=\r)(?!\n)", source)
-        self.starts = [0]
-        for line in self.lines:
-            self.starts.append(self.starts[-1] + len(line))
-
-    def offset(self, lineno: int, col: int) -> int:
-        line = self.lines[lineno - 1]
-        return self.starts[lineno - 1] + len(line.encode("utf-8")[:col].decode("utf-8", errors="replace"))
-
-    def line_prefix(self, lineno: int, col: int) -> str:
-        line = self.lines[lineno - 1]
-        return line.encode("utf-8")[:col].decode("utf-8", errors="replace")
-
-
-def _short(text: str, limit: int = 90) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class _Dynamic:
-    """An argument whose value the scanner cannot know."""
-
-
-def _call_flags(name: str, call: Optional[ast.Call], keywords: set[str]) -> Optional[dict[str, Optional[bool]]]:
-    """Values (True/False, None if unknown) of ``keywords`` in ``call`` of compat's ``name``."""
-    if call is None:
-        return None
-    import compat.parallel_state as ps
-
-    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-        return None
-    def value(node: ast.expr) -> Any:
-        return node.value if isinstance(node, ast.Constant) else _Dynamic()
-
-    try:
-        bound = inspect.signature(getattr(ps, name)).bind_partial(
-            *[value(a) for a in call.args], **{k.arg: value(k.value) for k in call.keywords}
-        )
-    except (TypeError, ValueError, AttributeError):
-        return None
-    flags: dict[str, Optional[bool]] = {}
-    for kw in keywords:
-        if kw not in bound.arguments:
-            flags[kw] = False
-        else:
-            v = bound.arguments[kw]
-            flags[kw] = None if isinstance(v, _Dynamic) else bool(v)
-    return flags
-
-
-def _getter_hint(name: str, call: Optional[ast.Call]) -> Optional[str]:
-    """The named-grid hint of a getter call (or reference: ``call`` None)."""
-    if name not in NAMED_GRID_GETTERS:
-        return None
-    kind, accessor = NAMED_GRID_GETTERS[name]
-    variants = GETTER_VARIANTS.get(name, ())
-    if not variants:
-        return named_grid_equivalent(kind, accessor)
-    flags = _call_flags(name, call, {k for kws, _ in variants for k in kws})
-    if flags is not None and all(v is not None for v in flags.values()):
-        for kws, variant_kind in variants:
-            if all(flags[k] for k in kws):
-                return named_grid_equivalent(variant_kind, accessor)
-        return named_grid_equivalent(kind, accessor)
-    alternatives = [("=True and ".join(kws) + "=True", variant_kind) for kws, variant_kind in variants]
-    return named_grid_equivalent(kind, accessor, alternatives)
-
-
-class _UseFinder(ast.NodeVisitor):
-    """Finds uses of the module's members (attribute chains and imported names)."""
-
-    def __init__(self, scan: "_FileScanner") -> None:
-        self.scan = scan
-
-    def qualify(self, node: ast.AST) -> Optional[str]:
-        if isinstance(node, ast.Name):
-            return self.scan.bindings.get(node.id)
-        if isinstance(node, ast.Attribute):
-            base = self.qualify(node.value)
-            return None if base is None else f"{base}.{node.attr}"
-        return None
-
-    def member(self, node: ast.AST) -> Optional[str]:
-        """The member name when ``node`` denotes ``parallel_state.<member>``."""
-        if not isinstance(node, (ast.Name, ast.Attribute)):
-            return None
-        qualified = _canonical(self.qualify(node))
-        if qualified and qualified.startswith(PARALLEL_STATE + "."):
-            rest = qualified[len(PARALLEL_STATE) + 1 :]
-            if "." not in rest:
-                return rest
-        return None
-
-    def visit_Import(self, node: ast.Import) -> None:  # names there are not uses
-        return
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        return
-
-    def visit_Call(self, node: ast.Call) -> None:
-        name = self.member(node.func)
-        if name is None:
-            self.generic_visit(node)
-            return
-        self.scan.add_member_use(node.func, name, "call", call=node)
-        for child in [*node.args, *node.keywords]:
-            self.visit(child)
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        name = self.member(node)
-        if name is None:
-            self.generic_visit(node)
-            return
-        category = {ast.Store: "write", ast.Del: "delete"}.get(type(node.ctx), "read")
-        self.scan.add_member_use(node, name, category)
-
-    def visit_Name(self, node: ast.Name) -> None:
-        if isinstance(node.ctx, ast.Load):
-            name = self.member(node)
-            if name is not None:
-                self.scan.add_member_use(node, name, "read")
-
-
-class _FileScanner:
+class _FileScanner(FileImports):
     """Scan of one parsed file: bindings, uses and import edits."""
 
     def __init__(self, path: str, source: str, tree: ast.Module, package: Optional[str]) -> None:
-        self.path = path
-        self.source = source
-        self.tree = tree
-        self.package = package
-        self.index = _LineIndex(source)
-        self.bindings: dict[str, str] = {}
+        super().__init__(path, source, tree, package)
         self.uses: list[Use] = []
         self.edits: list[_Edit] = []
         self.chain_spans: list[tuple[ast.AST, str]] = []  # (module expression, its root name)
-        self.imports: list[ast.stmt] = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
-        self.imports.sort(key=lambda n: (n.lineno, n.col_offset))
-
-    # ---------------------------------------------------------------- bindings
-    def collect_bindings(self) -> None:
-        for node in self.imports:
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name.split(".")[0] != "megatron":
-                        continue
-                    if alias.asname:
-                        self.bindings[alias.asname] = alias.name
-                    else:
-                        self.bindings[alias.name.split(".")[0]] = alias.name.split(".")[0]
-            else:
-                module = _from_module(node, self.package)
-                if module is None or module.split(".")[0] != "megatron":
-                    continue
-                for alias in node.names:
-                    if alias.name != "*":
-                        self.bindings[alias.asname or alias.name] = f"{module}.{alias.name}"
 
     # ---------------------------------------------------------------- uses
     def add_member_use(self, node: ast.AST, name: str, category: str, call: Optional[ast.Call] = None) -> None:
@@ -323,7 +141,7 @@ class _FileScanner:
             if isinstance(root, ast.Name):
                 self.chain_spans.append((node.value, root.id))
         if category == "call":
-            what = f"call {_short(self._segment(call)[2])}"
+            what = f"call {shorten(self._segment(call)[2])}"
         elif category == "read" and known and self._is_function(name):
             category, what = "reference", f"reference {expr}"
         else:
@@ -333,8 +151,8 @@ class _FileScanner:
         else:
             target = f"{COMPAT_PARALLEL_STATE}.{name}"
             if category == "call":
-                target += _short(self._call_arguments(node, call), 70)
-            hint = _getter_hint(name, call) if category in ("call", "reference") else self._global_hint(name)
+                target += shorten(self._call_arguments(node, call), 70)
+            hint = getter_hint(name, call) if category in ("call", "reference") else global_hint(name)
             note = ""
             if category in ("write", "delete"):
                 note = " (compat's getters read the module globals, so this still takes effect)"
@@ -356,13 +174,6 @@ class _FileScanner:
         import compat.parallel_state as ps
 
         return callable(getattr(ps, name, None))
-
-    @staticmethod
-    def _global_hint(name: str) -> Optional[str]:
-        if name in _published_globals():
-            kind, accessor = _published_globals()[name]
-            return named_grid_equivalent(kind, accessor)
-        return None
 
     # ---------------------------------------------------------------- imports
     def _segment(self, node: ast.AST) -> tuple[int, int, str]:
@@ -391,7 +202,7 @@ class _FileScanner:
     def rewrite_imports(self) -> None:
         """Record the import uses and the edits switching them to compat."""
         plain_ps_import = any(
-            isinstance(n, ast.Import) and any(_canonical(a.name) == PARALLEL_STATE and not a.asname for a in n.names)
+            isinstance(n, ast.Import) and any(canonical_module(a.name) == PARALLEL_STATE and not a.asname for a in n.names)
             for n in self.imports
         )
         chain_roots = [root for _, root in self.chain_spans]
@@ -413,8 +224,8 @@ class _FileScanner:
                     node.lineno,
                     node.col_offset,
                     "import",
-                    _short(ast.unparse(node), 120),
-                    _short(_one_line(new, prefix), 160),
+                    shorten(ast.unparse(node), 120),
+                    shorten(_one_line(new, prefix), 160),
                 )
             )
         for expr, _ in self.chain_spans:
@@ -422,7 +233,7 @@ class _FileScanner:
             self.edits.append(_Edit(start, end, COMPAT_PARALLEL_STATE))
 
     def _flag_unknown_imported_names(self, node: ast.stmt) -> None:
-        if not isinstance(node, ast.ImportFrom) or _canonical(_from_module(node, self.package)) != PARALLEL_STATE:
+        if not isinstance(node, ast.ImportFrom) or canonical_module(from_import_module(node, self.package)) != PARALLEL_STATE:
             return
         api = compat_api()
         for alias in node.names:
@@ -463,7 +274,7 @@ class _FileScanner:
             kept: list[str] = []
             compat: list[str] = []
             for alias in node.names:
-                if _canonical(alias.name) == PARALLEL_STATE:
+                if canonical_module(alias.name) == PARALLEL_STATE:
                     compat.append(self._alias_text(COMPAT_PARALLEL_STATE, alias.asname))
                     root = alias.name.split(".")[0]
                     if not alias.asname and root_uses.get(root, 0) and not self._other_binding(node, root):
@@ -477,7 +288,7 @@ class _FileScanner:
             parts = ([f"import {', '.join(kept)}"] if kept else []) + [f"import {c}" for c in compat]
             return joiner.join(parts)
 
-        module = _canonical(_from_module(node, self.package))
+        module = canonical_module(from_import_module(node, self.package))
         tail = [f"import {COMPAT_PARALLEL_STATE}"] if add_compat else []
         if module == PARALLEL_STATE:
             _, _, old = self._segment(node)
@@ -509,7 +320,7 @@ class _FileScanner:
             if other is node or not isinstance(other, ast.Import):
                 continue
             for alias in other.names:
-                if not alias.asname and alias.name.split(".")[0] == root and _canonical(alias.name) != PARALLEL_STATE:
+                if not alias.asname and alias.name.split(".")[0] == root and canonical_module(alias.name) != PARALLEL_STATE:
                     return True
         return False
 
@@ -530,21 +341,6 @@ def _root(expr: ast.AST) -> ast.AST:
     return expr
 
 
-def _read_source(path: str) -> tuple[str, str]:
-    with open(path, "rb") as fh:
-        data = fh.read()
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-    return data.decode(encoding), encoding
-
-
-def parse_source(source: str, path: str) -> tuple[Optional[ast.Module], Optional[str]]:
-    """``(tree, None)`` for Python ``source``, or ``(None, message)`` when it does not parse."""
-    try:
-        return ast.parse(source, filename=path), None
-    except SyntaxError as err:
-        return None, f"{path}:{err.lineno or 0}: cannot parse ({err.msg}); skipped"
-
-
 def scan_source(source: str, path: str = "<string>", package: Optional[str] = None) -> FileScan:
     """Scan Python ``source`` (``package``: its dotted package, for relative imports)."""
     result = FileScan(path=path, source=source)
@@ -553,7 +349,7 @@ def scan_source(source: str, path: str = "<string>", package: Optional[str] = No
         return result
     scanner = _FileScanner(path, source, tree, package)
     scanner.collect_bindings()
-    _UseFinder(scanner).visit(tree)
+    MemberUseFinder(scanner).visit(tree)
     scanner.rewrite_imports()
     result.uses = sorted(scanner.uses, key=lambda u: (u.line, u.col, u.category != "import"))
     result.edits = sorted(scanner.edits, key=lambda e: e.start)
@@ -563,7 +359,7 @@ def scan_source(source: str, path: str = "<string>", package: Optional[str] = No
 def scan_file(path: str) -> FileScan:
     """Scan one file on disk (relative imports resolved from its ``__init__.py`` parents)."""
     try:
-        source, encoding = _read_source(path)
+        source, encoding = read_source(path)
     except (OSError, UnicodeDecodeError, SyntaxError) as err:
         return FileScan(path=path, error=f"{path}:0: cannot read ({err}); skipped")
     result = scan_source(source, path, package_of(path))
@@ -580,25 +376,6 @@ def rewrite_source(scan: FileScan) -> str:
         pos = edit.end
     out.append(scan.source[pos:])
     return "".join(out)
-
-
-def iter_python_files(path: str) -> Iterator[str]:
-    """``path`` itself if it is a file, else the ``*.py`` files below it (sorted; hidden dirs,
-    ``__pycache__`` and virtual environments skipped)."""
-    if os.path.isfile(path):
-        yield path
-        return
-    for directory, dirs, files in os.walk(path):
-        dirs[:] = sorted(
-            d
-            for d in dirs
-            if not d.startswith(".")
-            and d != "__pycache__"
-            and not os.path.isfile(os.path.join(directory, d, "pyvenv.cfg"))
-        )
-        for name in sorted(files):
-            if name.endswith(".py"):
-                yield os.path.join(directory, name)
 
 
 # --------------------------------------------------------------------------- command
@@ -645,8 +422,6 @@ def _diff_lines(text: str) -> list[str]:
 def run(args: argparse.Namespace, stdout: Any) -> int:
     """Run the ``port`` command for parsed ``args``; returns the exit code."""
     if getattr(args, "upgrade", None):
-        from parallel_state_ng.tools.upgrade import run as run_upgrade
-
         return run_upgrade(args, stdout)
     if not os.path.exists(args.path):
         raise UsageError(f"no such file or directory: {args.path!r}", "PATH")

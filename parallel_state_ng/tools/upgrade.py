@@ -1,9 +1,9 @@
 """``python -m parallel_state_ng port PATH --upgrade FROM:TO``: what breaks moving between releases.
 
-For every use of ``megatron.core.parallel_state`` in PATH (found by the ``port`` scanner: any
-import style, aliases, names imported from the module, Megatron's relative imports) whose
-meaning changes between megatron-core release ``FROM`` and release ``TO``, report
-``file:line: <use>: <what changes> -> <fix>``:
+For every use of ``megatron.core.parallel_state`` in PATH (found by :mod:`.source_scan`, the
+scanner ``port`` uses too: any import style, aliases, names imported from the module,
+Megatron's relative imports) whose meaning changes between megatron-core release ``FROM`` and
+release ``TO``, report ``file:line: <use>: <what changes> -> <fix>``:
 
 * ``positional shift`` — a positional argument lands on another parameter in ``TO`` (0.15 put
   ``check_initialized`` before ``with_context_parallel`` in
@@ -47,19 +47,19 @@ from parallel_state_ng.mcore.releases import KNOWN_SERIES, Release, parse_releas
 from parallel_state_ng.mcore.releases import hyper_comm_grid as grid_facts
 from parallel_state_ng.mcore.releases import parallel_state as facts
 from parallel_state_ng.tools import UsageError
-from parallel_state_ng.tools.port import (
-    _canonical,
-    _FileScanner,
-    _from_module,
-    _LineIndex,
-    _read_source,
-    _short,
-    _UseFinder,
-    iter_python_files,
-    parse_source,
-    package_of,
-)
 from parallel_state_ng.tools.port_table import PARALLEL_STATE
+from parallel_state_ng.tools.source_scan import (
+    FileImports,
+    LineIndex,
+    MemberUseFinder,
+    canonical_module,
+    from_import_module,
+    iter_python_files,
+    package_of,
+    parse_source,
+    read_source,
+    shorten,
+)
 
 __all__ = ["Finding", "FileCheck", "KINDS", "parse_upgrade", "check_source", "check_file", "run"]
 
@@ -156,18 +156,18 @@ class _Checker:
 
     def __init__(self, path: str, source: str, old: Release, new: Release) -> None:
         self.path, self.source, self.old, self.new = path, source, old, new
-        self.index = _LineIndex(source)
+        self.index = LineIndex(source)
         self.old_functions, self.old_globals = _api(old)
         self.new_functions, self.new_globals = _api(new)
         self.findings: list[Finding] = []
         self.uncovered: Counter = Counter()
         self.uses = 0
         self.grid_uses = 0
-        self.bindings: dict[str, str] = {}  # filled by the port scanner
+        self.bindings: dict[str, str] = {}  # the file's bindings (FileImports.collect_bindings)
 
     def add(self, node: ast.AST, kind: str, use: str, change: str, fix: str, fixed_call: Optional[str] = None) -> None:
         self.findings.append(
-            Finding(self.path, node.lineno, node.col_offset, kind, _short(use), change, fix, fixed_call)
+            Finding(self.path, node.lineno, node.col_offset, kind, shorten(use), change, fix, fixed_call)
         )
 
     def text(self, node: ast.AST) -> str:
@@ -176,7 +176,7 @@ class _Checker:
         end = self.index.offset(node.end_lineno, node.end_col_offset)
         return self.source[start:end] or ast.unparse(node)
 
-    # ------------------------------------------------------------ the port scanner's callback
+    # ------------------------------------------------------------ MemberUseFinder's callback
     def add_member_use(self, node: ast.AST, name: str, category: str, call: Optional[ast.Call] = None) -> None:
         self.uses += 1
         if name in self.old_functions or name in self.new_functions:
@@ -304,7 +304,7 @@ class _Checker:
 
 
 # --------------------------------------------------------------------------- HyperCommGrid
-def _grid_checks(checker: _Checker, tree: ast.Module, scanner: _FileScanner) -> None:
+def _grid_checks(checker: _Checker, tree: ast.Module, scanner: FileImports) -> None:
     """Imports of ``megatron.core.hyper_comm_grid`` and method calls on grids the file builds."""
     old, new = checker.old, checker.new
     grid_names: set[str] = set()
@@ -373,7 +373,7 @@ def _grid_checks(checker: _Checker, tree: ast.Module, scanner: _FileScanner) -> 
 def _imports_grid(node: ast.stmt, package: Optional[str]) -> bool:
     if isinstance(node, ast.Import):
         return any(a.name == HYPER_COMM_GRID for a in node.names)
-    module = _from_module(node, package)
+    module = from_import_module(node, package)
     return module == HYPER_COMM_GRID or (
         module == "megatron.core" and any(a.name == "hyper_comm_grid" for a in node.names)
     )
@@ -396,13 +396,13 @@ def check_source(source: str, old: Release, new: Release, path: str = "<string>"
     tree, result.error = parse_source(source, path)
     if tree is None:
         return result
-    scanner = _FileScanner(path, source, tree, package)
+    scanner = FileImports(path, source, tree, package)
     scanner.collect_bindings()
     checker = _Checker(path, source, old, new)
     checker.bindings = scanner.bindings
-    _UseFinder(checker).visit(tree)
+    MemberUseFinder(checker).visit(tree)
     for node in scanner.imports:
-        if isinstance(node, ast.ImportFrom) and _canonical(_from_module(node, package)) == PARALLEL_STATE:
+        if isinstance(node, ast.ImportFrom) and canonical_module(from_import_module(node, package)) == PARALLEL_STATE:
             for alias in node.names:
                 if alias.name != "*":
                     checker.imported_name(node, alias.name)
@@ -417,7 +417,7 @@ def check_source(source: str, old: Release, new: Release, path: str = "<string>"
 def check_file(path: str, old: Release, new: Release) -> FileCheck:
     """:func:`check_source` on a file (relative imports resolved from its ``__init__.py`` parents)."""
     try:
-        source, _ = _read_source(path)
+        source, _ = read_source(path)
     except (OSError, UnicodeDecodeError, SyntaxError) as err:
         return FileCheck(path=path, findings=[], uncovered=Counter(), error=f"{path}:0: cannot read ({err}); skipped")
     return check_source(source, old, new, path, package_of(path))
