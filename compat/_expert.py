@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import warnings
 
-from parallel_state_ng.mcore.releases import parallel_state as api
 
-from . import parallel_state as ps
+from ._namespace import facade as ps
+from ._release import FACTS
 from ._buffers import GlobalMemoryBuffer
 from ._getters import (
     checked,
@@ -271,18 +271,20 @@ def destroy_global_symmetric_memory_buffer():
     ps._GLOBAL_SYMMETRIC_MEMORY_BUFFER = None
 
 
-_WITH_GTP_RANK = api.has("all_ranks_with_gtp", ps.MEGATRON_RELEASE)
+#: The getter of this rank's position in a group of each kind ``get_all_ranks`` reports
+#: (0.19's default data-parallel rank spans the GTP axis).
+_RANK_GETTERS = {
+    "tp": "get_tensor_model_parallel_rank",
+    "gtp_remat": "get_gtp_weight_remat_rank",
+    "dp": "get_data_parallel_rank",
+    "gtp_remat_dp": "get_data_parallel_rank",
+    "cp": "get_context_parallel_rank",
+    "pp": "get_pipeline_model_parallel_rank",
+    "ep": "get_expert_model_parallel_rank",
+}
 
 
 def get_all_ranks():
     """This rank's tp, (0.19: gtp_remat,) dp, cp, pp and ep ranks joined by ``_`` (``'1_0_0_2_0'``)."""
-    ranks = [ps.get_tensor_model_parallel_rank()]
-    if _WITH_GTP_RANK:
-        ranks.append(ps.get_gtp_weight_remat_rank())
-    ranks += [
-        ps.get_data_parallel_rank(),
-        ps.get_context_parallel_rank(),
-        ps.get_pipeline_model_parallel_rank(),
-        ps.get_expert_model_parallel_rank(),
-    ]
+    ranks = [getattr(ps, _RANK_GETTERS[kind])() for kind in FACTS.all_ranks_kinds]
     return "_".join(str(r or 0) for r in ranks)

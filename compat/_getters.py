@@ -18,17 +18,18 @@ import torch
 
 from parallel_state_ng.mcore.releases import parallel_state as api
 
-from . import parallel_state as ps
+from ._namespace import facade as ps
+from ._release import FACTS, RELEASE
 
 __all__: list[str] = []  # served through compat.parallel_state
 
-_PARTIAL_CHECK_FIRST = api.has("data_parallel_partial_check_first", ps.MEGATRON_RELEASE)
+_PARTIAL_CHECK_FIRST = FACTS.data_parallel_partial_check_first
 # 0.12: the first/last-stage checks read the global virtual pipeline rank (no vp_stage).
-_STAGE_FROM_GLOBAL = api.has("virtual_stage_from_global", ps.MEGATRON_RELEASE)
-_SETTER_WARNS = api.has("virtual_rank_setter_warns", ps.MEGATRON_RELEASE)
-_RANK_FIRST = api.has("pipeline_rank_reads_world_rank", ps.MEGATRON_RELEASE)
+_STAGE_FROM_GLOBAL = FACTS.virtual_stage_from_global
+_SETTER_WARNS = FACTS.virtual_rank_setter_warns
+_RANK_FIRST = FACTS.pipeline_rank_reads_world_rank
 # Whether the served release's data-parallel getters take with_gtp_remat (0.19).
-_GTP_PARAMETER = "with_gtp_remat" in dict(api.signature("get_data_parallel_group", ps.MEGATRON_RELEASE))
+_GTP_PARAMETER = "with_gtp_remat" in dict(api.signature("get_data_parallel_group", RELEASE))
 
 
 def gtp_keyword(with_gtp_remat: bool) -> dict[str, bool]:
@@ -42,7 +43,7 @@ def gtp_keyword(with_gtp_remat: bool) -> dict[str, bool]:
 
 @functools.lru_cache(maxsize=None)
 def _served_parameters(function: str) -> frozenset[str]:
-    return frozenset(dict(api.signature(function, ps.MEGATRON_RELEASE) or ()))
+    return frozenset(dict(api.signature(function, RELEASE) or ()))
 
 
 def served_keywords(function: str, **kwargs: Any) -> dict[str, Any]:

@@ -12,11 +12,12 @@ import torch
 
 from parallel_state_ng.core.layout import Layout
 from parallel_state_ng.mcore.layout import normalize_order
+from parallel_state_ng.mcore.kinds import GROUP_KINDS
 from parallel_state_ng.core.naming import new_member_group
 from parallel_state_ng.mcore.releases import parallel_state as api
 from parallel_state_ng.mcore.releases.parallel_state import REQUIRED
 
-from . import parallel_state as ps
+from ._namespace import facade as ps
 from ._surface import exact_function
 
 __all__ = [
@@ -70,14 +71,14 @@ def update_pg_timeout(timeout: timedelta, pg: Optional[torch._C._distributed_c10
 
 def _note_group_creation() -> None:
     """Start ``_global_process_group_list`` (with the default group) if the release keeps one."""
-    ns = vars(ps)
+    ns = ps.namespace
     if "_global_process_group_list" in ns and ns["_global_process_group_list"] is None:
         ns["_global_process_group_list"] = [None]
 
 
 def _record(group: Any) -> None:
     _note_group_creation()
-    listed = vars(ps).get("_global_process_group_list")
+    listed = ps.namespace.get("_global_process_group_list")
     if listed is not None:
         listed.append(group)
 
@@ -103,7 +104,7 @@ def create_group(
         use_local_synchronization=use_local_synchronization,
         group_desc=group_desc,
     )
-    if "_global_process_group_list" in vars(ps):  # 0.15+: keep the rank's groups for update_pg_timeout
+    if "_global_process_group_list" in ps.namespace:  # 0.15+: keep the rank's groups for update_pg_timeout
         _note_group_creation()
         if torch.distributed.get_rank() in ranks:
             _record(group)
@@ -202,7 +203,7 @@ def create_hybrid_dp_cp_groups(rank, ranks, pg_options):
     for size in sizes:
         start = (position // size) * size
         out[size] = member_group(
-            list(ranks[start : start + size]), pg_options=pg_options, group_desc=f"HYBRID_DP_CP_GROUP_{size}"
+            list(ranks[start : start + size]), pg_options=pg_options, group_desc=GROUP_KINDS["hybrid_dp_cp"].desc.format(size=size)
         )
     return out
 

@@ -17,11 +17,13 @@ from typing import List, Optional
 import torch.distributed as dist
 
 from parallel_state_ng.core.agreement import check_initialize_agreement
+from parallel_state_ng.mcore.kinds import GROUP_KINDS
 from parallel_state_ng.mcore.layout import MegatronLayout
-from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.mcore.plan import PlanOptions
 
 from . import _scoping, _state
-from . import parallel_state as ps
+from ._namespace import facade as ps
+from ._release import FACTS, RELEASE, VERSION
 from ._expert import set_global_memory_buffer
 from ._getters import is_initialized
 from ._helpers import get_nccl_options, overwrite_nccl_comm_cfgs
@@ -112,7 +114,7 @@ def initialize_model_parallel(
     # (a mismatch raises on every rank instead of hanging; see parallel_state_ng.core.agreement).
     check_initialize_agreement(locals())
     if encoder_tensor_model_parallel_size != 0 or encoder_pipeline_model_parallel_size != 0:
-        if api.has("encoder_deprecation_warnings", ps.MEGATRON_RELEASE):
+        if FACTS.encoder_deprecation_warnings:
             warnings.warn(
                 "encoder_tensor_model_parallel_size / encoder_pipeline_model_parallel_size: encoder-specific "
                 "pipeline parallelism is deprecated in megatron-core 0.13 and removed in 0.14",
@@ -120,7 +122,7 @@ def initialize_model_parallel(
                 stacklevel=2,
             )
     sharp_enabled_group = _check_sharp(use_sharp, sharp_enabled_group, num_distributed_optimizer_instances)
-    if not api.has("sharp_collnet_zero", ps.MEGATRON_RELEASE):  # 0.14+ starts without the SHARP variable
+    if not FACTS.sharp_collnet_zero:  # 0.14+ starts without the SHARP variable
         os.environ.pop("NCCL_COLLNET_ENABLE", None)
     if not dist.is_initialized():
         raise AssertionError("torch.distributed is not initialized: call init_process_group() first")
@@ -151,7 +153,7 @@ def initialize_model_parallel(
         encoder_tensor_model_parallel_size=encoder_tensor_model_parallel_size,
         encoder_pipeline_model_parallel_size=encoder_pipeline_model_parallel_size,
         pipeline_model_parallel_split_rank=pipeline_model_parallel_split_rank,
-        release=ps.MEGATRON_RELEASE.series,
+        release=RELEASE.series,
     )
     if ps._DATA_PARALLEL_GROUP is not None or _scoping.get_state() is not None:
         raise AssertionError(
@@ -162,9 +164,9 @@ def initialize_model_parallel(
             f"hybrid_context_parallel needs an even data_parallel_size x context_parallel_size, got "
             f"{layout.data_parallel_size} x {context_parallel_size}"
         )
-    if sharp_enabled_group == "dp" and api.has("sharp_dp_unusable", ps.MEGATRON_RELEASE):
+    if sharp_enabled_group == "dp" and FACTS.sharp_dp_unusable:
         raise AssertionError(
-            f"use_sharp with sharp_enabled_group='dp' fails in megatron-core {ps.MEGATRON_VERSION}: its SHARP "
+            f"use_sharp with sharp_enabled_group='dp' fails in megatron-core {VERSION}: its SHARP "
             f"barrier reads the data parallel group with CP (with GTP_remat) before it is initialized"
         )
     if pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc"):
@@ -186,11 +188,13 @@ def initialize_model_parallel(
         dist.get_rank(),
         timeout=timedelta(minutes=distributed_timeout_minutes),
         nccl_options=lambda name: get_nccl_options(name, nccl_comm_cfgs),
-        create_gloo_process_groups=create_gloo_process_groups,
-        create_all_gather_group=bool(create_all_gather_group),
-        pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
-        sharp_enabled_group=sharp_enabled_group,
-        hybrid_context_parallel=hybrid_context_parallel,
+        options=PlanOptions(
+            create_gloo_process_groups=create_gloo_process_groups,
+            create_all_gather_group=bool(create_all_gather_group),
+            pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
+            sharp_enabled_group=sharp_enabled_group,
+            hybrid_context_parallel=hybrid_context_parallel,
+        ),
     )
     _scoping.set_active(state)
     if pipeline_model_parallel_split_rank is not None:  # 0.12-0.13; kept across destroy, as in MCore
@@ -237,22 +241,24 @@ def create_all_gather_groups(for_expert_parallelism=False, timeout=None, nccl_co
         )
     layout, rank = state.layout, state.rank
     cfgs = nccl_comm_cfgs or {}
-    kinds = [("dp_cp_ag", "dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_AG")]
+    kinds = ["dp_cp_ag"]
     if for_expert_parallelism and layout.expert_model_parallel_size > 1:
-        kinds.append(("ep_dp_ag", "ep_dp", "EXPERT_DATA_PARALLEL_GROUP_AG"))
+        kinds.append("ep_dp_ag")
     plans = []
     world = dist.get_world_size()
-    for kind, option_key, desc in kinds:
+    for kind in kinds:
         members = layout.group(kind, rank)
         if members is not None and max(members) >= world:
             raise ValueError(
                 f"create_all_gather_groups: the {kind} group {members} has ranks outside the world of {world} "
                 f"(megatron-core's own function reads the data-parallel size including the GTP axis)"
             )
-        plans.append((kind, members, option_key, desc))
+        plans.append((GROUP_KINDS[kind], members))
     results = {"dp_cp_ag": None, "ep_dp_ag": None}
     make = _state._Creator(state, timeout)
-    for kind, members, option_key, desc in plans:
+    for kind_row, members in plans:
         if members is not None:
-            results[kind] = make.make(members, desc, pg_options=get_nccl_options(option_key, cfgs))
+            results[kind_row.name] = make.make(
+                members, kind_row.desc, pg_options=get_nccl_options(kind_row.nccl_key, cfgs)
+            )
     return results["dp_cp_ag"], results["ep_dp_ag"]

@@ -12,16 +12,17 @@ from __future__ import annotations
 import warnings
 from typing import Optional
 
-from parallel_state_ng.mcore.kinds import hierarchical_group
-from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.mcore.kinds import GROUP_KINDS
+from parallel_state_ng.mcore.order import hierarchical_group
 
-from . import parallel_state as ps
+from ._namespace import facade as ps
+from ._release import FACTS
 from ._getters import required
 from ._helpers import _note_group_creation, member_group
 
 __all__: list[str] = []  # served through compat.parallel_state
 
-_WARN = api.has("encoder_deprecation_warnings", ps.MEGATRON_RELEASE)
+_WARN = FACTS.encoder_deprecation_warnings
 
 
 def _deprecated(what: str) -> None:
@@ -135,6 +136,6 @@ def create_hierarchical_parallel_groups(rank, ranks, group_size, hierarchical_gr
         members = hierarchical_group(members_of, rank, sizes, level)
         if members is not None:
             groups.append(
-                member_group(members, pg_options=pg_options, group_desc=f"HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{level}")
+                member_group(members, pg_options=pg_options, group_desc=GROUP_KINDS["hcp"].desc.format(level=level))
             )
     return groups

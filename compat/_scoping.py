@@ -13,10 +13,10 @@ import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-from parallel_state_ng.mcore.releases import parallel_state as api
 
 from . import _state
-from . import parallel_state as ps
+from ._namespace import facade as ps
+from ._release import FACTS
 from ._publish import BLOCK_OVERRIDES, BUFFER_GLOBALS, OVERRIDE_GLOBALS, STATE_EXTRAS, publish, state_globals
 
 __all__ = ["get_state", "set_active", "use_state", "detach_state", "destroy_state", "destroy_model_parallel"]
@@ -30,7 +30,7 @@ _SUSPENDED: list[Optional[_state.ParallelState]] = []
 
 
 def _ns() -> dict[str, Any]:
-    return vars(ps)
+    return ps.namespace
 
 
 def get_state() -> Optional[_state.ParallelState]:
@@ -174,8 +174,7 @@ def _release_megatron_resources() -> None:
 
     Only modules already imported are touched (nothing was allocated in one that is not).
     """
-    release = ps.MEGATRON_RELEASE
-    if api.has("nccl_ep_finalize_on_destroy", release):
+    if FACTS.nccl_ep_finalize_on_destroy:
         fused = sys.modules.get("megatron.core.transformer.moe.fused_a2a")
         finalize = getattr(fused, "nccl_ep_finalize", None)
         if finalize is not None:
@@ -183,7 +182,7 @@ def _release_megatron_resources() -> None:
                 finalize()
             except Exception:  # as in MCore: finalizing must never block teardown
                 pass
-    if api.has("symmetric_memory_manager_destroy", release):
+    if FACTS.symmetric_memory_manager_destroy:
         symmetric = sys.modules.get("megatron.core.inference.symmetric_memory")
         manager = getattr(symmetric, "SymmetricMemoryManager", None)
         if manager is not None:

@@ -25,24 +25,23 @@ in the README ("Compatibility notes").
 
 from __future__ import annotations
 
-from parallel_state_ng.mcore import releases as _releases
+from parallel_state_ng.mcore.order import default_embedding_ranks as _default_embedding_ranks
+from parallel_state_ng.mcore.order import default_position_embedding_ranks as _default_position_embedding_ranks
+from parallel_state_ng.mcore.releases import Release as _Release
 from parallel_state_ng.mcore.releases import parallel_state as _api
 
+from . import _expert, _getters, _helpers, _init, _legacy, _namespace, _release, _scoping
+from ._surface import serve as _serve
+
 #: The megatron-core release whose API this module serves (a :class:`~parallel_state_ng.mcore.releases.Release`).
-MEGATRON_RELEASE: "_releases.Release" = _releases.current_release()
+MEGATRON_RELEASE: _Release = _release.RELEASE
 #: Its version string as found or requested (e.g. ``"0.19.2"``, or ``"0.19"`` from the environment).
 MEGATRON_VERSION: str = MEGATRON_RELEASE.version
 
-# The release's module globals, at their import-time values (None, or an empty dict).
+# The release's module globals, at their import-time values (None, or an empty dict); the
+# implementing modules read and write them (and this module's functions) through the facade view.
 globals().update({name: (None if init is None else init()) for name, init in _api.globals_of(MEGATRON_RELEASE).items()})
-
-# The implementations read and write the globals above; importing them needs MEGATRON_RELEASE.
-from . import _expert, _getters, _helpers, _init, _legacy, _scoping  # noqa: E402
-from ._surface import serve as _serve  # noqa: E402
-from parallel_state_ng.mcore.layout import (  # noqa: E402  (MCore API: the embedding defaults)
-    default_embedding_ranks as _default_embedding_ranks,
-    default_position_embedding_ranks as _default_position_embedding_ranks,
-)
+_namespace.facade.attach(globals())
 
 globals().update(
     _serve(

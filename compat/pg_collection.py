@@ -6,8 +6,9 @@ models, DDP, optimizers) instead of the global ``parallel_state``. MCore fills o
 globals with ``ProcessGroupCollection.use_mpu_process_groups()``;
 :func:`to_process_group_collection` fills one from a compat :class:`~compat._state.ParallelState`
 (the active one, or any other grid of the job, see ``compat.parallel_state.use_state``),
-every field with the group the served release's method would put there (fields and getters
-per release: :mod:`parallel_state_ng.mcore.releases.process_groups_config`).
+every field with the group the served release's method would put there: the value of the
+module global the group-kind table names for it (:data:`FIELD_GLOBALS`; fields per release:
+:mod:`parallel_state_ng.mcore.releases.process_groups_config`).
 
 megatron-core is imported only when the function is called.
 """
@@ -16,47 +17,46 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from typing import Any, Optional
 
+from parallel_state_ng.mcore.kinds import fills
 from parallel_state_ng.mcore.releases import process_groups_config as facts
 
 from . import parallel_state as ps
+from ._release import RELEASE
 from ._state import ParallelState
 
-__all__ = ["to_process_group_collection", "FIELD_GETTERS", "UnknownCollectionFieldError"]
+__all__ = ["to_process_group_collection", "FIELD_GLOBALS", "FIELDS", "UnknownCollectionFieldError"]
 
 
 class UnknownCollectionFieldError(RuntimeError):
     """The installed ``ProcessGroupCollection`` has a field compat does not know how to fill."""
 
 
-def _field_getters() -> dict[str, Callable[[], Any]]:
-    """Field name -> the call that yields its group (MCore's pairing, from the release data)."""
-    from . import _expert, _getters  # loaded by compat.parallel_state
-
-    out: dict[str, Callable[[], Any]] = {}
-    for name, spec in facts.COLLECTION_GETTERS.items():
-        if spec is None:
-            out[name] = lambda: None  # MCore leaves it None (set by the caller, e.g. all-gather groups)
-            continue
-        function, kwargs = spec
-        impl = getattr(_getters, function, None) or getattr(_expert, function)
-        out[name] = partial(impl, **kwargs)
-    return out
-
-
+#: Field -> the module global ``use_mpu_process_groups()`` fills it from (the group-kind table).
+FIELD_GLOBALS: dict[str, str] = {fill.collection: fill.name for _, fill in fills() if fill.collection}
+#: Every field some supported release's collection has.
+_KNOWN_FIELDS = frozenset(field for fields in facts.COLLECTION_FIELDS.values() for field in fields)
 #: The ``ProcessGroupCollection`` fields of the served release.
-FIELD_GETTERS: tuple[str, ...] = facts.collection_fields(ps.MEGATRON_RELEASE)
+FIELDS: tuple[str, ...] = facts.collection_fields(RELEASE)
+
+
+def _field_value(name: str) -> Any:
+    """The value of field ``name`` read from the active grid's globals, as MCore reads it."""
+    global_name = FIELD_GLOBALS.get(name)
+    value = None if global_name is None else getattr(ps, global_name, None)
+    if value is None and name in facts.STRICT_FIELDS:
+        raise AssertionError(f"the {global_name} behind ProcessGroupCollection.{name} is not initialized")
+    return value
 
 
 def _collection_class() -> type:
-    class_name = facts.COLLECTION_CLASS[ps.MEGATRON_RELEASE.series]
+    class_name = facts.COLLECTION_CLASS[RELEASE.series]
     module = importlib.import_module("megatron.core.process_groups_config")
     if class_name is None:
         raise ImportError(
-            f"megatron-core {ps.MEGATRON_VERSION} has no ProcessGroupCollection (added in 0.15); "
+            f"megatron-core {RELEASE.version} has no ProcessGroupCollection (added in 0.15); "
             f"its megatron.core.process_groups_config has ModelCommProcessGroups / GradCommProcessGroups"
         )
     return getattr(module, class_name)
@@ -98,13 +98,13 @@ def to_process_group_collection(
     """
     cls = _collection_class()
     fields = _collection_fields(cls)
-    getters = _field_getters()
-    unknown = [name for name in fields if name not in getters]
+    unknown = [name for name in fields if name not in _KNOWN_FIELDS]
     if unknown:
         raise UnknownCollectionFieldError(
             f"ProcessGroupCollection of the installed megatron-core has field(s) {unknown} that "
-            f"compat.pg_collection cannot fill (known: {sorted(getters)}); add them to "
-            f"parallel_state_ng.mcore.releases.process_groups_config.COLLECTION_GETTERS"
+            f"compat.pg_collection cannot fill (known: {sorted(_KNOWN_FIELDS)}); add them to "
+            f"parallel_state_ng.mcore.releases.process_groups_config.COLLECTION_FIELDS and to the "
+            f"global that fills them in parallel_state_ng.mcore.kinds.GROUP_KINDS"
         )
     if required_pgs is None:
         wanted = fields
@@ -115,7 +115,7 @@ def to_process_group_collection(
             raise ValueError(f"required_pgs names unknown ProcessGroupCollection field(s) {invalid}; fields: {fields}")
 
     def collect() -> dict[str, Any]:
-        return {name: getters[name]() for name in wanted}
+        return {name: _field_value(name) for name in wanted}
 
     if state is None or state is ps.get_state():
         values = collect()

@@ -21,16 +21,20 @@ import random
 from typing import Any, Optional
 
 _CURRENT = [0]  # the rank the recorded init runs as
+_INIT_GROUPS = [0]  # how many recorded groups initialize_model_parallel itself created
+_GLOO_ALWAYS = [False]  # the release has no create_gloo_process_groups switch
 
 
 class _Group:
-    """A recorded process group: its ranks and description."""
+    """A recorded process group: its ranks, description, timeout and backend."""
 
-    __slots__ = ("ranks", "desc")
+    __slots__ = ("ranks", "desc", "timeout", "backend")
 
-    def __init__(self, ranks: list[int], desc: Optional[str]) -> None:
+    def __init__(self, ranks: list[int], desc: Optional[str], timeout: Any = None, backend: Any = None) -> None:
         self.ranks = ranks
         self.desc = desc
+        self.timeout = timeout
+        self.backend = backend
 
     def size(self) -> int:
         return len(self.ranks)
@@ -44,7 +48,7 @@ def _install_fakes(ps: Any, world: int, created: list[_Group]) -> None:
 
     def create_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False,
                      group_desc=None):
-        group = _Group(list(ranks), group_desc)
+        group = _Group(list(ranks), group_desc, timeout, backend)
         created.append(group)
         return group
 
@@ -62,10 +66,12 @@ def _run_mcore(ps: Any, cfg: dict, rank: int) -> tuple[list[_Group], Optional[st
     _CURRENT[0] = rank
     params = inspect.signature(ps.initialize_model_parallel).parameters
     kwargs = {k: v for k, v in cfg.items() if k in params}
+    _GLOO_ALWAYS[0] = "create_gloo_process_groups" not in params  # a release without the switch makes them
     if "create_gloo_process_groups" in params:
         kwargs["create_gloo_process_groups"] = False
     try:
         ps.initialize_model_parallel(**kwargs)
+        _INIT_GROUPS[0] = len(created)  # the groups init made (the all-gather ones come after)
         if hasattr(ps, "create_all_gather_groups"):
             ps.create_all_gather_groups(for_expert_parallelism=True)
         all_ranks = ps.get_all_ranks()
@@ -85,6 +91,30 @@ def _layout(cfg: dict, series: str):
             "expert_gtp_remat_size", "encoder_tensor_model_parallel_size", "encoder_pipeline_model_parallel_size",
             "pipeline_model_parallel_split_rank"]
     return MegatronLayout(release=series, **{k: cfg[k] for k in keys if k in cfg})
+
+
+def _check_plan(
+    lay: Any, cfg: dict, rank: int, init_groups: list[_Group], gloo: bool, tag: str, out: list[str]
+) -> int:
+    """The group plan of ``rank`` vs the release's own creation sequence, as seen by ``rank``.
+
+    Every group the release created during init that holds ``rank`` must be a step of
+    ``group_plan``, in the same order, with the same ranks, ``group_desc`` and timeout rule
+    (the init's timeout, or torch's default). Returns the number of steps compared.
+    """
+    from parallel_state_ng.mcore.plan import CreateGroup, PlanOptions, group_plan
+
+    options = PlanOptions(
+        create_gloo_process_groups=gloo,
+        create_all_gather_group=bool(cfg.get("create_all_gather_group")),
+        hybrid_context_parallel=bool(cfg.get("hybrid_context_parallel")),
+    )
+    release = [(g.desc, g.ranks, "torch" if g.timeout is None else "init") for g in init_groups if rank in g.ranks]
+    ours = [(s.desc, list(s.ranks), s.timeout) for s in group_plan(lay, rank, options) if isinstance(s, CreateGroup)]
+    if ours != release:
+        first = next((i for i, (a, b) in enumerate(zip(ours, release)) if a != b), min(len(ours), len(release)))
+        out.append(f"{tag}: rank {rank} plan step {first}: ours {ours[first:first + 2]}, release {release[first:first + 2]}")
+    return len(release)
 
 
 def _desc_to_kind(desc: str) -> Optional[str]:
@@ -207,6 +237,9 @@ def check_release(series: str, configs: list[dict], seed: int) -> dict:
                     expected = next(g for g in groups if rank in g)
                     if lay.hybrid_group(rank, size) != expected:
                         mismatches.append(f"{tag}: rank {rank} hybrid {size}: {lay.hybrid_group(rank, size)} vs {expected}")
+        stats["plan_steps"] = stats.get("plan_steps", 0) + _check_plan(
+            lay, cfg, current, created[: _INIT_GROUPS[0]], _GLOO_ALWAYS[0], tag, mismatches
+        )
         stats["rank_checks"] += 1
         if lay.all_ranks(current) != all_ranks:
             mismatches.append(f"{tag}: rank {current} get_all_ranks {all_ranks!r}, ours {lay.all_ranks(current)!r}")

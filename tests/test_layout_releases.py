@@ -140,6 +140,7 @@ def test_layout_matches_release(series: str) -> None:
     assert stats["configs"] + stats["rejected"] == len(configs)
     assert stats["configs"] >= len(configs) // 2
     assert stats["groups"] > 0 and stats["rank_checks"] > 0 and stats["generator_checks"] > 0
+    assert stats["plan_steps"] > 0  # the group plan was compared step by step with the release
 
 
 def test_release_arguments_are_checked() -> None:

@@ -1,287 +1,304 @@
-"""The group kinds of Megatron-Core's ``parallel_state`` and how it reads ``order``.
+"""Megatron-Core's process-group kinds: every fact about each kind, stated once.
 
-:data:`GROUP_KINDS` names every kind of process group some supported release (0.14 … 0.19)
-builds, with the ``group_desc`` MCore gives it, the rank-generator token it is enumerated
-from, the release that introduced it and when it is created. Kind names are MCore's NCCL
-communicator-config keys (the ``nccl_comm_cfgs`` section that configures the group) where one
-exists. :class:`~parallel_state_ng.mcore.layout.MegatronLayout` computes every kind.
+:data:`GROUP_KINDS` has one :class:`GroupKind` per kind of group some supported release (0.12
+… 0.19) builds. A row says what the group is (its rank generator and ``get_ranks`` dims), the
+``group_desc`` MCore gives it (and its gloo twin), the module globals it is published in (its
+group, rank list, gloo twin, and the global it falls back to when this rank does not build the
+kind), the ``ProcessGroupCollection`` field ``use_mpu_process_groups()`` fills from each
+global, its NCCL-config key and timeout rule, and the releases that build it (names of
+:class:`~parallel_state_ng.mcore.releases.facts.ReleaseFacts` attributes). Kind names are
+MCore's ``nccl_comm_cfgs`` keys where one exists.
 
-Kinds, with the MCore global (``group_desc`` where it differs) and the rank generator
-("view") and ``get_ranks`` token they come from:
+Everything reads this table: the creation order (:mod:`parallel_state_ng.mcore.plan`), the
+layout math (:class:`~parallel_state_ng.mcore.layout.MegatronLayout`), compat's publishing of
+globals and its ``ProcessGroupCollection`` export, and the tools. Pure data: no
+``torch.distributed``.
 
-- ``gtp_remat``: ``_GTP_WEIGHT_REMAT_GROUP`` (0.19); dense ``gtp_remat`` (``get_gtp_ranks``).
-- ``dp_cp``: ``_DATA_PARALLEL_GROUP_WITH_CP``; dense ``dp-cp``.
-- ``dp_cp_ag``: ``_DATA_PARALLEL_GROUP_WITH_CP_AG``; 0.16-0.17 (``create_all_gather_group=True``):
-  the ranks of ``dp_cp``; 0.18+ (``create_all_gather_groups()``): ``dp-cp`` of that function's
-  own generator (default order, offset 0).
-- ``intra_dp_cp``: ``_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP``; chunks of each dp-cp group.
-- ``dp``: ``_DATA_PARALLEL_GROUP``; dense ``dp``.
-- ``gtp_remat_dp``: ``_DATA_PARALLEL_GROUP_WITH_GTP_REMAT`` (0.19, built when gtp > 1);
-  dense ``gtp_remat-dp``.
-- ``gtp_remat_dp_cp``: ``_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT`` (0.19, gtp > 1);
-  dense ``gtp_remat-dp-cp``.
-- ``cp``: ``_CONTEXT_PARALLEL_GROUP``; dense ``cp``.
-- ``hcp<i>``: ``_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS[i]``
-  (``HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L<i>``); levels of each cp group.
-- ``mp``: ``_MODEL_PARALLEL_GROUP``; dense ``tp-pp`` (``tp-gtp_remat-pp`` on 0.19).
-- ``tp``: ``_TENSOR_MODEL_PARALLEL_GROUP``; dense ``tp``.
-- ``pp``: ``_PIPELINE_MODEL_PARALLEL_GROUP``; dense ``pp``.
-- ``embd`` / ``pos_embd``: ``_EMBEDDING_GROUP`` / ``_POSITION_EMBEDDING_GROUP``; the
-  embedding callables applied to each pp group.
-- ``tp_dp_cp``: ``_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP``; dense ``tp-dp-cp``
-  (``tp-gtp_remat-dp-cp`` on 0.19).
-- ``tp_dp``: ``_TENSOR_AND_DATA_PARALLEL_GROUP``; dense ``tp-dp`` (``tp-gtp_remat-dp`` on 0.19).
-- ``tp_cp``: ``_TENSOR_AND_CONTEXT_PARALLEL_GROUP``; dense ``tp-cp``.
-- ``expt_gtp_remat``: ``_EXPERT_GTP_WEIGHT_REMAT_GROUP`` (0.19); expert ``gtp_remat``.
-- ``ep``: ``_EXPERT_MODEL_PARALLEL_GROUP``; expert ``ep``.
-- ``ep_tp``: ``_EXPERT_TENSOR_PARALLEL_GROUP``; expert ``tp``.
-- ``tp_ep_mp``: ``_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP``; expert ``tp-ep``.
-- ``tp_ep_pp``: ``_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP``; expert ``tp-ep-pp``.
-- ``tp_ep_gtp_remat_pp``: ``_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP`` (0.19);
-  expert ``tp-ep-gtp_remat-pp``.
-- ``ep_dp``: ``_EXPERT_DATA_PARALLEL_GROUP``; expert ``dp``.
-- ``ep_dp_ag``: ``EXPERT_DATA_PARALLEL_GROUP_AG`` (0.18+, ``create_all_gather_groups(
-  for_expert_parallelism=True)`` with ep > 1); ``dp`` of that function's expert generator.
-- ``intra_ep_dp`` / ``inter_ep_dp``: ``_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP`` /
-  ``_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP`` (``HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L0/L1``);
-  levels of each expert dp group.
-- ``ep_gtp_remat_dp``: ``_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT`` (0.19, egtp > 1);
-  expert ``gtp_remat-dp``.
-- ``intra_dist_opt_instance``: ``_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP``; runs of
-  consecutive expert ``tp-ep-pp`` groups (0.19 with a GTP size > 1: every rank of the layout).
-
-Aliases MCore sets instead of building a group are not kinds: with ``gtp_remat_size == 1``
-the GTP data-parallel globals are the plain data-parallel groups, and the intra-partial
-"with GTP" globals are the full GTP groups (0.19 allows one optimizer instance with GTP).
+Aliases MCore sets instead of building a group are fallbacks, not kinds: with
+``gtp_remat_size == 1`` the 0.19 GTP data-parallel globals hold the plain data-parallel groups,
+and with one distributed-optimizer instance the intra-partial globals hold the full groups.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
-__all__ = [
-    "GroupKind",
-    "GROUP_KINDS",
-    "ORDER_TOKENS",
-    "GTP_TOKEN",
-    "DEFAULT_ORDER",
-    "normalize_order",
-    "inject_gtp_remat",
-    "default_embedding_ranks",
-    "default_position_embedding_ranks",
-    "EmptyGroupError",
-    "quotient",
-    "hierarchical_group",
-    "token_kind_dims",
-    "read_order",
-]
+from parallel_state_ng.mcore.order import GTP_TOKEN
+from parallel_state_ng.mcore.releases.facts import ReleaseFacts
 
-# Tokens of MCore's ``order`` string, in the order its RankGenerator checks them.
-ORDER_TOKENS = ("tp", "pp", "dp", "ep", "cp")
-# The GTP weight-rematerialization axis of 0.19 (checked after the five above).
-GTP_TOKEN = "gtp_remat"
-DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+__all__ = ["Fill", "GroupKind", "GROUP_KINDS", "ALL_GATHER_KINDS", "token_kind_dims", "kind_exists", "fills"]
+
+#: What of a kind a global holds: its group, its rank list, its gloo twin, the groups of every
+#: level (hierarchical cp), or the groups by size (hybrid dp × cp).
+FillValue = Literal["group", "ranks", "gloo", "levels", "by_size"]
 
 
-def default_embedding_ranks(pp_ranks: Sequence[int], split_rank: Optional[int] = None) -> list[int]:
-    """Ranks holding the word embeddings: first and last pipeline stage (one if pp == 1).
+@dataclass(frozen=True)
+class Fill:
+    """One Megatron module global filled from a kind.
 
-    ``split_rank`` (0.12–0.13, deprecated there): the stage ``pp_ranks[split_rank]`` (the
-    decoder's first) holds them too when it is neither the first nor the last.
+    ``name`` is the global, ``value`` what it holds. ``fallback`` names the global whose value
+    it takes when this rank did not build the kind (MCore's aliases). ``collection`` is the
+    ``ProcessGroupCollection`` field ``use_mpu_process_groups()`` fills from this global.
     """
-    if len(pp_ranks) == 1:
-        return [pp_ranks[0]]
-    if split_rank is not None and pp_ranks[split_rank] not in (pp_ranks[0], pp_ranks[-1]):
-        return [pp_ranks[0], pp_ranks[split_rank], pp_ranks[-1]]
-    return [pp_ranks[0], pp_ranks[-1]]
 
-
-def default_position_embedding_ranks(pp_ranks: Sequence[int], split_rank: Optional[int] = None) -> list[int]:
-    """Ranks holding the position embeddings: the first pipeline stage.
-
-    ``split_rank`` (0.12–0.13): the stage ``pp_ranks[split_rank]`` too, when it is not the first.
-    """
-    if split_rank is not None and pp_ranks[0] != pp_ranks[split_rank]:
-        return [pp_ranks[0], pp_ranks[split_rank]]
-    return [pp_ranks[0]]
-
-
-def inject_gtp_remat(order: str, after: str) -> str:
-    """``order`` with the ``gtp_remat`` token inserted right after token ``after``.
-
-    Read as 0.19 reads it: on the order as given (before lower-casing), an order already
-    holding ``gtp_remat`` is kept, a missing ``after`` falls back to ``tp``, and a missing
-    ``tp`` puts the new token first (fastest-varying).
-    """
-    tokens = order.split("-")
-    if GTP_TOKEN in tokens:
-        return order
-    anchor = after if after in tokens else "tp"
-    tokens.insert(tokens.index(anchor) + 1 if anchor in tokens else 0, GTP_TOKEN)
-    return "-".join(tokens)
-
-
-def normalize_order(order: str, sizes: dict[str, int], given: Optional[str] = None) -> list[str]:
-    """MCore's reading of an ``order`` string for the given token sizes.
-
-    ``sizes`` maps each token the rank generator knows (``ORDER_TOKENS``, plus ``gtp_remat``
-    on 0.19) to its size. Lower-cases the order; a token of size > 1 missing from it raises
-    ``RuntimeError`` (as MCore's RankGenerator does); tokens of size 1 missing from it are
-    appended. Like MCore, "missing" is a substring test on the whole string. Unknown tokens
-    raise ``KeyError`` like MCore; a repeated token raises ``ValueError`` (MCore silently
-    builds a wrong layout from it). ``given`` is the order as the user wrote it, named in
-    messages (default: ``order``).
-    """
-    if not isinstance(order, str):
-        raise TypeError(f"order must be a str such as {DEFAULT_ORDER!r}, got {order!r}")
-    text = order.lower()
-    shown = order if given is None else given
-    for name, size in sizes.items():
-        if name not in text:
-            if size != 1:
-                raise RuntimeError(
-                    f"order {shown!r} does not contain {name!r}, but its size is {size}; add {name!r} to order"
-                )
-            text = f"{text}-{name}"
-    tokens = text.split("-")
-    for tok in tokens:
-        if tok not in sizes:
-            raise KeyError(f"order {shown!r} has unknown token {tok!r}; known tokens are {list(sizes)}")
-    dup = sorted({t for t in tokens if tokens.count(t) > 1})
-    if dup:
-        raise ValueError(f"order {shown!r} repeats token(s) {dup}; each token may appear once")
-    return tokens
-
-
-def hierarchical_group(cp_ranks: list[int], rank: int, sizes: list[int], level: int) -> Optional[list[int]]:
-    """``rank``'s hierarchical context-parallel group at ``level`` within its cp group ``cp_ranks``.
-
-    Level ``level`` groups ``sizes[level]`` ranks that are ``prod(sizes[:level])`` apart, in
-    whole blocks of ``prod(sizes[:level + 1])`` consecutive positions of ``cp_ranks``. When
-    ``sizes`` multiply to the cp size every rank has a group at every level; otherwise (0.12
-    accepts that) ranks past the last whole block have none (``None``).
-    """
-    before = math.prod(sizes[:level])
-    block = before * sizes[level]
-    pos = cp_ranks.index(rank)
-    if pos // block >= len(cp_ranks) // block:
-        return None
-    first = pos % before + (pos // block) * block
-    return [cp_ranks[first + i * before] for i in range(sizes[level])]
-
-
-class EmptyGroupError(ValueError, TypeError):
-    """A user callable produced an empty group (MCore fails on it with ``TypeError``)."""
-
-
-def quotient(world_size: int, what: str = "world_size", **factors: int) -> int:
-    """``world_size`` divided by the product of ``factors``; ``RuntimeError`` (as MCore) if it
-    does not divide, naming every factor."""
-    product = math.prod(factors.values())
-    if world_size % product != 0:
-        named = " x ".join(f"{name} ({value})" for name, value in factors.items())
-        raise RuntimeError(f"{what} ({world_size}) is not divisible by {named} = {product}")
-    return world_size // product
+    name: str
+    value: FillValue = "group"
+    fallback: Optional[str] = None
+    collection: Optional[str] = None
 
 
 @dataclass(frozen=True)
 class GroupKind:
     """One kind of process group MCore builds.
 
-    ``name`` is MCore's NCCL config key for it (or a descriptive name), ``desc`` the
-    ``group_desc`` MCore gives it, ``what`` a description. ``view`` is the rank generator it
-    comes from (``"dense"``, ``"expert"``, ``"derived"`` for kinds computed from another
-    kind, ``"all_gather"`` for the all-gather generators of 0.18+), ``token`` the
-    ``get_ranks`` token MCore uses (``""`` when derived), ``since`` the first release series
-    that builds it and ``until`` the last (``None``: still built), ``when`` the condition
-    under which it is built.
+    Attributes:
+        name: the kind (MCore's NCCL config key where one exists).
+        desc: the ``group_desc`` MCore gives its groups (``{level}`` / ``{size}`` filled in for
+            the hierarchical and hybrid kinds).
+        what: a description.
+        view: the rank generator its groups come from: ``"dense"`` or ``"expert"`` (read off
+            ``get_ranks(dims)``), ``"derived"`` (computed from other kinds), ``"all_gather"``
+            (the all-gather generators).
+        dims: the ``get_ranks`` tokens (``gtp_remat`` is dropped before 0.19); empty when derived.
+        fills: the module globals it is published in.
+        exists: :class:`ReleaseFacts` attributes of which one must hold for a release to build
+            the kind (empty: every release).
+        when: the configuration under which ``initialize_model_parallel`` builds it.
+        gloo_desc: the ``group_desc`` of its gloo twin (``None``: it has none).
+        nccl_key: the ``nccl_comm_cfgs`` key of its options (``None``: no options).
+        gloo_nccl_options: its gloo twin is given the kind's NCCL options too (as MCore does).
+        timeout: ``"init"`` (``distributed_timeout_minutes``) or ``"torch"`` (torch's default).
+        timeout_flipped_by: a :class:`ReleaseFacts` attribute under which the other timeout applies.
+        gloo_timeout: the gloo twin's timeout rule.
+        several: what a rank in several groups of the kind keeps (a 0.12/0.13 encoder rank in
+            several pipelines): ``"list"`` all of them, ``"last"`` the last one created.
     """
 
     name: str
     desc: str
     what: str
-    view: str = "dense"
-    token: str = ""
-    since: str = "0.12"
-    until: Optional[str] = None
+    view: Literal["dense", "expert", "derived", "all_gather"] = "dense"
+    dims: tuple[str, ...] = ()
+    fills: tuple[Fill, ...] = ()
+    exists: tuple[str, ...] = ()
     when: str = "always"
+    gloo_desc: Optional[str] = None
+    nccl_key: Optional[str] = None
+    gloo_nccl_options: bool = False
+    timeout: Literal["init", "torch"] = "init"
+    timeout_flipped_by: Optional[str] = None
+    gloo_timeout: Literal["init", "torch"] = "init"
+    several: Literal["list", "last"] = "last"
 
+    def timeout_rule(self, facts: ReleaseFacts) -> Literal["init", "torch"]:
+        """The timeout rule of this kind's groups in the release of ``facts``."""
+        if self.timeout_flipped_by and getattr(facts, self.timeout_flipped_by):
+            return "torch" if self.timeout == "init" else "init"
+        return self.timeout
+
+
+def _kind(name: str, desc: str, what: str, *dims: str, **rest: object) -> GroupKind:
+    rest.setdefault("nccl_key", name)
+    return GroupKind(name, desc, what, dims=tuple(dims), **rest)  # type: ignore[arg-type]
+
+
+_GTP = ("gtp_remat_axis",)
+_PARTIAL = "num_distributed_optimizer_instances > 1"
 
 GROUP_KINDS: dict[str, GroupKind] = {
     k.name: k
     for k in [
-        GroupKind("gtp_remat", "GTP_WEIGHT_REMAT_GROUP", "GTP weight-rematerialization shards", "dense", "gtp_remat", "0.19"),
-        GroupKind("dp_cp", "DATA_PARALLEL_GROUP_WITH_CP", "data parallel with context parallel (dp × cp)", "dense", "dp-cp"),
-        GroupKind(
-            "dp_cp_ag", "DATA_PARALLEL_GROUP_WITH_CP_AG", "all-gather twin of the dp × cp group", "all_gather", "dp-cp",
-            "0.16", None, "0.16-0.17: create_all_gather_group=True (ranks of dp_cp); 0.18+: create_all_gather_groups()",
+        _kind(
+            "gtp_remat", "GTP_WEIGHT_REMAT_GROUP", "GTP weight-rematerialization shards", GTP_TOKEN,
+            fills=(Fill("_GTP_WEIGHT_REMAT_GROUP", collection="gtp_remat"),
+                   Fill("_GTP_WEIGHT_REMAT_GLOBAL_RANKS", "ranks")),
+            exists=_GTP,
         ),
-        GroupKind(
+        _kind(
+            "dp_cp", "DATA_PARALLEL_GROUP_WITH_CP", "data parallel with context parallel (dp × cp)", "dp", "cp",
+            fills=(Fill("_DATA_PARALLEL_GROUP_WITH_CP", collection="dp_cp"),
+                   Fill("_DATA_PARALLEL_GLOBAL_RANKS_WITH_CP", "ranks"),
+                   Fill("_DATA_PARALLEL_GROUP_WITH_CP_GLOO", "gloo")),
+            gloo_desc="DATA_PARALLEL_GROUP_WITH_CP_GLOO",
+        ),
+        _kind(
+            "dp_cp_ag", "DATA_PARALLEL_GROUP_WITH_CP_AG", "all-gather twin of the dp × cp group", "dp", "cp",
+            view="all_gather", fills=(Fill("_DATA_PARALLEL_GROUP_WITH_CP_AG"),), nccl_key="dp_cp",
+            exists=("all_gather_group_in_init", "all_gather_groups_function"),
+            when="0.16-0.17: create_all_gather_group=True (the ranks of dp_cp); 0.18+: create_all_gather_groups()",
+        ),
+        _kind(
             "intra_dp_cp", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", "one distributed-optimizer instance's share of dp × cp",
-            "derived", "", "0.12", None, "num_distributed_optimizer_instances > 1",
+            view="derived", when=_PARTIAL, gloo_desc="INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO",
+            fills=(Fill("_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", fallback="_DATA_PARALLEL_GROUP_WITH_CP",
+                        collection="intra_dp_cp"),
+                   Fill("_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO", "gloo",
+                        fallback="_DATA_PARALLEL_GROUP_WITH_CP_GLOO")),
         ),
-        GroupKind(
+        _kind(
             "inter_dp_cp", "INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", "dp × cp across distributed-optimizer instances",
-            "derived", "", "0.12", "0.12", "num_distributed_optimizer_instances > 1",
+            view="derived", when=_PARTIAL, exists=("inter_partial_dp",),
+            fills=(Fill("_INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"),),
         ),
-        GroupKind("dp", "DATA_PARALLEL_GROUP", "data parallel", "dense", "dp"),
-        GroupKind(
+        _kind(
+            "dp", "DATA_PARALLEL_GROUP", "data parallel", "dp", gloo_desc="DATA_PARALLEL_GROUP_GLOO",
+            fills=(Fill("_DATA_PARALLEL_GROUP", collection="dp"), Fill("_DATA_PARALLEL_GLOBAL_RANKS", "ranks"),
+                   Fill("_DATA_PARALLEL_GROUP_GLOO", "gloo")),
+        ),
+        _kind(
             "gtp_remat_dp", "DATA_PARALLEL_GROUP_WITH_GTP_REMAT", "data parallel spanning the GTP axis (gtp × dp)",
-            "dense", "gtp_remat-dp", "0.19", None, "gtp_remat_size > 1 (else MCore aliases dp)",
+            GTP_TOKEN, "dp", exists=_GTP, when="gtp_remat_size > 1",
+            fills=(Fill("_DATA_PARALLEL_GROUP_WITH_GTP_REMAT", fallback="_DATA_PARALLEL_GROUP"),),
         ),
-        GroupKind(
-            "gtp_remat_dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT", "gtp × dp × cp", "dense", "gtp_remat-dp-cp",
-            "0.19", None, "gtp_remat_size > 1 (else MCore aliases dp_cp)",
+        _kind(
+            "gtp_remat_dp_cp", "DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT", "gtp × dp × cp", GTP_TOKEN, "dp", "cp",
+            exists=_GTP, when="gtp_remat_size > 1",
+            fills=(Fill("_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT", fallback="_DATA_PARALLEL_GROUP_WITH_CP",
+                        collection="dp_cp_gtp_remat"),
+                   Fill("_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT",
+                        fallback="_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP")),
         ),
-        GroupKind("cp", "CONTEXT_PARALLEL_GROUP", "context parallel", "dense", "cp"),
-        GroupKind("mp", "MODEL_PARALLEL_GROUP", "model parallel (tp × pp; tp × gtp × pp on 0.19)", "dense", "tp-gtp_remat-pp"),
-        GroupKind("tp", "TENSOR_MODEL_PARALLEL_GROUP", "tensor model parallel", "dense", "tp"),
-        GroupKind("pp", "PIPELINE_MODEL_PARALLEL_GROUP", "pipeline model parallel", "dense", "pp"),
-        GroupKind("embd", "EMBEDDING_GROUP", "word-embedding stages of a pipeline", "derived"),
-        GroupKind("pos_embd", "POSITION_EMBEDDING_GROUP", "position-embedding stages of a pipeline", "derived"),
-        GroupKind("tp_dp_cp", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", "tp × dp × cp (× gtp on 0.19)", "dense", "tp-gtp_remat-dp-cp"),
-        GroupKind("tp_dp", "TENSOR_AND_DATA_PARALLEL_GROUP", "tp × dp (× gtp on 0.19)", "dense", "tp-gtp_remat-dp"),
-        GroupKind("tp_cp", "TENSOR_AND_CONTEXT_PARALLEL_GROUP", "tp × cp", "dense", "tp-cp"),
-        GroupKind(
-            "expt_gtp_remat", "EXPERT_GTP_WEIGHT_REMAT_GROUP", "expert GTP weight-rematerialization shards", "expert",
-            "gtp_remat", "0.19",
+        _kind(
+            "cp", "CONTEXT_PARALLEL_GROUP", "context parallel", "cp",
+            fills=(Fill("_CONTEXT_PARALLEL_GROUP", collection="cp"), Fill("_CONTEXT_PARALLEL_GLOBAL_RANKS", "ranks")),
         ),
-        GroupKind("ep", "EXPERT_MODEL_PARALLEL_GROUP", "expert model parallel", "expert", "ep"),
-        GroupKind("ep_tp", "EXPERT_TENSOR_PARALLEL_GROUP", "expert tensor parallel", "expert", "tp"),
-        GroupKind("tp_ep_mp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "expert tp × ep", "expert", "tp-ep"),
-        GroupKind("tp_ep_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", "expert tp × ep × pp", "expert", "tp-ep-pp"),
-        GroupKind(
+        _kind(
+            "hcp", "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{level}", "one level of hierarchical context parallelism",
+            view="derived", when="hierarchical_context_parallel_sizes", timeout_flipped_by="hierarchical_cp_default_timeout",
+            fills=(Fill("_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS", "levels", collection="hcp"),),
+        ),
+        _kind(
+            "hybrid_dp_cp", "HYBRID_DP_CP_GROUP_{size}", "a power-of-two chunk of the dp × cp group", view="derived",
+            exists=("hybrid_context_parallel",), when="hybrid_context_parallel=True", nccl_key="dp_cp",
+            timeout="torch", fills=(Fill("_HYBRID_DP_CP_GROUPS", "by_size"),),
+        ),
+        _kind(
+            "mp", "MODEL_PARALLEL_GROUP", "model parallel (tp × pp; tp × gtp × pp on 0.19)", "tp", GTP_TOKEN, "pp",
+            fills=(Fill("_MODEL_PARALLEL_GROUP", collection="mp"), Fill("_MODEL_PARALLEL_GLOBAL_RANKS", "ranks")),
+        ),
+        _kind(
+            "tp", "TENSOR_MODEL_PARALLEL_GROUP", "tensor model parallel", "tp",
+            fills=(Fill("_TENSOR_MODEL_PARALLEL_GROUP", collection="tp"),
+                   Fill("_TENSOR_MODEL_PARALLEL_GLOBAL_RANKS", "ranks")),
+        ),
+        _kind(
+            "pp", "PIPELINE_MODEL_PARALLEL_GROUP", "pipeline model parallel", "pp", several="list",
+            fills=(Fill("_PIPELINE_MODEL_PARALLEL_GROUP", collection="pp"), Fill("_PIPELINE_GLOBAL_RANKS", "ranks")),
+        ),
+        _kind(
+            "embd", "EMBEDDING_GROUP", "word-embedding stages of a pipeline", view="derived",
+            when="the rank holds word embeddings",
+            fills=(Fill("_EMBEDDING_GROUP", collection="embd"), Fill("_EMBEDDING_GLOBAL_RANKS", "ranks")),
+        ),
+        _kind(
+            "pos_embd", "POSITION_EMBEDDING_GROUP", "position-embedding stages of a pipeline", view="derived",
+            when="the rank holds position embeddings",
+            fills=(Fill("_POSITION_EMBEDDING_GROUP", collection="pos_embd"),
+                   Fill("_POSITION_EMBEDDING_GLOBAL_RANKS", "ranks")),
+        ),
+        _kind(
+            "tp_dp_cp", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", "tp × dp × cp (× gtp on 0.19)",
+            "tp", GTP_TOKEN, "dp", "cp", fills=(Fill("_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", collection="tp_dp_cp"),),
+        ),
+        _kind(
+            "tp_dp", "TENSOR_AND_DATA_PARALLEL_GROUP", "tp × dp (× gtp on 0.19)", "tp", GTP_TOKEN, "dp",
+            fills=(Fill("_TENSOR_AND_DATA_PARALLEL_GROUP"),),
+        ),
+        _kind(
+            "tp_cp", "TENSOR_AND_CONTEXT_PARALLEL_GROUP", "tp × cp", "tp", "cp",
+            fills=(Fill("_TENSOR_AND_CONTEXT_PARALLEL_GROUP", collection="tp_cp"),),
+        ),
+        _kind(
+            "expt_gtp_remat", "EXPERT_GTP_WEIGHT_REMAT_GROUP", "expert GTP weight-rematerialization shards", GTP_TOKEN,
+            view="expert", exists=_GTP,
+            fills=(Fill("_EXPERT_GTP_WEIGHT_REMAT_GROUP", collection="expt_gtp_remat"),
+                   Fill("_EXPERT_GTP_WEIGHT_REMAT_GLOBAL_RANKS", "ranks")),
+        ),
+        _kind(
+            "ep", "EXPERT_MODEL_PARALLEL_GROUP", "expert model parallel", "ep", view="expert",
+            timeout="torch", timeout_flipped_by="expert_group_timeout",
+            fills=(Fill("_EXPERT_MODEL_PARALLEL_GROUP", collection="ep"), Fill("_EXPERT_MODEL_PARALLEL_RANKS", "ranks")),
+        ),
+        _kind(
+            "ep_tp", "EXPERT_TENSOR_PARALLEL_GROUP", "expert tensor parallel", "tp", view="expert",
+            fills=(Fill("_EXPERT_TENSOR_PARALLEL_GROUP", collection="expt_tp"),),
+        ),
+        _kind(
+            "tp_ep_mp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "expert tp × ep", "tp", "ep", view="expert",
+            fills=(Fill("_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", collection="tp_ep"),),
+        ),
+        _kind(
+            "tp_ep_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", "expert tp × ep × pp", "tp", "ep", "pp",
+            view="expert", fills=(Fill("_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", collection="tp_ep_pp"),),
+        ),
+        _kind(
             "tp_ep_gtp_remat_pp", "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP", "expert tp × ep × egtp × pp",
-            "expert", "tp-ep-gtp_remat-pp", "0.19",
+            "tp", "ep", GTP_TOKEN, "pp", view="expert", exists=_GTP,
+            fills=(Fill("_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP",
+                        collection="tp_ep_pp_with_egtp_remat"),),
         ),
-        GroupKind("ep_dp", "EXPERT_DATA_PARALLEL_GROUP", "expert data parallel", "expert", "dp"),
-        GroupKind(
-            "ep_dp_ag", "EXPERT_DATA_PARALLEL_GROUP_AG", "all-gather twin of the expert dp group", "all_gather", "dp",
-            "0.18", None, "create_all_gather_groups(for_expert_parallelism=True) with expert_model_parallel_size > 1",
+        _kind(
+            "ep_dp", "EXPERT_DATA_PARALLEL_GROUP", "expert data parallel", "dp", view="expert",
+            gloo_desc="EXPERT_DATA_PARALLEL_GROUP_GLOO", gloo_timeout="torch",
+            fills=(Fill("_EXPERT_DATA_PARALLEL_GROUP", collection="expt_dp"),
+                   Fill("_EXPERT_DATA_PARALLEL_GROUP_GLOO", "gloo")),
         ),
-        GroupKind(
+        _kind(
+            "ep_dp_ag", "EXPERT_DATA_PARALLEL_GROUP_AG", "all-gather twin of the expert dp group", "dp",
+            view="all_gather", nccl_key="ep_dp", exists=("all_gather_groups_function",),
+            when="create_all_gather_groups(for_expert_parallelism=True) with expert_model_parallel_size > 1",
+        ),
+        _kind(
             "intra_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L0", "one distributed-optimizer instance's share of expert dp",
-            "derived", "", "0.13", None, "num_distributed_optimizer_instances > 1",
+            view="derived", exists=("partial_expert_dp",), when=_PARTIAL, gloo_nccl_options=True,
+            gloo_desc="HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L0",
+            fills=(Fill("_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP", fallback="_EXPERT_DATA_PARALLEL_GROUP",
+                        collection="intra_expt_dp"),
+                   Fill("_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO", "gloo",
+                        fallback="_EXPERT_DATA_PARALLEL_GROUP_GLOO")),
         ),
-        GroupKind(
+        _kind(
             "inter_ep_dp", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L1", "expert dp across distributed-optimizer instances",
-            "derived", "", "0.13", None, "num_distributed_optimizer_instances > 1",
+            view="derived", exists=("partial_expert_dp",), when=_PARTIAL, gloo_nccl_options=True,
+            gloo_desc="HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L1",
+            fills=(Fill("_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP", collection="inter_dist_opt"),),
         ),
-        GroupKind(
+        _kind(
             "ep_gtp_remat_dp", "EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT", "expert data parallel spanning the expert GTP axis",
-            "expert", "gtp_remat-dp", "0.19", None, "expert_gtp_remat_size > 1 (else MCore aliases ep_dp)",
+            GTP_TOKEN, "dp", view="expert", exists=_GTP, when="expert_gtp_remat_size > 1",
+            fills=(Fill("_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT", fallback="_EXPERT_DATA_PARALLEL_GROUP",
+                        collection="expt_dp_gtp_remat"),
+                   Fill("_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT",
+                        fallback="_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP")),
         ),
-        GroupKind(
+        _kind(
             "intra_dist_opt_instance", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
-            "all ranks of one distributed-optimizer instance (0.19 with a GTP size > 1: the whole layout)", "derived",
-            "", "0.13",
+            "all ranks of one distributed-optimizer instance (0.19 with a GTP size > 1: the whole layout)",
+            view="derived", exists=("dist_opt_instance_group",),
+            fills=(Fill("_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", collection="intra_dist_opt"),),
         ),
     ]
 }
+
+#: The kinds built on request after init (their own generators on 0.18+).
+ALL_GATHER_KINDS: tuple[str, ...] = tuple(name for name, kind in GROUP_KINDS.items() if kind.view == "all_gather")
+
+
+def kind_exists(kind: str, facts: ReleaseFacts) -> bool:
+    """Whether the release of ``facts`` ever builds ``kind``."""
+    needed = GROUP_KINDS[kind].exists
+    return not needed or any(getattr(facts, fact) for fact in needed)
+
+
+def fills() -> Iterator[tuple[GroupKind, Fill]]:
+    """Every (kind, global) pair of the table, in table order."""
+    for kind in GROUP_KINDS.values():
+        for fill in kind.fills:
+            yield kind, fill
 
 
 @functools.lru_cache(maxsize=None)
@@ -289,48 +306,16 @@ def token_kind_dims(gtp_axis: bool) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Kind -> (view, dims) for the kinds read off a rank-generator token.
 
     Without the GTP axis (before 0.19) the GTP kinds are absent and ``gtp_remat`` is dropped
-    from the tokens of the kinds that span it on 0.19.
+    from the dims of the kinds that span it on 0.19.
     """
     out = {}
     for name, kind in GROUP_KINDS.items():
         if kind.view not in ("dense", "expert"):
             continue
-        tokens = kind.token.split("-")
-        if GTP_TOKEN in tokens and not gtp_axis:
-            if kind.since == "0.19":
+        if GTP_TOKEN in kind.dims and not gtp_axis:
+            if kind.exists == _GTP:
                 continue
-            tokens = [t for t in tokens if t != GTP_TOKEN]
-        out[name] = (kind.view, tuple(tokens))
+            out[name] = (kind.view, tuple(t for t in kind.dims if t != GTP_TOKEN))
+        else:
+            out[name] = (kind.view, kind.dims)
     return out
-
-
-def read_order(order: str, sizes: dict[str, int], gtp_after: Optional[str]) -> list[str]:
-    """The tokens of ``order`` as one of MCore's rank generators reads them.
-
-    ``gtp_after`` is the token the 0.19 GTP axis is injected after (``None`` before 0.19).
-    0.19 tests token presence by substring, so an order without ``tp`` passes the check
-    through ``gtp_remat`` and then lacks ``tp``: MCore fails later (``AssertionError`` from
-    its rank arithmetic when a tensor size > 1 is lost, ``ValueError`` looking ``tp`` up
-    otherwise); this raises the same types up front.
-    """
-    if gtp_after is None:
-        return normalize_order(order, sizes)
-    if not isinstance(order, str):
-        raise TypeError(f"order must be a str such as {DEFAULT_ORDER!r}, got {order!r}")
-    injected = inject_gtp_remat(order, gtp_after)
-    lowered = injected.lower().split("-")
-    if lowered.count(GTP_TOKEN) > 1 and sizes.get(GTP_TOKEN, 1) == 1:
-        # 0.19 injects case-sensitively: an order naming GTP_REMAT in upper case gets a second
-        # gtp_remat token. At size 1 both are no-ops and MCore's layout is the one without the
-        # copy (at size > 1 MCore builds ranks outside the world: normalize_order refuses).
-        first = lowered.index(GTP_TOKEN)
-        parts = injected.split("-")
-        injected = "-".join(p for i, p in enumerate(parts) if i == first or lowered[i] != GTP_TOKEN)
-    tokens = normalize_order(injected, sizes, given=order)
-    if "tp" not in tokens:
-        message = (
-            f"order {order!r} has no 'tp' token: megatron-core 0.19 mistakes the 'tp' in "
-            f"'gtp_remat' for it and cannot build the tensor-parallel groups; add 'tp' to order"
-        )
-        raise AssertionError(message) if sizes["tp"] != 1 else ValueError(message)
-    return tokens

@@ -17,7 +17,8 @@ size)), with MCore's in-group order; it can also enumerate all groups of a kind 
 and tests).
 
 The kinds, their MCore globals and tokens are listed in :mod:`parallel_state_ng.mcore.kinds`
-(:data:`GROUP_KINDS`); the per-release facts in :mod:`parallel_state_ng.mcore.releases.layout`.
+(:data:`GROUP_KINDS`), their creation order in :mod:`parallel_state_ng.mcore.plan`; the
+per-release facts in :mod:`parallel_state_ng.mcore.releases.facts`.
 No ``torch.distributed`` here: the compat module turns these rank lists into process groups.
 """
 
@@ -31,26 +32,24 @@ from typing import Optional
 
 from parallel_state_ng.mcore.encoder_layout import EncoderBlock, encoder_data_parallel_size, resolve_encoder_sizes
 from parallel_state_ng.core.layout import Layout, _check_int
-from parallel_state_ng.mcore.kinds import (
+from parallel_state_ng.mcore.kinds import ALL_GATHER_KINDS, GROUP_KINDS, token_kind_dims
+from parallel_state_ng.mcore.order import (
     DEFAULT_ORDER,
-    GROUP_KINDS,
     GTP_TOKEN,
     ORDER_TOKENS,
     EmptyGroupError,
-    GroupKind,
     default_embedding_ranks,
     default_position_embedding_ranks,
     hierarchical_group,
     normalize_order,
     quotient,
     read_order,
-    token_kind_dims,
 )
-from parallel_state_ng.mcore.releases.layout import LayoutFacts, layout_facts
+from parallel_state_ng.mcore.plan import creation_kinds
+from parallel_state_ng.mcore.releases.facts import ReleaseFacts, release_facts
 
 __all__ = [
     "MegatronLayout",
-    "GroupKind",
     "GROUP_KINDS",
     "ORDER_TOKENS",
     "normalize_order",
@@ -59,7 +58,7 @@ __all__ = [
     "EmptyGroupError",
 ]
 
-_ALL_GATHER_KINDS = ("dp_cp_ag", "ep_dp_ag")
+_ALL_GATHER_KINDS = ALL_GATHER_KINDS
 
 
 @dataclass
@@ -232,7 +231,7 @@ class MegatronLayout:
             from parallel_state_ng.mcore.releases import current_release
 
             self.release = current_release().series
-        self.facts: LayoutFacts = layout_facts(self.release)
+        self.facts: ReleaseFacts = release_facts(self.release)
         self.release = self.facts.series
         if not self.facts.rank_offset and (self.rank_offset != 0 or self.local_world_size is not None):
             raise TypeError(
@@ -304,26 +303,11 @@ class MegatronLayout:
     def kinds(self) -> list[str]:
         """Every group kind ``initialize_model_parallel`` builds here, in the release's creation order.
 
-        Hybrid dp×cp groups (:meth:`hybrid_group`) and the all-gather kinds (``dp_cp_ag``,
-        ``ep_dp_ag``) are built on request only and are not listed.
+        Read from the group plan (:func:`parallel_state_ng.mcore.plan.creation_kinds`). Hybrid
+        dp×cp groups (:meth:`hybrid_group`) and the all-gather kinds (``dp_cp_ag``, ``ep_dp_ag``)
+        are built on request only and are not listed.
         """
-        gtp, facts = self.facts.gtp_remat_axis, self.facts
-        multi = self.num_distributed_optimizer_instances > 1
-        out = ["gtp_remat"] if gtp else []
-        dp_cp = ["dp_cp"] + (["intra_dp_cp"] if multi else []) + (["inter_dp_cp"] if multi and facts.inter_partial_dp else [])
-        out += ["dp", *dp_cp] if facts.dp_before_dp_cp else [*dp_cp, "dp"]
-        if gtp and self.gtp_remat_size > 1:
-            out += ["gtp_remat_dp", "gtp_remat_dp_cp"]
-        out.append("cp")
-        out += [f"hcp{i}" for i in range(self.hierarchical_levels)]
-        out += ["mp", "tp", "pp", "embd", "pos_embd", "tp_dp_cp", "tp_dp", "tp_cp"]
-        out += ["expt_gtp_remat"] if gtp else []
-        out += ["ep", "ep_tp", "tp_ep_mp", "tp_ep_pp"] + (["tp_ep_gtp_remat_pp"] if gtp else []) + ["ep_dp"]
-        out += ["intra_ep_dp", "inter_ep_dp"] if multi and facts.partial_expert_dp else []
-        if gtp and self.expert_gtp_remat_size > 1:
-            out.append("ep_gtp_remat_dp")
-        out += ["intra_dist_opt_instance"] if facts.dist_opt_instance_group else []
-        return out
+        return creation_kinds(self)
 
     def group(self, kind: str, rank: int) -> Optional[list[int]]:
         """``rank``'s group of ``kind`` in MCore's order, or ``None`` if it is in none.

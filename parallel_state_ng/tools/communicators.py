@@ -1,10 +1,12 @@
 """Communicators per rank with and without group sharing (``layout --share``).
 
-Counts the process groups ``compat.parallel_state.initialize_model_parallel`` would create on
-a rank, by running compat's group-creation sequence with :func:`parallel_state_ng.core.sharing.record_requests`
-(nothing is created, no processes): once as Megatron-Core does it (one communicator per group
-kind; MCore creates the same number on the rank) and once with sharing on
-(``PSNG_SHARE_GROUPS=1``), where kinds with identical rank lists and options share one.
+Counts the process groups ``initialize_model_parallel`` would create on a rank: the rank's group
+plan (:func:`parallel_state_ng.mcore.plan.group_plan`) is fed to a
+:class:`~parallel_state_ng.core.sharing.GroupPool` under
+:func:`~parallel_state_ng.core.sharing.record_requests` (nothing is created, no processes): once
+as Megatron-Core does it (one communicator per group kind; MCore creates the same number on the
+rank) and once with sharing on (``PSNG_SHARE_GROUPS=1``), where kinds with identical rank lists
+and options share one.
 """
 
 from __future__ import annotations
@@ -12,28 +14,27 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from parallel_state_ng.core.sharing import GroupPool, PlannedGroup, record_requests
 from parallel_state_ng.mcore.layout import MegatronLayout
-from parallel_state_ng.core.sharing import PlannedGroup, record_requests
+from parallel_state_ng.mcore.plan import CreateGroup, PlanOptions, group_plan
 
 __all__ = ["planned_groups", "communicator_report"]
 
 
 def planned_groups(layout: MegatronLayout, rank: int, *, gloo: bool, share: bool) -> list[PlannedGroup]:
     """The groups initialize_model_parallel (default options) would create on ``rank``."""
-    from compat._state import build_state  # compat's creation order is the one source of truth
-
+    init_timeout = timedelta(minutes=30)
     with record_requests(share=share) as planned:
-        build_state(
-            layout,
-            rank,
-            timeout=timedelta(minutes=30),
-            nccl_options=lambda _name: None,
-            create_gloo_process_groups=gloo,
-            create_all_gather_group=False,
-            pipeline_model_parallel_comm_backend=None,
-            sharp_enabled_group=None,
-            hybrid_context_parallel=False,
-        )
+        pool = GroupPool()
+        for step in group_plan(layout, rank, PlanOptions(create_gloo_process_groups=gloo)):
+            if isinstance(step, CreateGroup):
+                pool.get(
+                    list(step.ranks),
+                    timeout=init_timeout if step.timeout == "init" else None,
+                    backend=step.backend,
+                    pg_options=None,
+                    group_desc=step.desc,
+                )
     return list(planned)
 
 

@@ -152,17 +152,27 @@ def compat_api() -> frozenset[str]:
 
 @functools.lru_cache(maxsize=None)
 def _published_globals() -> dict[str, tuple[str, str]]:
-    """compat's own table of module globals that mirror a group or a rank list."""
-    import compat.parallel_state as ps
-    from compat._publish import GROUP_GLOBALS, RANK_GLOBALS
+    """Module globals of the served release that mirror one kind's group or rank list.
 
-    out = {name: (kind, "group") for name, kind in GROUP_GLOBALS.items() if hasattr(ps, name)}
-    out.update({name: (kind, "ranks") for name, kind in RANK_GLOBALS.items() if hasattr(ps, name)})
+    Read from the group-kind table; globals that alias another kind (``fallback``) or hold
+    several groups (hierarchical levels, hybrid sizes) have no single named-grid equivalent.
+    """
+    from parallel_state_ng.mcore.kinds import fills
+    from parallel_state_ng.mcore.releases import current_release
+    from parallel_state_ng.mcore.releases.parallel_state import globals_of
+
+    served = globals_of(current_release())
+    out: dict[str, tuple[str, str]] = {}
+    for kind, fill in fills():
+        if fill.name not in served or fill.fallback is not None or fill.value in ("levels", "by_size"):
+            continue
+        key = f"{kind.name}_gloo" if fill.value == "gloo" else kind.name
+        out[fill.name] = (key, "ranks" if fill.value == "ranks" else "group")
     return out
 
 
 def _kind_words(kind: str) -> str:
-    from parallel_state_ng.mcore.layout import GROUP_KINDS
+    from parallel_state_ng.mcore.kinds import GROUP_KINDS
 
     base = kind[: -len("_gloo")] if kind.endswith("_gloo") else kind
     what = GROUP_KINDS[base].what if base in GROUP_KINDS else base

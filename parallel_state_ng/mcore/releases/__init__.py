@@ -25,7 +25,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 __all__ = [
     "SUPPORTED_SERIES",
@@ -35,6 +35,8 @@ __all__ = [
     "UnsupportedReleaseError",
     "installed_megatron_version",
     "parse_release",
+    "as_release",
+    "known_release",
     "select_release",
     "current_release",
 ]
@@ -85,6 +87,10 @@ class Release:
         """Whether this release is older than ``series``."""
         return self.key < _series_key(series)
 
+    def after(self, series: str) -> bool:
+        """Whether this release is newer than ``series``."""
+        return self.key > _series_key(series)
+
     def __str__(self) -> str:
         return self.version
 
@@ -106,6 +112,30 @@ def parse_release(version: str) -> Release:
     if match is None:
         raise ValueError(f"cannot read a megatron-core release from {version!r} (expected e.g. '0.19' or '0.19.2')")
     return Release(int(match.group(1)), int(match.group(2)), str(version).strip())
+
+
+def as_release(release: Union[str, Release, None] = None) -> Release:
+    """``release`` as a :class:`Release`: a :class:`Release` as it is, a version string parsed,
+    ``None`` the release being served (:func:`current_release`).
+
+    Raises:
+        ValueError: a string that does not start with ``major.minor``.
+    """
+    if release is None:
+        return current_release()
+    return release if isinstance(release, Release) else parse_release(release)
+
+
+def known_release(release: Union[str, Release, None] = None) -> Release:
+    """:func:`as_release`, refusing a series the per-release data does not cover.
+
+    Raises:
+        ValueError: not a version string, or not one of :data:`KNOWN_SERIES` (the message names them).
+    """
+    found = as_release(release)
+    if found.series not in KNOWN_SERIES:
+        raise ValueError(f"release {release!s} is not a known series ({', '.join(KNOWN_SERIES)})")
+    return found
 
 
 def installed_megatron_version() -> Optional[str]:

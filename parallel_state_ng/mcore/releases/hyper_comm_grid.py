@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional, Union
 
-from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, Release, current_release, parse_release
+from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, Release, as_release, parse_release
 
 __all__ = [
     "METHODS",
@@ -91,14 +91,6 @@ _KINDS = {"p": _POS, "k": _KW, "**": _VARKW}
 ReleaseArg = Union[Release, str, None]
 
 
-def _release(release: ReleaseArg) -> Release:
-    if release is None:
-        return current_release()
-    if isinstance(release, Release):
-        return release
-    return parse_release(release)
-
-
 def _params(name: str, release: Release) -> Optional[tuple[Param, ...]]:
     found: Optional[tuple[Param, ...]] = None
     for series, params in sorted(METHODS[name].items(), key=lambda item: parse_release(item[0]).key):
@@ -109,7 +101,7 @@ def _params(name: str, release: Release) -> Optional[tuple[Param, ...]]:
 
 def has_class(release: ReleaseArg = None) -> bool:
     """Whether ``release`` (default: the current one) has ``megatron.core.hyper_comm_grid.HyperCommGrid``."""
-    return _release(release).at_least(CLASS_SINCE)
+    return as_release(release).at_least(CLASS_SINCE)
 
 
 def signature(params: tuple[Param, ...]) -> inspect.Signature:
@@ -121,7 +113,7 @@ def signature(params: tuple[Param, ...]) -> inspect.Signature:
 
 def methods(release: ReleaseArg = None) -> dict[str, tuple[Param, ...]]:
     """The methods ``HyperCommGrid`` has in ``release`` (default: the current one) and their parameters."""
-    rel = _release(release)
+    rel = as_release(release)
     out = {}
     for name in METHODS:
         params = _params(name, rel)

@@ -15,8 +15,6 @@ upgrade checker) can query it:
   its value at import time.
 * :data:`RANK_GENERATOR` — ``RankGenerator``'s methods, as signature variants (``self``
   omitted).
-* :data:`BEHAVIOUR` — behaviour that changed without a signature change (the series it
-  starts with, and until which it lasts).
 * The ``ProcessGroupCollection`` facts are in :mod:`parallel_state_ng.mcore.releases.process_groups_config`.
 
 * :data:`REPLACEMENTS` — what to use instead of a removed function, parameter or global.
@@ -30,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from parallel_state_ng.mcore.releases import KNOWN_SERIES, SUPPORTED_SERIES, Release, parse_release
+from parallel_state_ng.mcore.releases import KNOWN_SERIES, SUPPORTED_SERIES, Release, as_release, known_release
 
 __all__ = [
     "REQUIRED",
@@ -39,7 +37,6 @@ __all__ = [
     "FUNCTIONS",
     "GLOBALS",
     "RANK_GENERATOR",
-    "BEHAVIOUR",
     "functions",
     "signature",
     "globals_of",
@@ -78,7 +75,7 @@ class Variant:
 
     def covers(self, release: Union[str, Release]) -> bool:
         """Whether ``release`` (``"0.17"``, ``"0.17.1"`` or a :class:`Release`) has this variant."""
-        r = release if isinstance(release, Release) else parse_release(release)
+        r = as_release(release)
         return r.at_least(self.since) and not r.at_least(_next(self.until))
 
     @property
@@ -347,32 +344,6 @@ RANK_GENERATOR: dict[str, list[Variant]] = {
     "get_gtp_ranks": [_v("0.19", "0.19", "gtp_remat_size")],
 }
 
-#: Behaviour that changed without a signature change: name -> (first series, last series).
-BEHAVIOUR: dict[str, tuple[str, str]] = {
-    # create_group() appends the groups of this rank to _global_process_group_list.
-    "process_group_list": ("0.15", "0.19"),
-    # set_virtual_pipeline_model_parallel_rank() warns (DeprecationWarning: pass vp_stage instead).
-    "virtual_rank_setter_warns": ("0.13", "0.19"),
-    # The expert-model-parallel group gets the init timeout (before: torch's default timeout).
-    "expert_group_timeout": ("0.16", "0.19"),
-    # initialize_model_parallel() creates the symmetric memory buffer lazily via
-    # _set_global_symmetric_memory_buffer (never called by init itself).
-    "symmetric_memory_buffer": ("0.16", "0.16"),
-    # destroy_model_parallel() clears megatron.core.inference.symmetric_memory.SymmetricMemoryManager.
-    "symmetric_memory_manager_destroy": ("0.17", "0.19"),
-    # destroy_model_parallel() first calls megatron.core.transformer.moe.fused_a2a.nccl_ep_finalize
-    # (any exception ignored).
-    "nccl_ep_finalize_on_destroy": ("0.19", "0.19"),
-    # get_all_ranks() joins tp, gtp_remat, dp, cp, pp, ep ranks (before: tp, dp, cp, pp, ep).
-    "all_ranks_with_gtp": ("0.19", "0.19"),
-    # get_data_parallel_group(): "partial needs cp" is asserted before "initialized".
-    "data_parallel_partial_check_first": ("0.19", "0.19"),
-    # use_sharp with sharp_enabled_group "dp" fails in initialize_model_parallel
-    # (AssertionError): its SHARP barrier asks get_data_parallel_group(with_context_parallel=True),
-    # whose default with_gtp_remat=True reads a global that is only set later in the function.
-    "sharp_dp_unusable": ("0.19", "0.19"),
-}
-
 # ------------------------------------------------------------- legacy releases 0.12 and 0.13
 # Their facts are in parallel_state_legacy (a 0.14 entry is in 0.12/0.13 too unless stated
 # there); merged here.
@@ -407,7 +378,6 @@ def _add_legacy() -> None:
         if since == _MODERN_FIRST:
             GLOBALS[name] = (first_since(name), until, init)
     GLOBALS.update(_legacy.LEGACY_GLOBALS)
-    BEHAVIOUR.update(_legacy.LEGACY_BEHAVIOUR)
 
 
 _add_legacy()
@@ -442,13 +412,6 @@ REPLACEMENTS: dict[str, tuple[str, str]] = {
     "_DATA_PARALLEL_GROUP_WITH_CP_AG": ("the first group returned by create_all_gather_groups()", "0.18"),
 }
 # ----------------------------------------------------------------------------------- queries
-def _release(release: Union[str, Release]) -> Release:
-    r = release if isinstance(release, Release) else parse_release(release)
-    if r.series not in KNOWN_SERIES:
-        raise ValueError(f"release {release!s} is not a known series ({', '.join(KNOWN_SERIES)})")
-    return r
-
-
 def _pick(variants: list[Variant], release: Release) -> Optional[Variant]:
     for variant in variants:
         if variant.covers(release):
@@ -462,13 +425,13 @@ def signature(name: str, release: Union[str, Release]) -> Optional[tuple[Param, 
     Raises:
         KeyError: no supported release has ``name``.
     """
-    variant = _pick(FUNCTIONS[name], _release(release))
+    variant = _pick(FUNCTIONS[name], known_release(release))
     return None if variant is None else variant.params
 
 
 def functions(release: Union[str, Release]) -> dict[str, tuple[Param, ...]]:
     """Every public function of ``release`` with its parameters, in MCore's module order."""
-    r = _release(release)
+    r = known_release(release)
     out = {}
     for name, variants in FUNCTIONS.items():
         variant = _pick(variants, r)
@@ -479,7 +442,7 @@ def functions(release: Union[str, Release]) -> dict[str, tuple[Param, ...]]:
 
 def globals_of(release: Union[str, Release]) -> dict[str, Optional[type]]:
     """Every module global of ``release`` -> its import-time value (``None``, or ``dict``: empty dict)."""
-    r = _release(release)
+    r = known_release(release)
     return {
         name: GLOBAL_VALUE_EXCEPTIONS.get(name, {}).get(r.series, init)
         for name, (since, until, init) in GLOBALS.items()
@@ -489,7 +452,7 @@ def globals_of(release: Union[str, Release]) -> dict[str, Optional[type]]:
 
 def rank_generator_methods(release: Union[str, Release]) -> dict[str, tuple[Param, ...]]:
     """``RankGenerator``'s methods in ``release`` with their parameters (``self`` left out)."""
-    r = _release(release)
+    r = known_release(release)
     out = {}
     for name, variants in RANK_GENERATOR.items():
         variant = _pick(variants, r)
@@ -498,22 +461,22 @@ def rank_generator_methods(release: Union[str, Release]) -> dict[str, tuple[Para
     return out
 
 
-def has(fact: str, release: Union[str, Release]) -> bool:
-    """Whether ``release`` has a :data:`BEHAVIOUR` fact, a function, or an init parameter.
+def has(name: str, release: Union[str, Release]) -> bool:
+    """Whether ``release``'s API has a function or a function's parameter.
 
-    ``fact`` is a :data:`BEHAVIOUR` key, a function name (``"create_all_gather_groups"``) or
-    ``"initialize_model_parallel.<parameter>"`` (``"initialize_model_parallel.rank_offset"``).
+    ``name`` is a function name (``"create_all_gather_groups"``) or ``"function.parameter"``
+    (``"initialize_model_parallel.rank_offset"``). Behaviour that changed without a signature
+    change is in :mod:`parallel_state_ng.mcore.releases.facts`.
     """
-    r = _release(release)
-    if fact in BEHAVIOUR:
-        return Variant(*BEHAVIOUR[fact], ()).covers(r)
+    r = known_release(release)
+    fact = name
     if fact in FUNCTIONS:
         return signature(fact, r) is not None
     function, _, parameter = fact.partition(".")
     if parameter and function in FUNCTIONS:
         params = signature(function, r)
         return params is not None and parameter in dict(params)
-    raise KeyError(f"unknown fact {fact!r}: not a BEHAVIOUR key, function or 'function.parameter'")
+    raise KeyError(f"unknown name {fact!r}: not a function or 'function.parameter' of any known release")
 
 
 def positional_changes(
@@ -545,6 +508,6 @@ def replacement(key: str, release: Union[str, Release]) -> Optional[str]:
     """What to use in ``release`` instead of ``key`` (a function, ``"function.parameter"`` or a
     global that ``release`` lacks), or ``None``: no equivalent there."""
     found = REPLACEMENTS.get(key)
-    if found is None or not _release(release).at_least(found[1]):
+    if found is None or not known_release(release).at_least(found[1]):
         return None
     return found[0]

@@ -3,7 +3,7 @@
 Read from 0.12.3's and 0.13.1's ``parallel_state.py`` (the encoder/decoder era). A function,
 global or ``RankGenerator`` method that 0.14 has is, unless stated here, in 0.12 and 0.13 too,
 with 0.14's signature and import value. :mod:`.parallel_state` merges these tables into its own
-(``FUNCTIONS``, ``GLOBALS``, ``RANK_GENERATOR``, ``BEHAVIOUR``) when it is imported; query the
+(``FUNCTIONS``, ``GLOBALS``, ``RANK_GENERATOR``) when it is imported; query the
 facts there. What the legacy layouts build (encoder block, stitched pipelines, which partial
 data-parallel groups exist) is in :mod:`.layout`.
 
@@ -23,7 +23,6 @@ __all__ = [
     "LEGACY_ONLY",
     "LEGACY_GLOBALS",
     "GLOBAL_VALUE_EXCEPTIONS",
-    "LEGACY_BEHAVIOUR",
 ]
 
 #: ``(first series, last series, *parameters)``.
@@ -120,21 +119,3 @@ GLOBAL_VALUE_EXCEPTIONS: dict[str, dict[str, Optional[type]]] = {
     "_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS": {"0.12": list},
 }
 
-#: Behaviour of 0.12/0.13 that changed later without a signature change:
-#: name -> (first series, last series).
-LEGACY_BEHAVIOUR: dict[str, tuple[str, str]] = {
-    # SHARP (use_sharp; no sharp_enabled_group yet): init neither clears NCCL_COLLNET_ENABLE first
-    # nor sets it; after the barrier on the dp x cp group it sets NCCL_COLLNET_ENABLE="0".
-    "sharp_collnet_zero": ("0.12", "0.13"),
-    # Encoder sizes passed to initialize_model_parallel, and the encoder/split-rank functions,
-    # warn with a DeprecationWarning.
-    "encoder_deprecation_warnings": ("0.13", "0.13"),
-    # The hierarchical context-parallel groups get torch's default timeout (not the init's).
-    "hierarchical_cp_default_timeout": ("0.12", "0.12"),
-    # get_pipeline_model_parallel_rank() reads torch.distributed.get_rank() before the group
-    # (without a default process group it raises torch's ValueError, not "not initialized").
-    "pipeline_rank_reads_world_rank": ("0.12", "0.13"),
-    # is_pipeline_first_stage / is_pipeline_last_stage(ignore_virtual=False) compare the global
-    # virtual pipeline rank (there is no vp_stage parameter).
-    "virtual_stage_from_global": ("0.12", "0.12"),
-}
