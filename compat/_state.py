@@ -165,7 +165,7 @@ def _execute(step: Step, state: ParallelState, creator: "_Creator", nccl_options
         _sharp_barrier(state.groups[step.key], step.legacy)
         return
     group = creator.make(
-        list(step.ranks),
+        step.ranks,
         step.desc,
         backend=step.backend,
         pg_options=None if step.nccl_key is None else nccl_options(step.nccl_key),
@@ -178,7 +178,7 @@ def _execute(step: Step, state: ParallelState, creator: "_Creator", nccl_options
         if state.hierarchical_cp_groups is None:
             state.hierarchical_cp_groups = []
         state.hierarchical_cp_groups.append(group)
-    state.keep(step.key, list(step.ranks), group, several=GROUP_KINDS[step.kind].several)
+    state.keep(step.key, step.ranks, group, several=GROUP_KINDS[step.kind].several)
 
 
 def _sharp_barrier(group: Any, legacy: bool) -> None:

@@ -77,9 +77,9 @@ def test_plan_tp2_pp2_cp2_ep2_on_019_rank0():
     ]
     by_key = {s.key: s for s in created}
     # MCore's default order tp-cp-ep-dp-pp: tp fastest, then cp, then dp (the expert view: tp-ep-dp-pp)
-    assert by_key["tp"].ranks == (0, 1) and by_key["cp"].ranks == (0, 2) and by_key["dp"].ranks == (0, 4)
-    assert by_key["pp"].ranks == (0, 8) and by_key["embd"].ranks == (0, 8) and by_key["pos_embd"].ranks == (0,)
-    assert by_key["dp_cp"].ranks == (0, 2, 4, 6) and by_key["ep"].ranks == (0, 2)
+    assert by_key["tp"].ranks == [0, 1] and by_key["cp"].ranks == [0, 2] and by_key["dp"].ranks == [0, 4]
+    assert by_key["pp"].ranks == [0, 8] and by_key["embd"].ranks == [0, 8] and by_key["pos_embd"].ranks == [0]
+    assert by_key["dp_cp"].ranks == [0, 2, 4, 6] and by_key["ep"].ranks == [0, 2]
     assert by_key["dp_gloo"].backend == "gloo" and by_key["dp_gloo"].desc == "DATA_PARALLEL_GROUP_GLOO"
     assert by_key["ep"].timeout == "init" and by_key["ep_dp_gloo"].timeout == "torch"
     assert by_key["pp"].nccl_key == "pp" and by_key["dp_gloo"].nccl_key is None

@@ -50,7 +50,8 @@ class PlanOptions:
 class CreateGroup:
     """Create one process group.
 
-    ``kind`` is its row of ``GROUP_KINDS``; ``key`` where the state keeps it (``"dp"``,
+    ``ranks`` are its members in MCore's order (the layout's list, not copied: at a million
+    ranks a group's list is large). ``kind`` is its row of ``GROUP_KINDS``; ``key`` where the state keeps it (``"dp"``,
     ``"dp_gloo"`` for a gloo twin, ``"hcp1"`` for a hierarchical level); ``slot`` the level or
     hybrid size. ``nccl_key`` names the ``nccl_comm_cfgs`` entry of its options (``None``: none);
     ``timeout`` is ``"init"`` (the init's timeout) or ``"torch"`` (torch's default).
@@ -58,7 +59,7 @@ class CreateGroup:
 
     kind: str
     key: str
-    ranks: tuple[int, ...]
+    ranks: list[int]
     desc: str
     backend: Optional[str] = None
     nccl_key: Optional[str] = None
@@ -197,7 +198,7 @@ def _group_step(kind: GroupKind, c: _Context, ranks: list[int], **overrides: obj
     fields: dict[str, object] = {
         "kind": kind.name,
         "key": kind.name,
-        "ranks": tuple(ranks),
+        "ranks": ranks,
         "desc": kind.desc,
         "nccl_key": kind.nccl_key,
         "timeout": kind.timeout_rule(c.layout.facts),
@@ -211,7 +212,7 @@ def _twin_step(kind: GroupKind, ranks: list[int]) -> CreateGroup:
     return CreateGroup(
         kind=kind.name,
         key=f"{kind.name}_gloo",
-        ranks=tuple(ranks),
+        ranks=ranks,
         desc=kind.gloo_desc,
         backend="gloo",
         nccl_key=kind.nccl_key if kind.gloo_nccl_options else None,

@@ -29,7 +29,7 @@ def planned_groups(layout: MegatronLayout, rank: int, *, gloo: bool, share: bool
         for step in group_plan(layout, rank, PlanOptions(create_gloo_process_groups=gloo)):
             if isinstance(step, CreateGroup):
                 pool.get(
-                    list(step.ranks),
+                    step.ranks,
                     timeout=init_timeout if step.timeout == "init" else None,
                     backend=step.backend,
                     pg_options=None,
