@@ -1,18 +1,27 @@
-"""Shared pytest fixtures: simulated ranks (fake backend) and helpers."""
+"""Shared pytest fixtures (simulated ranks on the fake backend, persistent gloo worlds) and markers.
+
+Imports are package-style (``tests.support.X``): the repository root is on ``sys.path`` through
+``pythonpath`` in pyproject.toml, so nothing here edits ``sys.path``.
+
+Markers (registered in pyproject.toml, ``--strict-markers``): ``slow``, ``multiprocess`` and
+``network`` are set in the test modules (``pytestmark`` or a decorator); a test that uses a
+gloo-world fixture is marked ``multiprocess`` here as well.
+"""
 
 from __future__ import annotations
-
-import os
-import sys
 
 import pytest
 import torch.distributed as dist
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
-for _p in (ROOT, TESTS):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+# Fixtures whose users run code in worker processes.
+_PROCESS_FIXTURES = frozenset({"gloo_world", "fresh_world_2"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses a gloo-world fixture ``multiprocess``."""
+    for item in items:
+        if _PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.multiprocess)
 
 
 @pytest.fixture
@@ -35,12 +44,12 @@ def fake_world():
 
 @pytest.fixture(scope="session")
 def gloo_world():
-    """Return ``get(world_size)``: a persistent :class:`tests._mp.GlooWorld`, one per size.
+    """Return ``get(world_size)``: a persistent :class:`tests.support.gloo_world.GlooWorld`, one per size.
 
     Worlds are shared by all tests of one pytest(-xdist) worker process and closed at the end
     of the session; a world that failed (timeout, dead worker) is replaced on the next get.
     """
-    from _mp import GlooWorld
+    from tests.support.gloo_world import GlooWorld
 
     worlds: dict[int, GlooWorld] = {}
 

@@ -1,0 +1,1 @@
+"""The test suite, one package per layer (see conftest.py for markers and fixtures)."""

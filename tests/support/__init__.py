@@ -1,0 +1,1 @@
+"""Helpers for the tests (not collected): gloo worlds, the differential library and configurations, per-release harnesses."""

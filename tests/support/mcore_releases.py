@@ -1,0 +1,169 @@
+"""Megatron-Core releases for tests: fetch each release's wheel once, run code against it.
+
+Every supported release's ``parallel_state.py`` / ``hyper_comm_grid.py`` /
+``process_groups_config.py`` is the specification compat is checked against. Only one
+megatron-core can be installed, so tests get the others from their wheels:
+
+* :data:`RELEASES` maps each supported series (0.12 ... 0.19) to the patch release tests use;
+  :data:`LEGACY_RELEASES` is its encoder/decoder-era part (0.12, 0.13).
+* :func:`release_dir` downloads the wheel (``pip download --no-deps``; releases 0.17+ publish
+  cp312-only wheels, fetched with ``--python-version 3.12 --only-binary=:all:``) and unzips it
+  into a cache directory (``$PSNG_RELEASE_CACHE``, default ``~/.cache/parallel_state_ng/
+  megatron-core``). Concurrent test workers wait on a file lock; a finished release is a
+  directory that is never modified again.
+* :func:`activate` (inside a fresh process) puts a release first on ``sys.path`` and registers
+  ``megatron`` and ``megatron.core`` as bare packages, so ``megatron.core.parallel_state`` of
+  that release imports without running ``megatron/core/__init__.py`` (0.18+ imports triton
+  there). ``importlib.metadata.version("megatron-core")`` then reports the release, which is
+  how compat picks the API it serves.
+* :func:`run_in_release` runs ``module.function(*args)`` in a new Python process bound to one
+  release and returns its (JSON) result: each release in its own process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+import zipfile
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository root: tests.support imports from there
+
+# Release series -> the patch release the tests use (within a series the files compat mirrors
+# are byte-identical), oldest first. 0.12 and 0.13 are the encoder/decoder era
+# (:data:`LEGACY_RELEASES`, also part of :data:`RELEASES`).
+LEGACY_RELEASES: dict[str, str] = {"0.12": "0.12.3", "0.13": "0.13.1"}
+RELEASES: dict[str, str] = {
+    **LEGACY_RELEASES,
+    "0.14": "0.14.0",
+    "0.15": "0.15.3",
+    "0.16": "0.16.1",
+    "0.17": "0.17.1",
+    "0.18": "0.18.2",
+    "0.19": "0.19.2",
+}
+# Series whose wheels are cp312-only (0.12-0.16 install on Python 3.11 normally).
+_CP312_ONLY = {"0.17", "0.18", "0.19"}
+
+_RESULT_MARK = "@@PSNG-RESULT@@"
+
+
+def cache_root() -> Path:
+    """Where unzipped releases live (``$PSNG_RELEASE_CACHE`` or the user cache)."""
+    env = os.environ.get("PSNG_RELEASE_CACHE")
+    base = Path(env) if env else Path.home() / ".cache" / "parallel_state_ng" / "megatron-core"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def _series(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _download(version: str, into: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
+           f"megatron-core=={version}", "-d", str(into)]
+    if _series(version) in _CP312_ONLY:
+        cmd[4:4] = ["--python-version", "3.12", "--only-binary=:all:"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = glob.glob(str(into / f"megatron_core-{version}-*.whl"))
+    if done.returncode != 0 or not wheels:
+        raise RuntimeError(f"could not download megatron-core=={version}: {done.stderr.strip()[-2000:]}")
+    return Path(wheels[0])
+
+
+def release_dir(version: str) -> Path:
+    """The unzipped wheel of megatron-core ``version`` (downloaded on first use)."""
+    root = cache_root()
+    dest = root / version
+    if (dest / "megatron" / "core" / "parallel_state.py").is_file():
+        return dest
+    with _locked(root / f".{version}.lock"):
+        if (dest / "megatron" / "core" / "parallel_state.py").is_file():
+            return dest
+        with tempfile.TemporaryDirectory(dir=root, prefix=f".{version}-") as tmp:
+            wheel = _download(version, Path(tmp))
+            unpacked = Path(tmp) / "unpacked"
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(unpacked)
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(unpacked, dest)
+    return dest
+
+
+def activate(dest: str | os.PathLike) -> None:
+    """Make ``megatron.core`` of the release unzipped at ``dest`` importable in this process.
+
+    Must run before anything imports megatron. ``megatron`` and ``megatron.core`` become bare
+    packages (their ``__init__`` does not run); submodules load from ``dest``.
+    """
+    dest = str(dest)
+    already = [m for m in sys.modules if m == "megatron" or m.startswith("megatron.")]
+    if already:
+        raise RuntimeError(f"megatron is already imported in this process: {already[:3]}")
+    sys.path.insert(0, dest)
+    importlib.invalidate_caches()
+    for name, sub in (("megatron", "megatron"), ("megatron.core", "megatron/core")):
+        package = types.ModuleType(name)
+        package.__path__ = [os.path.join(dest, sub)]
+        package.__package__ = name
+        sys.modules[name] = package
+    sys.modules["megatron"].core = sys.modules["megatron.core"]
+
+
+def run_in_release(version: str, module: str, function: str, *args: Any, timeout: float = 600,
+                   env: dict[str, str] | None = None) -> Any:
+    """Run ``module.function(*args)`` in a new process bound to megatron-core ``version``.
+
+    ``module`` is a fully qualified name (``tests.support.release_checks``,
+    ``tests.releases.test_install_releases``): the child has the repository root on its
+    ``PYTHONPATH``. Arguments and the return value travel as JSON. A failure in the child raises ``RuntimeError`` with
+    its output.
+    """
+    dest = release_dir(version)
+    payload = json.dumps({"dest": str(dest), "module": module, "function": function, "args": list(args)})
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), child_env.get("PYTHONPATH", "")])
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    done = subprocess.run(
+        [sys.executable, "-c", "import tests.support.mcore_releases as m; m._child_main()"],
+        input=payload, capture_output=True, text=True, timeout=timeout, env=child_env, cwd=str(ROOT),
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith(_RESULT_MARK):
+            return json.loads(line[len(_RESULT_MARK):])
+    raise RuntimeError(
+        f"{module}.{function} on megatron-core {version} failed (exit {done.returncode}):\n"
+        f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-8000:]}"
+    )
+
+
+def _child_main() -> None:
+    payload = json.loads(sys.stdin.read())
+    activate(payload["dest"])
+    fn = getattr(importlib.import_module(payload["module"]), payload["function"])
+    result = fn(*payload["args"])
+    sys.stdout.write(_RESULT_MARK + json.dumps(result) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,1 @@
+"""The command-line tools (parallel_state_ng.tools): layout report, port, upgrade."""
