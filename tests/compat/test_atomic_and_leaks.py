@@ -275,6 +275,7 @@ def _gloo_cycles(cycles: int) -> dict:
     return {"baseline": baseline, "live_during": live_during, "after": after}
 
 
+@pytest.mark.slow
 def test_gloo_init_destroy_cycles_leak_nothing(gloo_world):
     world = gloo_world(4)
     cycles = 20

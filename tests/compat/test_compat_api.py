@@ -76,6 +76,8 @@ def test_module_global_exists(name):
     assert hasattr(compat_ps, name), f"compat.parallel_state lacks the module global {name}"
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_importing_compat_does_not_import_megatron():
     """``import compat, compat.parallel_state`` leaves megatron out of ``sys.modules``."""
     root = ROOT

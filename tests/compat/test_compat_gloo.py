@@ -386,6 +386,7 @@ def test_call_table_covers_every_group_getter():
     assert getters and getters <= covered, f"group getters not exercised: {sorted(getters - covered)}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size,configs", [(4, WORLD_4), (8, WORLD_8)], ids=["world4", "world8"])
 def test_every_getter_group_all_reduces_over_mcore_members(world_size, configs, gloo_world):
     pytest.importorskip("megatron.core.parallel_state")

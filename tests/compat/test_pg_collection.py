@@ -133,6 +133,8 @@ def test_required_pgs_and_errors(fake_world, monkeypatch):
         compat_ps.destroy_model_parallel()
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_importing_pg_collection_does_not_import_megatron():
     root = ROOT
     code = "import sys, compat.pg_collection\nprint(any(m.split('.')[0] == 'megatron' for m in sys.modules))\n"
@@ -195,6 +197,7 @@ def _export_on_gloo(configs):
     return out
 
 
+@pytest.mark.slow
 def test_gloo_fields_are_compat_groups(gloo_world):
     pytest.importorskip("megatron.core.process_groups_config")
     configs = [

@@ -109,6 +109,8 @@ def _surface(env_version):
     return json.loads(done.stdout.split("@@")[-1])
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("requested", ["0.12", "0.13.1", "0.14", "0.17.1", "0.19"])
 def test_module_serves_exactly_the_requested_release(requested):
     """MEGATRON_VERSION is the request; functions, signatures, globals and RankGenerator are its."""
@@ -123,6 +125,8 @@ def test_module_serves_exactly_the_requested_release(requested):
     assert out["type_error"] == "get_tensor_model_parallel_group() takes from 0 to 1 positional arguments but 2 were given"
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_newer_release_at_import_warns_and_older_fails():
     newer = _surface("0.99.0")
     assert newer["version"] == "0.99.0" and newer["series"] == SUPPORTED_SERIES[-1]
@@ -166,6 +170,8 @@ print("@@" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_019_positional_with_gtp_remat_second():
     """On 0.19 the second positional argument of the data-parallel getters is with_gtp_remat."""
     done = _run(_POSITIONAL, "0.19")
@@ -203,6 +209,8 @@ print("@@" + json.dumps(out))
 """
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_install_hyper_comm_grid_redirects_and_uninstall_restores():
     pytest.importorskip("megatron.core.hyper_comm_grid")
     done = _run(_GRID, None)

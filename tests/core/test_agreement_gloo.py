@@ -127,6 +127,7 @@ def _assert_world_works(world) -> None:
 
 
 # --------------------------------------------------------------------------- gloo tests
+@pytest.mark.slow
 def test_one_rank_with_another_tp_size_fails_on_every_rank(gloo_world):
     world = gloo_world(4)
     args = [({"tensor_model_parallel_size": 1},)] * 3 + [({"tensor_model_parallel_size": 2},)]
@@ -156,6 +157,7 @@ def test_an_invalid_value_on_one_rank_is_reported_as_a_mismatch_everywhere(gloo_
     _assert_world_works(world)
 
 
+@pytest.mark.slow
 def test_rank_that_never_calls_init_is_named_by_the_others(gloo_world):
     world = gloo_world(4)
     kwargs = {"tensor_model_parallel_size": 2}
@@ -173,6 +175,7 @@ def test_rank_that_never_calls_init_is_named_by_the_others(gloo_world):
     _assert_world_works(world)
 
 
+@pytest.mark.slow
 def test_rank_that_arrives_after_the_timeout_gets_the_timeout_error_too(gloo_world):
     world = gloo_world(4)
     kwargs = {"tensor_model_parallel_size": 2}

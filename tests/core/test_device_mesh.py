@@ -169,6 +169,7 @@ def _dtensor_world_of_4():
         grid.destroy()
 
 
+@pytest.mark.slow
 def test_dtensor_on_grid_meshes_world_of_4(gloo_world):
     out = gloo_world(4).run(_dtensor_world_of_4)
     full = torch.arange(32.0).reshape(8, 4)
@@ -217,6 +218,7 @@ def _dtensor_world_of_8():
         grid.destroy()
 
 
+@pytest.mark.slow
 def test_slice_meshes_world_of_8(gloo_world):
     out = gloo_world(8).run(_dtensor_world_of_8)
     layout = Layout([2, 2, 2], ["tp", "dp", "pp"])

@@ -79,6 +79,7 @@ DENSE_SUBSETS = ["tp", "dp", "pp", ["tp", "dp"], ["tp", "pp"], ["dp", "pp"], ["t
 EXPERT_REQUESTS = [("expert", "ep"), ("expert", ["etp", "ep"]), ("expert", "edp"), ("expert", ["ep", "pp"])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "shape,names,expert_shape,expert_names",
     [
@@ -117,6 +118,7 @@ def test_split_view_groups(gloo_world, monkeypatch):
     _check(world, results, requests, rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "shape,names,offset",
     [([2], ["tp"], 2), ([3, 1], ["dp", "pp"], 1), ([1, 2], ["tp", "dp"], 1)],

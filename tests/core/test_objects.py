@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -18,6 +19,8 @@ def test_round_trip():
     assert tensor_to_object(padded, payload.numel()) == {"x": 1}
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_works_where_numpy_is_missing():
     code = textwrap.dedent(
         """

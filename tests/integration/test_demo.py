@@ -60,6 +60,8 @@ def _assert_megatron_groups(parsed, *, tp, dp, pp, ep, etp, dense_order, expert_
         assert groups == generator.get_ranks(token), (in_expert_view, dims)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_default_run_verifies_every_group():
     result = _run_demo()
     assert result.returncode == 0, result.stderr
@@ -82,6 +84,8 @@ def test_default_run_verifies_every_group():
     )
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_non_default_options():
     """tp 1 (left out of the order) and pipeline fastest: a world of 4 processes."""
     result = _run_demo("--tp", "1", "--order", "pp-dp")
@@ -127,6 +131,7 @@ def test_orders_of_the_dense_and_expert_layouts(order, dense, expert, megatron_o
         assert layout.rank_enum([{"tp": "etp", "dp": "edp"}.get(t, t) for t in token.split("-")]) == mcore.get_ranks(token)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "options,message",
     [

@@ -34,6 +34,9 @@ import torch.distributed as dist
 
 from tests.support.paths import ROOT
 
+# Every test here runs megatron in worker processes (gloo worlds, a fresh interpreter).
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
 # Worker processes import this module: megatron is imported inside the worker functions only.
 
 TARGET = "megatron.core.parallel_state"

@@ -91,6 +91,8 @@ def _run_fresh(world_size: int, cfgs: list[TrainConfig], timeout: float) -> list
         world.close()
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_four_ranks_compat_trains_exactly_like_mcore():
     results = _run_fresh(4, FOUR_RANKS, timeout=600)
     losses = _check_variants(results, FOUR_RANKS)
@@ -98,6 +100,8 @@ def test_four_ranks_compat_trains_exactly_like_mcore():
     assert losses["tp2 pp2 dp1"] != losses["tp2 pp2 dp1 dropout0.1"]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_eight_ranks_compat_trains_exactly_like_mcore():
     results = _run_fresh(8, EIGHT_RANKS, timeout=900)
     _check_variants(results, EIGHT_RANKS)
@@ -111,6 +115,7 @@ def _script(*options: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_layouts_agree_on_the_same_global_model(gloo_world):
     """Same global weights and batch (8 microbatches of 2): the first step's loss and gradient
     norm do not depend on the layout. tp 1 pp 1 runs through the script, the rest on 4 ranks."""

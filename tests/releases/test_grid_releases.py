@@ -40,6 +40,9 @@ EXPECTED_KINDS = {
 GRID_SERIES = [s for s in SUPPORTED_SERIES if facts.has_class(s)]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
 @pytest.mark.parametrize("series", GRID_SERIES)
 def test_grid_matches_release(series):
     from tests.support.mcore_releases import RELEASES, run_in_release

@@ -17,6 +17,8 @@ import pytest
 
 from tests.support import mcore_releases
 
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.network]
+
 VERSIONS = list(mcore_releases.RELEASES.values())
 
 

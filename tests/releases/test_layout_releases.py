@@ -129,6 +129,9 @@ def configs_for(series: str, seed: int = 10) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
 @pytest.mark.parametrize("series", list(RELEASES))
 def test_layout_matches_release(series: str) -> None:
     configs = configs_for(series)

@@ -22,6 +22,9 @@ def test_legacy_series_are_supported():
     assert [s for s in SUPPORTED_SERIES if parse_release(s).before("0.14")] == sorted(mcore_releases.LEGACY_RELEASES)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
 @pytest.mark.parametrize("version", sorted(mcore_releases.LEGACY_RELEASES.values()))
 def test_data_matches_legacy_release(version):
     result = mcore_releases.run_in_release(version, "tests.support.release_facts_checks", "facts_report", version)

@@ -65,6 +65,9 @@ def _problems(result: dict, limit: int = 40) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
 @pytest.mark.parametrize("version", VERSIONS)
 def test_compat_serves_release(version):
     """API (both directions), differential and bad input of compat against one release."""
@@ -105,6 +108,7 @@ def test_compat_serves_release(version):
     )
 
 
+@pytest.mark.network
 def test_not_getters_are_known_to_some_release():
     """Every name in differential.NOT_GETTERS is a function of at least one supported release."""
     functions, _ = release_checks.known_release_names()

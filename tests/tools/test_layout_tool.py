@@ -283,6 +283,8 @@ def test_bad_input_exits_2_naming_the_option(capsys, args, option):
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_module_entry_point_smoke():
     root = ROOT
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))

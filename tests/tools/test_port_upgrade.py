@@ -187,6 +187,9 @@ def _changed(before: dict, after: dict | None) -> bool:
     return before["bound"] != after["bound"] or any(before["defaults"][p] != after["defaults"][p] for p in common)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
 def test_report_matches_the_real_signatures(tree):
     step = tree / "pkg" / "step.py"
     marked = _markers(STEP)
