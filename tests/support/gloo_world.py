@@ -7,8 +7,10 @@ Spawning processes (and importing torch / megatron in them) is slow on a 2-core 
     results = world.run(my_fn, 3)    # my_fn(3) on every rank; list of results by rank
     world.close()
 
-``fn`` must be a module-level function (picklable by reference) of an importable module; the
-workers inherit the parent's ``sys.path``. Inside ``fn`` the default process group is a gloo
+``fn`` must be a module-level function (picklable by reference) of an importable module
+(``tests.core.test_grid_gloo``, ``gpt_training`` from scripts/); the workers are spawned and
+inherit the parent's ``sys.path`` (the repository root and scripts/, from ``pythonpath`` in
+pyproject.toml). Inside ``fn`` the default process group is a gloo
 group over all workers (``torch.distributed.get_rank()`` etc. work). An exception in any
 worker is re-raised in the parent as :class:`WorkerError` carrying every failing rank's
 traceback. A world whose worker died or timed out is closed and must not be reused.

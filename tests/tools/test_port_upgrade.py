@@ -133,7 +133,7 @@ def test_no_break_and_downgrade_and_bad_spec(tree, capsys):
     for spec, message in (("0.11:0.19", "not a release the data knows"), ("0.19", "expected FROM:TO"),
                           ("x:0.19", "is not a megatron-core release")):
         assert main(["port", str(tree), "--upgrade", spec]) == 2
-        assert f"argument --upgrade: " in (err := capsys.readouterr().err) and message in err
+        assert "argument --upgrade: " in (err := capsys.readouterr().err) and message in err
     assert main(["port", str(tree), "--upgrade", "0.13:0.19", "--rewrite"]) == 2
     assert "cannot be combined" in capsys.readouterr().err
 
