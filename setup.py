@@ -10,6 +10,8 @@ TEST_REQUIRES = [
     "pyyaml",  # nccl_communicator_config_path
     "numpy",
 ]
+#: Pinned so that CI's lint and type check do not change under the code (see .ci/run).
+LINT_REQUIRES = ["ruff==0.17.6", "mypy==2.4.1"]
 
 setup(
     name="parallel_state_ng",
@@ -23,6 +25,7 @@ setup(
     packages=find_packages(include=["parallel_state_ng", "parallel_state_ng.*", "compat"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.4"],
-    extras_require={"megatron": ["megatron-core", "einops"], "test": TEST_REQUIRES},
+    extras_require={"megatron": ["megatron-core", "einops"], "test": TEST_REQUIRES, "lint": LINT_REQUIRES},
+    package_data={"parallel_state_ng": ["py.typed"], "compat": ["py.typed"]},
     entry_points={"console_scripts": ["parallel-state-ng=parallel_state_ng.__main__:main"]},
 )

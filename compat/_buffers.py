@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Callable, Optional
 
 import torch
 
@@ -20,7 +20,7 @@ class GlobalMemoryBuffer:
     def __init__(self) -> None:
         self.buffer: dict = {}
 
-    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context: Optional[Callable] = None):
+    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context: Callable | None = None):
         """A tensor of ``tensor_shape`` and ``dtype`` backed by the buffer named ``name``."""
         needed = math.prod(tensor_shape)
         current = self.buffer.get((name, dtype))

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import warnings
 
-
-from ._namespace import facade as ps
-from ._release import FACTS
 from ._buffers import GlobalMemoryBuffer
 from ._getters import (
     checked,
@@ -17,6 +14,8 @@ from ._getters import (
     required,
     served_keywords,
 )
+from ._namespace import facade as ps
+from ._release import FACTS
 
 __all__: list[str] = []  # served through compat.parallel_state
 
@@ -91,7 +90,9 @@ def set_expert_tensor_parallel_rank(rank):
 
 def get_expert_tensor_and_model_parallel_group(check_initialized=True):
     """This rank's expert tp × ep group."""
-    return checked(ps._EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP, check_initialized, "Expert tensor and model parallel group")
+    return checked(
+        ps._EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP, check_initialized, "Expert tensor and model parallel group"
+    )
 
 
 def get_expert_tensor_and_model_parallel_world_size():
@@ -113,7 +114,9 @@ def get_expert_tensor_model_pipeline_parallel_group(check_initialized=True, with
             "Expert tensor-model-pipeline parallel group with EGTP",
         )
     return checked(
-        ps._EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP, check_initialized, "Expert tensor-model-pipeline parallel group"
+        ps._EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP,
+        check_initialized,
+        "Expert tensor-model-pipeline parallel group",
     )
 
 
@@ -137,6 +140,7 @@ def get_data_modulo_expert_parallel_group(partial_expert_data_parallel=False):
     warnings.warn(
         "get_data_modulo_expert_parallel_group is deprecated, please use get_expert_data_parallel_group instead.",
         DeprecationWarning,
+        stacklevel=1,
     )
     return ps.get_expert_data_parallel_group(
         **served_keywords("get_expert_data_parallel_group", partial_expert_data_parallel=partial_expert_data_parallel)
@@ -146,7 +150,9 @@ def get_data_modulo_expert_parallel_group(partial_expert_data_parallel=False):
 def get_expert_data_parallel_group_gloo(partial_expert_data_parallel=False):
     """The gloo twin of this rank's expert-data-parallel group."""
     if partial_expert_data_parallel:
-        return required(ps._INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO, "Intra partial expert data parallel group-gloo")
+        return required(
+            ps._INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO, "Intra partial expert data parallel group-gloo"
+        )
     return required(ps._EXPERT_DATA_PARALLEL_GROUP_GLOO, "Expert data parallel group-gloo")
 
 
@@ -241,7 +247,8 @@ def set_global_memory_buffer() -> None:
 
 def set_global_symmetric_memory_buffer() -> None:
     """Create the global symmetric memory buffer over the tensor-parallel group (0.16; needs
-    megatron-core and a GPU build of torch with symmetric memory)."""
+    megatron-core and a GPU build of torch with symmetric memory).
+    """
     if ps._GLOBAL_SYMMETRIC_MEMORY_BUFFER is not None:
         raise AssertionError("global symmetric memory buffer is already initialized")
     from megatron.core.utils import GlobalSymmetricMemoryBuffer

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, cast
 
 import torch
 
@@ -29,7 +29,10 @@ _STAGE_FROM_GLOBAL = FACTS.virtual_stage_from_global
 _SETTER_WARNS = FACTS.virtual_rank_setter_warns
 _RANK_FIRST = FACTS.pipeline_rank_reads_world_rank
 # Whether the served release's data-parallel getters take with_gtp_remat (0.19).
-_GTP_PARAMETER = "with_gtp_remat" in dict(api.signature("get_data_parallel_group", RELEASE))
+# (Every release has get_data_parallel_group: its signature is never None.)
+_GTP_PARAMETER = "with_gtp_remat" in dict(
+    cast("tuple[api.Param, ...]", api.signature("get_data_parallel_group", RELEASE))
+)
 
 
 def gtp_keyword(with_gtp_remat: bool) -> dict[str, bool]:
@@ -41,7 +44,7 @@ def gtp_keyword(with_gtp_remat: bool) -> dict[str, bool]:
     return {"with_gtp_remat": with_gtp_remat} if _GTP_PARAMETER else {}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _served_parameters(function: str) -> frozenset[str]:
     return frozenset(dict(api.signature(function, RELEASE) or ()))
 
@@ -80,7 +83,7 @@ def is_initialized():
 
 def is_unitialized() -> bool:
     """Deprecated inverse of ``is_initialized``."""
-    warnings.warn("is_unitialized is deprecated, use is_initialized instead", DeprecationWarning)
+    warnings.warn("is_unitialized is deprecated, use is_initialized instead", DeprecationWarning, stacklevel=1)
     return not ps.is_initialized()
 
 
@@ -192,7 +195,9 @@ def get_position_embedding_group(check_initialized=True):
 def get_amax_reduction_group(with_context_parallel=False, tp_only_amax_red=False):
     """The FP8 amax reduction group: tp×dp(×cp), or tp(×cp) with ``tp_only_amax_red``."""
     if with_context_parallel:
-        group = ps._TENSOR_AND_CONTEXT_PARALLEL_GROUP if tp_only_amax_red else ps._TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP
+        group = (
+            ps._TENSOR_AND_CONTEXT_PARALLEL_GROUP if tp_only_amax_red else ps._TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP
+        )
     else:
         group = ps._TENSOR_MODEL_PARALLEL_GROUP if tp_only_amax_red else ps._TENSOR_AND_DATA_PARALLEL_GROUP
     return required(group, "FP8 amax reduction group")
@@ -339,7 +344,7 @@ def get_tensor_and_context_parallel_rank():
 
 
 # --------------------------------------------------------------------------- pipeline stages
-def _virtual_stage_matches(ignore_virtual: bool, vp_stage: Optional[int], wanted: Callable[[int], int]) -> bool:
+def _virtual_stage_matches(ignore_virtual: bool, vp_stage: int | None, wanted: Callable[[int], int]) -> bool:
     """False when a virtual stage is in play and ``vp_stage`` is not the wanted one."""
     vp_size = ps.get_virtual_pipeline_model_parallel_world_size()
     if ignore_virtual or vp_size is None:
@@ -374,9 +379,13 @@ def is_rank_in_embedding_group(ignore_virtual=True, vp_stage=None):
     if ignore_virtual:
         return True
     if rank == ranks[0]:
-        return ps.is_pipeline_first_stage(**served_keywords("is_pipeline_first_stage", ignore_virtual=False, vp_stage=vp_stage))
+        return ps.is_pipeline_first_stage(
+            **served_keywords("is_pipeline_first_stage", ignore_virtual=False, vp_stage=vp_stage)
+        )
     if rank == ranks[-1]:
-        return ps.is_pipeline_last_stage(**served_keywords("is_pipeline_last_stage", ignore_virtual=False, vp_stage=vp_stage))
+        return ps.is_pipeline_last_stage(
+            **served_keywords("is_pipeline_last_stage", ignore_virtual=False, vp_stage=vp_stage)
+        )
     return True
 
 
@@ -398,6 +407,7 @@ def set_virtual_pipeline_model_parallel_rank(rank):
             "set_virtual_pipeline_model_parallel_rank in global scope is deprecated. "
             "Pass vp_stage explicitly to is_pipeline_first_stage, is_pipeline_last_stage, etc.",
             DeprecationWarning,
+            stacklevel=1,
         )
     ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK = rank
 
@@ -426,7 +436,8 @@ def get_data_parallel_src_rank(with_context_parallel=False):
 
 def _stage_ranks(position: Callable[[], int]) -> Any:
     """The global rank at stage ``position()`` of this rank's pipeline; a list of them, one per
-    pipeline, for a rank in several (0.12/0.13 encoder)."""
+    pipeline, for a rank in several (0.12/0.13 encoder).
+    """
     ranks = required(ps._PIPELINE_GLOBAL_RANKS, "Pipeline parallel group")
     i = position()
     return [pipeline[i] for pipeline in ranks] if _several_pipelines() else ranks[i]

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import Any, List, Optional
+from typing import Any
 
 import torch
 
 from parallel_state_ng.core.layout import Layout
-from parallel_state_ng.mcore.layout import normalize_order
-from parallel_state_ng.mcore.kinds import GROUP_KINDS
 from parallel_state_ng.core.naming import new_member_group
+from parallel_state_ng.mcore.kinds import GROUP_KINDS
+from parallel_state_ng.mcore.layout import normalize_order
 from parallel_state_ng.mcore.releases import parallel_state as api
 from parallel_state_ng.mcore.releases.parallel_state import REQUIRED
 
@@ -42,7 +42,8 @@ def get_nccl_options(pg_name, nccl_comm_cfgs):
     if pg_name not in nccl_comm_cfgs:
         return None
     cfg = nccl_comm_cfgs[pg_name]
-    options = torch.distributed.ProcessGroupNCCL.Options(
+    # Any: torch's stub of NCCLConfig (options.config) lacks net_name
+    options: Any = torch.distributed.ProcessGroupNCCL.Options(
         is_high_priority_stream=cfg.get("is_high_priority_stream", False)
     )
     for key in ("cga_cluster_size", "max_ctas", "min_ctas", "net_name"):
@@ -55,7 +56,7 @@ def get_nccl_options(pg_name, nccl_comm_cfgs):
     return options
 
 
-def update_pg_timeout(timeout: timedelta, pg: Optional[torch._C._distributed_c10d.ProcessGroup] = None):
+def update_pg_timeout(timeout: timedelta, pg: torch._C._distributed_c10d.ProcessGroup | None = None):
     """Set ``timeout`` on ``pg``, or on every group of this rank (and the default one).
 
     Synchronizes the group(s) first (barrier and CUDA sync), as MCore does.
@@ -119,8 +120,8 @@ def member_group(ranks: list[int], **kwargs: Any) -> Any:
 
 
 def generate_masked_orthogonal_rank_groups(
-    world_size: int, parallel_size: List[int], mask: List[bool]
-) -> List[List[int]]:
+    world_size: int, parallel_size: list[int], mask: list[bool]
+) -> list[list[int]]:
     """All groups over the masked dims of a mixed-radix layout (first size varies fastest).
 
     ``parallel_size[i]`` is the size of dim ``i``; ``mask[i]`` says whether dim ``i`` is inside
@@ -129,7 +130,7 @@ def generate_masked_orthogonal_rank_groups(
     """
     names = [f"d{i}" for i in range(len(parallel_size))]
     layout = Layout(list(parallel_size), names)
-    groups = layout.enumerate_groups([n for n, m in zip(names, mask) if m])
+    groups = layout.enumerate_groups([n for n, m in zip(names, mask, strict=False) if m])
     wanted = world_size // groups.shape[1]
     if wanted > groups.shape[0]:
         raise AssertionError(
@@ -171,7 +172,9 @@ def create_hierarchical_groups(
     for level in range(len(sizes)):
         members = [ranks[i] for i in layout.group_ranks(position, f"l{level}")]
         groups.append(
-            member_group(members, timeout=timeout, pg_options=pg_options[level], group_desc=f"HIERARCHICAL_{group_desc}_L{level}")
+            member_group(
+                members, timeout=timeout, pg_options=pg_options[level], group_desc=f"HIERARCHICAL_{group_desc}_L{level}"
+            )
         )
         gloo_groups.append(
             member_group(
@@ -193,7 +196,7 @@ def create_hybrid_dp_cp_groups(rank, ranks, pg_options):
 
     Returns ``{s: group}``; only the calling rank's chunks are created.
     """
-    out = {}
+    out: dict[int, Any] = {}
     sizes = [2**i for i in range(1, int(math.log2(len(ranks))))] if len(ranks) > 0 else []
     if sizes:
         _note_group_creation()
@@ -203,7 +206,9 @@ def create_hybrid_dp_cp_groups(rank, ranks, pg_options):
     for size in sizes:
         start = (position // size) * size
         out[size] = member_group(
-            list(ranks[start : start + size]), pg_options=pg_options, group_desc=GROUP_KINDS["hybrid_dp_cp"].desc.format(size=size)
+            list(ranks[start : start + size]),
+            pg_options=pg_options,
+            group_desc=GROUP_KINDS["hybrid_dp_cp"].desc.format(size=size),
         )
     return out
 

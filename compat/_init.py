@@ -12,7 +12,6 @@ import os
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
-from typing import List, Optional
 
 import torch.distributed as dist
 
@@ -22,17 +21,17 @@ from parallel_state_ng.mcore.layout import MegatronLayout
 from parallel_state_ng.mcore.plan import PlanOptions
 
 from . import _scoping, _state
-from ._namespace import facade as ps
-from ._release import FACTS, RELEASE, VERSION
 from ._expert import set_global_memory_buffer
 from ._getters import is_initialized
 from ._helpers import get_nccl_options, overwrite_nccl_comm_cfgs
+from ._namespace import facade as ps
+from ._release import FACTS, RELEASE, VERSION
 from ._validate import validate_initialize_args
 
 __all__: list[str] = []  # served through compat.parallel_state
 
 
-def _load_nccl_config(path: Optional[str]) -> dict:
+def _load_nccl_config(path: str | None) -> dict:
     if path is None:
         return {}
     try:
@@ -41,7 +40,7 @@ def _load_nccl_config(path: Optional[str]) -> dict:
         raise RuntimeError(
             "Cannot import `yaml`: nccl_communicator_config_path needs the PyYAML package (pip install pyyaml)"
         ) from None
-    with open(path, "r") as stream:
+    with open(path) as stream:
         config = yaml.safe_load(stream)
     if not isinstance(config, dict):
         # MCore fails on it later with TypeError ("argument of type 'NoneType' ...").
@@ -52,7 +51,7 @@ def _load_nccl_config(path: Optional[str]) -> dict:
     return config
 
 
-def _check_sharp(use_sharp: bool, sharp_enabled_group: Optional[str], n_instances: int) -> Optional[str]:
+def _check_sharp(use_sharp: bool, sharp_enabled_group: str | None, n_instances: int) -> str | None:
     """The SHARP group to use (MCore's checks and default)."""
     if use_sharp:
         if sharp_enabled_group is None:
@@ -71,31 +70,31 @@ def _check_sharp(use_sharp: bool, sharp_enabled_group: Optional[str], n_instance
 def initialize_model_parallel(
     tensor_model_parallel_size: int = 1,
     pipeline_model_parallel_size: int = 1,
-    virtual_pipeline_model_parallel_size: Optional[int] = None,
-    pipeline_model_parallel_split_rank: Optional[int] = None,
-    pipeline_model_parallel_comm_backend: Optional[str] = None,
+    virtual_pipeline_model_parallel_size: int | None = None,
+    pipeline_model_parallel_split_rank: int | None = None,
+    pipeline_model_parallel_comm_backend: str | None = None,
     use_sharp: bool = False,
     context_parallel_size: int = 1,
-    hierarchical_context_parallel_sizes: Optional[List[int]] = None,
+    hierarchical_context_parallel_sizes: list[int] | None = None,
     hybrid_context_parallel: bool = False,
     expert_model_parallel_size: int = 1,
     gtp_remat_size: int = 1,
     expert_gtp_remat_size: int = 1,
     num_distributed_optimizer_instances: int = 1,
-    expert_tensor_parallel_size: Optional[int] = None,
-    nccl_communicator_config_path: Optional[str] = None,
+    expert_tensor_parallel_size: int | None = None,
+    nccl_communicator_config_path: str | None = None,
     distributed_timeout_minutes: int = 30,
     order: str = "tp-cp-ep-dp-pp",
     encoder_tensor_model_parallel_size: int = 0,
-    encoder_pipeline_model_parallel_size: Optional[int] = 0,
-    get_embedding_ranks: Optional[Callable[[List[int], Optional[int]], List[int]]] = None,
-    get_position_embedding_ranks: Optional[Callable[[List[int], Optional[int]], List[int]]] = None,
+    encoder_pipeline_model_parallel_size: int | None = 0,
+    get_embedding_ranks: Callable[[list[int], int | None], list[int]] | None = None,
+    get_position_embedding_ranks: Callable[[list[int], int | None], list[int]] | None = None,
     create_gloo_process_groups: bool = True,
-    high_priority_stream_groups: Optional[List[str]] = None,
-    sharp_enabled_group: Optional[str] = None,
-    create_all_gather_group: Optional[bool] = False,
+    high_priority_stream_groups: list[str] | None = None,
+    sharp_enabled_group: str | None = None,
+    create_all_gather_group: bool | None = False,
     rank_offset: int = 0,
-    local_world_size: Optional[int] = None,
+    local_world_size: int | None = None,
 ) -> None:
     """Build this rank's model- and data-parallel groups (the served release's signature and semantics).
 
@@ -237,7 +236,8 @@ def create_all_gather_groups(for_expert_parallelism=False, timeout=None, nccl_co
     state = _scoping.get_state()
     if not is_initialized() or state is None:
         raise RuntimeError(
-            "create_all_gather_groups() requires parallel state to be initialized: call initialize_model_parallel() first"
+            "create_all_gather_groups() requires parallel state to be initialized: "
+            "call initialize_model_parallel() first"
         )
     layout, rank = state.layout, state.rank
     cfgs = nccl_comm_cfgs or {}

@@ -76,7 +76,7 @@ class _TargetFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        """compat's module object itself (its own ``__spec__`` is kept, see exec_module)."""
+        """Compat's module object itself (its own ``__spec__`` is kept, see exec_module)."""
         from . import parallel_state as ours
 
         self._own_spec = ours.__spec__
@@ -106,7 +106,8 @@ def _rebind_object(old: Any, new: Any) -> None:
 
 def _served_grid_class() -> type:
     """Our grid class with the served release's surface (``UnsupportedReleaseError`` before 0.14,
-    whose releases have no ``HyperCommGrid``)."""
+    whose releases have no ``HyperCommGrid``).
+    """
     from parallel_state_ng.mcore.grid_releases import hyper_comm_grid_class
 
     from .parallel_state import MEGATRON_RELEASE
@@ -120,7 +121,6 @@ def _install_grid(ours: type) -> None:
     The module is imported if megatron is installed and it is not loaded yet, so that later
     ``from megatron.core.hyper_comm_grid import HyperCommGrid`` gets ours too.
     """
-
     module = sys.modules.get(GRID_TARGET)
     if module is None:
         if importlib.util.find_spec("megatron") is None:

@@ -10,15 +10,14 @@ encoder functions with a ``DeprecationWarning`` (:data:`BEHAVIOUR` ``encoder_dep
 from __future__ import annotations
 
 import warnings
-from typing import Optional
 
 from parallel_state_ng.mcore.kinds import GROUP_KINDS
 from parallel_state_ng.mcore.order import hierarchical_group
 
-from ._namespace import facade as ps
-from ._release import FACTS
 from ._getters import required
 from ._helpers import _note_group_creation, member_group
+from ._namespace import facade as ps
+from ._release import FACTS
 
 __all__: list[str] = []  # served through compat.parallel_state
 
@@ -45,7 +44,7 @@ def get_pipeline_model_parallel_split_rank():
     return ps._PIPELINE_MODEL_PARALLEL_SPLIT_RANK
 
 
-def _stage(rank: Optional[int]) -> Optional[int]:
+def _stage(rank: int | None) -> int | None:
     """``rank``, or this rank's stage; ``None`` when the pipeline has one stage."""
     if ps.get_pipeline_model_parallel_world_size() == 1:
         return None
@@ -89,7 +88,7 @@ def is_inside_decoder(rank=None) -> bool:
     return stage is None or start is None or stage >= start
 
 
-def get_pipeline_model_parallel_decoder_start() -> Optional[int]:
+def get_pipeline_model_parallel_decoder_start() -> int | None:
     """The first decoder stage when the pipeline starts with an encoder block (else ``None``)."""
     _deprecated("get_pipeline_model_parallel_decoder_start")
     return ps._PIPELINE_MODEL_PARALLEL_DECODER_START

@@ -10,7 +10,7 @@ circle.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["FacadeNamespace", "facade"]
 
@@ -34,9 +34,11 @@ class FacadeNamespace:
         Raises:
             RuntimeError: nothing is attached yet (``compat.parallel_state`` was not imported).
         """
-        namespace: Optional[dict[str, Any]] = object.__getattribute__(self, "_namespace")
+        namespace: dict[str, Any] | None = object.__getattribute__(self, "_namespace")
         if namespace is None:
-            raise RuntimeError("compat.parallel_state has not been imported: import it before calling compat's internals")
+            raise RuntimeError(
+                "compat.parallel_state has not been imported: import it before calling compat's internals"
+            )
         return namespace
 
     def __getattr__(self, name: str) -> Any:

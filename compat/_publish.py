@@ -8,7 +8,7 @@ global, and the aliases), and the getters read the globals, as MCore's do.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from parallel_state_ng.mcore.kinds import Fill, fills
 from parallel_state_ng.mcore.releases import parallel_state as api
@@ -76,7 +76,7 @@ def _fill_value(state: ParallelState, kind: str, fill: Fill) -> Any:
 _UNBUILT = object()
 
 
-def global_values(state: Optional[ParallelState], initial: dict[str, Any]) -> dict[str, Any]:
+def global_values(state: ParallelState | None, initial: dict[str, Any]) -> dict[str, Any]:
     """Every state global's value for ``state`` (``None``: the import-time values ``initial``).
 
     Each global of the group-kind table takes its kind's group, rank list or gloo twin; for a
@@ -107,13 +107,13 @@ def global_values(state: Optional[ParallelState], initial: dict[str, Any]) -> di
     return values
 
 
-def publish(ns: dict[str, Any], state: Optional[ParallelState]) -> None:
+def publish(ns: dict[str, Any], state: ParallelState | None) -> None:
     """Mirror ``state`` into the module globals ``ns`` (``None``: reset them to their import values).
 
     Only globals ``ns`` has (those of the served release) are written.
     """
     initial = api.globals_of(RELEASE)  # import-time values: None, dict or list
     names = state_globals(ns)
-    values = global_values(state, {name: None if initial.get(name) is None else initial[name]() for name in names})
+    values = global_values(state, {name: None if (init := initial.get(name)) is None else init() for name in names})
     for name in names:
         ns[name] = values[name]

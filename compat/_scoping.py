@@ -10,30 +10,30 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
-
+from typing import Any
 
 from . import _state
 from ._namespace import facade as ps
-from ._release import FACTS
 from ._publish import BLOCK_OVERRIDES, BUFFER_GLOBALS, OVERRIDE_GLOBALS, STATE_EXTRAS, publish, state_globals
+from ._release import FACTS
 
 __all__ = ["get_state", "set_active", "use_state", "detach_state", "destroy_state", "destroy_model_parallel"]
 
 # The state object the globals mirror (None when not initialized).
-_ACTIVE: list[Optional[_state.ParallelState]] = [None]
+_ACTIVE: list[_state.ParallelState | None] = [None]
 # id(detached state) -> (state, its STATE_EXTRAS values); holding the state keeps its id unique.
 _DETACHED: dict[int, tuple[_state.ParallelState, dict[str, Any]]] = {}
 # The states that enclosing use_state blocks make active again on exit, outermost first.
-_SUSPENDED: list[Optional[_state.ParallelState]] = []
+_SUSPENDED: list[_state.ParallelState | None] = []
 
 
 def _ns() -> dict[str, Any]:
     return ps.namespace
 
 
-def get_state() -> Optional[_state.ParallelState]:
+def get_state() -> _state.ParallelState | None:
     """The state object behind the globals (``None`` before initialization).
 
     Not part of MCore's API: it gives new code the layout (``get_state().layout``) and every
@@ -42,13 +42,13 @@ def get_state() -> Optional[_state.ParallelState]:
     return _ACTIVE[0]
 
 
-def set_active(state: Optional[_state.ParallelState]) -> None:
+def set_active(state: _state.ParallelState | None) -> None:
     """Make ``state`` the active grid and publish it into the module globals."""
     _ACTIVE[0] = state
     publish(_ns(), state)
 
 
-def _extras_of(state: Optional[_state.ParallelState]) -> dict[str, Any]:
+def _extras_of(state: _state.ParallelState | None) -> dict[str, Any]:
     """The STATE_EXTRAS values that go with ``state`` when it becomes active."""
     ns = _ns()
     names = [n for n in STATE_EXTRAS if n in ns]
@@ -63,7 +63,7 @@ def _extras_of(state: Optional[_state.ParallelState]) -> dict[str, Any]:
 
 
 @contextmanager
-def use_state(state: Optional[_state.ParallelState]) -> Iterator[Optional[_state.ParallelState]]:
+def use_state(state: _state.ParallelState | None) -> Iterator[_state.ParallelState | None]:
     """Make ``state`` the grid every getter reads inside the ``with`` block.
 
     ``state`` is a grid from :func:`get_state` or :func:`detach_state` (``None``: no grid, every

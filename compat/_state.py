@@ -11,9 +11,10 @@ created so far is destroyed before the error propagates (atomic initialization).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,8 +42,9 @@ class ParallelState:
     layout: MegatronLayout
     rank: int
     groups: dict[str, Any] = field(default_factory=dict)
-    ranks: dict[str, list[int]] = field(default_factory=dict)
-    hierarchical_cp_groups: Optional[list[Any]] = None
+    # list[int]; a list of those for a kind kept with several="list" (see keep)
+    ranks: dict[str, list[Any]] = field(default_factory=dict)
+    hierarchical_cp_groups: list[Any] | None = None
     hybrid_dp_cp_groups: dict[int, Any] = field(default_factory=dict)
     # [None] (the default group) + every group this rank is a member of, in creation order.
     process_group_list: list[Any] = field(default_factory=lambda: [None])
@@ -69,7 +71,7 @@ class ParallelState:
         """The group of ``kind`` or ``None``."""
         return self.groups.get(kind)
 
-    def handle(self, kind: str) -> "GroupHandle":
+    def handle(self, kind: str) -> GroupHandle:
         """A :class:`~parallel_state_ng.core.handles.GroupHandle` for this rank's group of ``kind``.
 
         Ranks are in MCore's order for the kind (e.g. pipeline stages for ``"pp"``); the
@@ -84,9 +86,7 @@ class ParallelState:
         if handle is None:
             group = self.groups.get(kind)
             if group is None or kind not in self.ranks:
-                raise KeyError(
-                    f"rank {self.rank} has no group of kind {kind!r}; its groups: {sorted(self.ranks)}"
-                )
+                raise KeyError(f"rank {self.rank} has no group of kind {kind!r}; its groups: {sorted(self.ranks)}")
             if isinstance(group, list):
                 raise KeyError(
                     f"rank {self.rank} is in several {kind!r} groups (a 0.12/0.13 encoder rank in several "
@@ -119,7 +119,7 @@ class _Creator:
         ranks: list[int],
         desc: str,
         *,
-        backend: Optional[str] = None,
+        backend: str | None = None,
         pg_options: Any = None,
         timeout: Any = "default",
     ) -> Any:
@@ -156,7 +156,7 @@ def build_state(
     return state
 
 
-def _execute(step: Step, state: ParallelState, creator: "_Creator", nccl_options: Callable[[str], Any]) -> None:
+def _execute(step: Step, state: ParallelState, creator: _Creator, nccl_options: Callable[[str], Any]) -> None:
     """Carry out one plan step on this rank."""
     if isinstance(step, SetCollnet):
         os.environ["NCCL_COLLNET_ENABLE"] = step.value

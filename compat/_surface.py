@@ -32,14 +32,16 @@ def shape_of(fn: Callable) -> tuple[Param, ...]:
     out = []
     for p in inspect.signature(fn).parameters.values():
         if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
-            raise TypeError(f"{fn.__qualname__}: parameter {p.name!r} is {p.kind.name}; only positional-or-keyword is served")
+            raise TypeError(
+                f"{fn.__qualname__}: parameter {p.name!r} is {p.kind.name}; only positional-or-keyword is served"
+            )
         out.append((p.name, REQUIRED if p.default is inspect.Parameter.empty else p.default))
     return tuple(out)
 
 
 def _same(a: tuple[Param, ...], b: tuple[Param, ...]) -> bool:
     return len(a) == len(b) and all(
-        x[0] == y[0] and type(x[1]) is type(y[1]) and x[1] == y[1] for x, y in zip(a, b)
+        x[0] == y[0] and type(x[1]) is type(y[1]) and x[1] == y[1] for x, y in zip(a, b, strict=True)
     )
 
 

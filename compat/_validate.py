@@ -17,7 +17,7 @@ import numbers
 import os
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "validate_initialize_args",
@@ -36,12 +36,14 @@ class ZeroSizeError(ValueError, ZeroDivisionError):
 
 class SizeBelowOneError(ValueError, AssertionError):
     """A negative parallel size, or a hierarchical context-parallel size below 1 (MCore fails
-    on them with ``AssertionError``)."""
+    on them with ``AssertionError``).
+    """
 
 
 class ZeroHierarchicalSizeError(SizeBelowOneError, ZeroDivisionError):
     """A hierarchical context-parallel size of 0 (0.13+ fail on it with ``AssertionError``,
-    0.12 divides by it: ``ZeroDivisionError``)."""
+    0.12 divides by it: ``ZeroDivisionError``).
+    """
 
 
 class OrderTypeError(TypeError, AttributeError):
@@ -113,6 +115,8 @@ def validate_initialize_args(args: dict[str, Any]) -> None:
     minutes = args["distributed_timeout_minutes"]
     if isinstance(minutes, bool) or not isinstance(minutes, numbers.Real):
         raise TypeError(f"distributed_timeout_minutes must be a number of minutes, got {minutes!r}")
+    # A Real, typed as float: typeshed's numbers.Real lacks the operators used below.
+    minutes = cast(float, minutes)
     if not minutes > 0:
         raise ValueError(f"distributed_timeout_minutes must be > 0, got {minutes}")
     try:
@@ -153,7 +157,9 @@ def validate_initialize_args(args: dict[str, Any]) -> None:
             raise SizeBelowOneError(f"{name} must be >= 0 (0: no encoder), got {value}")
     split = args["pipeline_model_parallel_split_rank"]
     if split is not None and not _is_int(split):
-        raise TypeError(f"pipeline_model_parallel_split_rank must be None or an int, got {split!r} ({type(split).__name__})")
+        raise TypeError(
+            f"pipeline_model_parallel_split_rank must be None or an int, got {split!r} ({type(split).__name__})"
+        )
 
     path = args["nccl_communicator_config_path"]
     if path is not None and not isinstance(path, (str, os.PathLike)):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 from parallel_state_ng.mcore.kinds import fills
 from parallel_state_ng.mcore.releases import process_groups_config as facts
@@ -70,9 +70,7 @@ def _collection_fields(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-def to_process_group_collection(
-    state: Optional[ParallelState] = None, required_pgs: Optional[Sequence[str]] = None
-) -> Any:
+def to_process_group_collection(state: ParallelState | None = None, required_pgs: Sequence[str] | None = None) -> Any:
     """A ``ProcessGroupCollection`` holding ``state``'s groups.
 
     Args:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Optional
 
 __all__ = ["main", "build_parser"]
 
@@ -54,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     from parallel_state_ng.tools import UsageError
 

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -63,7 +63,11 @@ def _example_fields() -> dict[str, Any]:
 
 
 def measure_agreement_check(
-    repeats: int = 20, *, fields: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None, barrier: bool = True
+    repeats: int = 20,
+    *,
+    fields: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    barrier: bool = True,
 ) -> dict[str, Any]:
     """Time :func:`check_agreement` on this rank; call it on EVERY rank of the world.
 
@@ -84,8 +88,8 @@ def measure_agreement_check(
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     fields = _example_fields() if fields is None else fields
     times: list[float] = []
-    waiting: Optional[int] = None
-    comparing: Optional[int] = None
+    waiting: int | None = None
+    comparing: int | None = None
     for _ in range(repeats):
         if barrier:
             dist.barrier()
@@ -164,6 +168,7 @@ def run_world(world: int, store_kind: str, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the benchmark and print its table; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", default="4,8", help="comma-separated world sizes (default 4,8)")
     parser.add_argument("--repeats", type=int, default=30, help="checks per rank (default 30)")
@@ -178,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--worlds entries must be >= 2 and --repeats >= 1")
     rows = [run_world(w, args.store, args.repeats) for w in worlds]
     print(f"agreement check before initialize_model_parallel, gloo CPU processes, {args.store} store")
-    print(f"{'world':>6} {'median ms':>10} {'max ms':>8} {'ops waiting':>12} {'ops comparing':>14} {'mismatch ms':>12}  verdict")
+    print(
+        f"{'world':>6} {'median ms':>10} {'max ms':>8} {'ops waiting':>12} "
+        f"{'ops comparing':>14} {'mismatch ms':>12}  verdict"
+    )
     for r in rows:
         print(
             f"{r['world']:>6} {r['median_s'] * 1e3:>10.2f} {r['max_s'] * 1e3:>8.2f} "

@@ -40,7 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG: dict[str, int] = {
@@ -77,7 +77,7 @@ GETTERS: list[tuple[str, str, dict[str, Any]]] = [
 
 
 # ----------------------------------------------------------------------------- memory
-def _status_kb(key: str) -> Optional[int]:
+def _status_kb(key: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -266,7 +266,9 @@ def _worker(side: str, world: int, rank: int, repeats: int) -> dict[str, Any]:
         "new_group_calls": calls,
         "local_sync_calls": local,
         "peak_bytes": peaks,
-        "peak_method": "VmHWM after clear_refs reset, minus VmRSS before" if can_reset else "ru_maxrss minus VmRSS before",
+        "peak_method": "VmHWM after clear_refs reset, minus VmRSS before"
+        if can_reset
+        else "ru_maxrss minus VmRSS before",
         "getters": digests,
         **leftovers,
     }
@@ -314,7 +316,8 @@ def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _measure(sides: list[str], world: int, rank: int, repeats: int, rounds: int) -> dict[str, dict[str, Any]]:
     """``rounds`` fresh worker processes per side of ``repeats`` cycles each, sides alternating
-    (so a change in machine load hits all sides alike)."""
+    (so a change in machine load hits all sides alike).
+    """
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     for _ in range(rounds):
         for side in sides:
@@ -335,17 +338,17 @@ def _import_times(module: str, samples: int) -> dict[str, Any]:
     }
 
 
-def _fmt_s(x: Optional[float]) -> str:
+def _fmt_s(x: float | None) -> str:
     if x is None:
         return "—"
     return f"{x:.3f}" if x < 10 else f"{x:.1f}"
 
 
-def _fmt_mb(b: Optional[int]) -> str:
+def _fmt_mb(b: int | None) -> str:
     return "—" if b is None else f"{b / MB:.1f}"
 
 
-def _ratio(a: Optional[float], b: Optional[float]) -> str:
+def _ratio(a: float | None, b: float | None) -> str:
     if a is None or b is None or b <= 0:
         return "—"
     return f"{a / b:.2f}" if a / b < 10 else f"{a / b:.0f}"
@@ -360,11 +363,15 @@ def _targets(results: dict[str, Any]) -> list[str]:
     lines = ["targets:"]
     runs = results["runs"]
     speed = [
-        (r["world"], r["mcore"]["median_s"] / r["compat"]["median_s"]) for r in runs if r["mcore"] and r["world"] == 65536
+        (r["world"], r["mcore"]["median_s"] / r["compat"]["median_s"])
+        for r in runs
+        if r["mcore"] and r["world"] == 65536
     ]
     if speed:
         ok = all(x >= 100 for _, x in speed)
-        lines.append(f"  {verdict(ok)} compat >= 100x faster than MCore at 65,536 ranks: {[round(x) for _, x in speed]}x")
+        lines.append(
+            f"  {verdict(ok)} compat >= 100x faster than MCore at 65,536 ranks: {[round(x) for _, x in speed]}x"
+        )
     else:
         lines.append("  n/a    compat >= 100x faster than MCore at 65,536 ranks (not measured)")
     t = [r["compat"]["median_s"] / r["floor"]["median_s"] for r in runs]
@@ -392,7 +399,8 @@ def _print(line: str, out: list[str]) -> None:
     out.append(line)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the benchmark and print its table; returns the exit status."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worlds", default="4096,65536,1048576", help="comma-separated world sizes")
     p.add_argument("--ranks", default="mid,last", help="ranks to simulate: 'mid' (world//2+3), 'last', or ints")

@@ -33,7 +33,8 @@ import platform
 import statistics
 import sys
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -101,31 +102,35 @@ def bench_world(world: int, *, full: bool, repeats: int, pause_gc: bool = False)
     mismatches: list[str] = []
     import torch
 
-    def same(lists: list[list[int]], reference: "torch.Tensor") -> bool:
+    def same(lists: list[list[int]], reference: torch.Tensor) -> bool:
         return torch.equal(torch.tensor(lists, dtype=torch.int64), reference)
 
     for token in TOKENS:
         # The reference stays a tensor: a nested list of a million ints alive meanwhile would
         # make the collector slower for the sides timed after it.
-        seconds, reference = _time(lambda: layout.enumerate_groups(dims(token)), repeats, pause_gc=pause_gc)
+        seconds, reference = _time(lambda token=token: layout.enumerate_groups(dims(token)), repeats, pause_gc=pause_gc)
         per_token["layout_tensor"][token] = seconds
-        seconds, lists = _time(lambda: layout.rank_enum(dims(token)), repeats, pause_gc=pause_gc)
+        seconds, lists = _time(lambda token=token: layout.rank_enum(dims(token)), repeats, pause_gc=pause_gc)
         per_token["layout_lists"][token] = seconds
         if not same(lists, reference):
             mismatches.append(f"{token}: Layout.rank_enum != Layout.enumerate_groups")
         del lists
-        seconds, row = _time(lambda: layout.group_ranks(one_rank, dims(token)), repeats, pause_gc=pause_gc)
+        seconds, row = _time(lambda token=token: layout.group_ranks(one_rank, dims(token)), repeats, pause_gc=pause_gc)
         per_token["layout_one_rank"][token] = seconds
         if row != reference[layout.group_index(one_rank, dims(token))].tolist():
             mismatches.append(f"{token}: Layout.group_ranks({one_rank}) is not its row")
-        seconds, theirs = _time(lambda: megatron_grid.get_rank_enum(megatron_arg(token)), repeats, pause_gc=pause_gc)
+        seconds, theirs = _time(
+            lambda token=token: megatron_grid.get_rank_enum(megatron_arg(token)), repeats, pause_gc=pause_gc
+        )
         per_token["megatron_grid"][token] = seconds
         if not same(theirs, reference):
             mismatches.append(f"{token}: megatron HyperCommGrid.get_rank_enum differs from Layout")
         del theirs
         if run_generator:
             generator_repeats = repeats if world <= 4096 else 1
-            seconds, theirs = _time(lambda: generator.get_ranks(token), generator_repeats, pause_gc=pause_gc)
+            seconds, theirs = _time(
+                lambda token=token: generator.get_ranks(token), generator_repeats, pause_gc=pause_gc
+            )
             per_token["rank_generator"][token] = seconds
             if not same(theirs, reference):
                 mismatches.append(f"{token}: megatron RankGenerator.get_ranks differs from Layout")
@@ -143,7 +148,7 @@ def bench_world(world: int, *, full: bool, repeats: int, pause_gc: bool = False)
     }
 
 
-def _format_seconds(seconds: Optional[float]) -> str:
+def _format_seconds(seconds: float | None) -> str:
     if seconds is None:
         return "skipped"
     if seconds < 1e-3:
@@ -169,18 +174,27 @@ def format_table(results: list[dict[str, Any]]) -> str:
                     ratio = totals[base] / seconds if seconds > 0 else float("inf")
                     ratios.append(f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2g}x")
             world = f"{result['world']:,}" if i == 0 else ""
-            lines.append(f"{world:>10}  {label:<42} {_format_seconds(seconds):>10}  {ratios[0]:>18}  {ratios[1]:>18}".rstrip())
-        agreed = "all enumerations agree" if not result["mismatches"] else "MISMATCH: " + "; ".join(result["mismatches"])
+            lines.append(
+                f"{world:>10}  {label:<42} {_format_seconds(seconds):>10}  {ratios[0]:>18}  {ratios[1]:>18}".rstrip()
+            )
+        agreed = (
+            "all enumerations agree" if not result["mismatches"] else "MISMATCH: " + "; ".join(result["mismatches"])
+        )
         skipped = "" if result["rank_generator_run"] else " (RankGenerator skipped: run with --full, ~33 s)"
         lines.append(f"{'':>10}  {agreed}{skipped}")
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the benchmark and print its table; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", default="4096,65536,1048576", help="comma-separated world sizes (multiples of 64)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per token (median); RankGenerator above 4,096 ranks: 1")
-    parser.add_argument("--full", action="store_true", help=f"run RankGenerator above {RANK_GENERATOR_FULL_ONLY_ABOVE:,} ranks too")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed runs per token (median); RankGenerator above 4,096 ranks: 1"
+    )
+    parser.add_argument(
+        "--full", action="store_true", help=f"run RankGenerator above {RANK_GENERATOR_FULL_ONLY_ABOVE:,} ranks too"
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -214,7 +228,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     print(
         f"layout enumeration, tp {TP} cp {CP} pp {PP} (order {ORDER}), tokens {', '.join(TOKENS)}; "
-        f"median of {args.repeats}, garbage collector {'paused' if args.pause_gc else 'on'}; torch {torch.__version__} ({torch.get_num_threads()} intra-op thread(s)), "
+        f"median of {args.repeats}, garbage collector {'paused' if args.pause_gc else 'on'}; "
+        f"torch {torch.__version__} ({torch.get_num_threads()} intra-op thread(s)), "
         f"megatron-core {getattr(megatron.core, '__version__', '?')}, {platform.python_implementation()} "
         f"{platform.python_version()}, {os.cpu_count()} CPUs",
         flush=True,

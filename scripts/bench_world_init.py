@@ -40,7 +40,7 @@ import queue
 import statistics
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPLS = ("mcore", "compat", "compat_share")
@@ -61,7 +61,7 @@ def parse_layout(text: str) -> dict[str, int]:
         name = part.rstrip("0123456789")
         if name not in ARG_OF or name == part:
             raise ValueError(f"bad layout part {part!r} in {text!r} (use e.g. tp2-pp2-cp2-ep2)")
-        kwargs[ARG_OF[name]] = int(part[len(name):])
+        kwargs[ARG_OF[name]] = int(part[len(name) :])
     return kwargs
 
 
@@ -204,7 +204,9 @@ def run_world(world_size: int, impls: list[str], plan: list[dict], timeout: floa
             try:
                 msg = outbox.get(timeout=max(1.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError(f"world {world_size}: ranks {sorted(set(range(world_size)) - set(results))} timed out")
+                raise TimeoutError(
+                    f"world {world_size}: ranks {sorted(set(range(world_size)) - set(results))} timed out"
+                ) from None
             if msg[0] == "port":
                 for q in inboxes[1:]:
                     q.put(msg[1])
@@ -227,10 +229,17 @@ def make_plan(layout: str, gloo_modes: list[bool], impls: list[str], rounds: int
     kwargs = parse_layout(layout)
     for r in range(rounds):
         for gloo in gloo_modes:
-            order = impls[r % len(impls):] + impls[: r % len(impls)]
+            order = impls[r % len(impls) :] + impls[: r % len(impls)]
             for impl in order:
-                plan.append({"impl": impl, "layout": layout, "gloo": gloo, "round": r,
-                             "kwargs": {**kwargs, "create_gloo_process_groups": gloo}})
+                plan.append(
+                    {
+                        "impl": impl,
+                        "layout": layout,
+                        "gloo": gloo,
+                        "round": r,
+                        "kwargs": {**kwargs, "create_gloo_process_groups": gloo},
+                    }
+                )
     return plan
 
 
@@ -241,8 +250,18 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
         recs = [per_rank[r][step] for r in range(len(per_rank))]
         slowest = max(recs, key=lambda x: x["total"])
         key = (recs[0]["layout"], recs[0]["gloo"], recs[0]["impl"])
-        row = rows.setdefault(key, {"layout": key[0], "gloo": key[1], "impl": key[2], "jobs": [], "slowest": [],
-                                    "communicators": [], "destroy": []})
+        row = rows.setdefault(
+            key,
+            {
+                "layout": key[0],
+                "gloo": key[1],
+                "impl": key[2],
+                "jobs": [],
+                "slowest": [],
+                "communicators": [],
+                "destroy": [],
+            },
+        )
         row["jobs"].append(slowest["total"])
         row["slowest"].append(slowest)
         row["communicators"].append(statistics.median(x["communicators"] for x in recs))
@@ -251,9 +270,13 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
     for row in rows.values():
         s = row.pop("slowest")
         row.update(
-            median=statistics.median(row["jobs"]), min=min(row["jobs"]), max=max(row["jobs"]),
-            communicators=statistics.median(row["communicators"]), destroy=statistics.median(row["destroy"]),
-            check=statistics.median(x["check"] for x in s), create=statistics.median(x["create"] for x in s),
+            median=statistics.median(row["jobs"]),
+            min=min(row["jobs"]),
+            max=max(row["jobs"]),
+            communicators=statistics.median(row["communicators"]),
+            destroy=statistics.median(row["destroy"]),
+            check=statistics.median(x["check"] for x in s),
+            create=statistics.median(x["create"] for x in s),
             sync=statistics.median(x["sync"] for x in s),
         )
         row["rest"] = max(0.0, row["median"] - row["check"] - row["create"] - row["sync"])
@@ -268,24 +291,32 @@ def _report(w: int, per_rank: list[list[dict]]) -> list[dict]:
         row["world"], row["rounds"] = w, len(row["jobs"])
         ref = next((x for x in rows if x["impl"] == "mcore" and x["gloo"] == row["gloo"]), None)
         row["vs_mcore"] = row["median"] / ref["median"] if ref else None
-        row["paired"] = statistics.median(a / b for a, b in zip(row["jobs"], ref["jobs"])) if ref else None
-        split = (f"{row['check']:6.3f} {row['create']:6.3f} {row['sync']:6.3f} {row['rest']:6.3f}"
-                 if row["impl"] != "mcore" else f"{'':6} {row['create']:6.3f} {row['sync']:6.3f} {'':6}")
-        ratio = (f"{row['vs_mcore']:7.2f}x {row['paired']:5.2f}x" if ref else f"{'—':>8} {'—':>6}")
-        print(f"{w:>3} {row['layout']:<16} {'on' if row['gloo'] else 'off':<4} {row['impl']:<13} {row['median']:7.3f} "
-              f"{row['min']:7.3f} {row['max']:7.3f} {row['communicators']:5.0f} {ratio} | {split} | {row['destroy']:7.3f}")
+        row["paired"] = (
+            statistics.median(a / b for a, b in zip(row["jobs"], ref["jobs"], strict=False)) if ref else None
+        )
+        split = (
+            f"{row['check']:6.3f} {row['create']:6.3f} {row['sync']:6.3f} {row['rest']:6.3f}"
+            if row["impl"] != "mcore"
+            else f"{'':6} {row['create']:6.3f} {row['sync']:6.3f} {'':6}"
+        )
+        ratio = f"{row['vs_mcore']:7.2f}x {row['paired']:5.2f}x" if ref else f"{'—':>8} {'—':>6}"
+        print(
+            f"{w:>3} {row['layout']:<16} {'on' if row['gloo'] else 'off':<4} {row['impl']:<13} {row['median']:7.3f} "
+            f"{row['min']:7.3f} {row['max']:7.3f} {row['communicators']:5.0f} {ratio} | {split} | {row['destroy']:7.3f}"
+        )
     sys.stdout.flush()
     return rows
 
 
 def _load() -> str:
     try:
-        return "%.2f %.2f %.2f" % os.getloadavg()
+        return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     except OSError:
         return "?"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the benchmark and print its table; returns the exit status."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worlds", default="8,16,32", help="comma-separated numbers of processes")
     p.add_argument("--layouts", default="", help="W:layout,... (default 8:tp2-pp2, 16:tp2-pp2-cp2, 32:tp2-pp2-cp2-ep2)")
@@ -306,12 +337,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     impls = [i for i in a.impls.split(",") if i]
     gloo_modes = {"on": [True], "off": [False], "both": [True, False]}[a.gloo]
     started, load_before = time.time(), _load()
-    print(f"job init time on real gloo worlds; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, python {platform.python_version()}; load before {load_before}")
-    print("job = slowest rank's initialize_model_parallel + one all-reduce on tp and dp; seconds; "
-          "split = compat's slowest rank: agreement check / group creation / synchronization / rest")
-    header = (f"{'W':>3} {'layout':<16} {'gloo':<4} {'impl':<13} {'median':>7} {'min':>7} {'max':>7} "
-              f"{'comms':>5} {'vs mcore':>8} {'paired':>6} | {'check':>6} {'create':>6} {'sync':>6} {'rest':>6} | {'destroy':>7}")
+    print(
+        f"job init time on real gloo worlds; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, python {platform.python_version()}; load before {load_before}"
+    )
+    print(
+        "job = slowest rank's initialize_model_parallel + one all-reduce on tp and dp; seconds; "
+        "split = compat's slowest rank: agreement check / group creation / synchronization / rest"
+    )
+    header = (
+        f"{'W':>3} {'layout':<16} {'gloo':<4} {'impl':<13} {'median':>7} {'min':>7} {'max':>7} "
+        f"{'comms':>5} {'vs mcore':>8} {'paired':>6} | "
+        f"{'check':>6} {'create':>6} {'sync':>6} {'rest':>6} | {'destroy':>7}"
+    )
     print(header)
     print("-" * len(header))
     all_rows, raw = [], {}
@@ -320,19 +358,25 @@ def main(argv: Optional[list[str]] = None) -> int:
             saved = json.load(f)
         for w, per_rank in saved["records"].items():
             all_rows += _report(int(w), per_rank)
-        print(f"(re-rendered from {a.from_json}; load before the run {saved['load_before']}, after {saved['load_after']})")
+        print(
+            f"(re-rendered from {a.from_json}; load before the run {saved['load_before']}, after {saved['load_after']})"
+        )
         return 0
-    for w, n in zip(worlds, rounds):
+    for w, n in zip(worlds, rounds, strict=False):
         layout = layouts.get(w, "tp2-pp2")
         per_rank = run_world(w, impls, make_plan(layout, gloo_modes, impls, n), a.timeout)
         raw[w] = per_rank
         all_rows += _report(w, per_rank)
-    print(f"vs mcore = compat's median job time / MCore's; paired = median over rounds of the same ratio within a "
-          f"round (same processes, minutes apart at most); comms = communicators per rank; load after {_load()}; "
-          f"took {time.time() - started:.0f} s")
+    print(
+        f"vs mcore = compat's median job time / MCore's; paired = median over rounds of the same ratio within a "
+        f"round (same processes, minutes apart at most); comms = communicators per rank; load after {_load()}; "
+        f"took {time.time() - started:.0f} s"
+    )
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": all_rows, "records": raw, "load_before": load_before, "load_after": _load()}, f, indent=1)
+            json.dump(
+                {"rows": all_rows, "records": raw, "load_before": load_before, "load_after": _load()}, f, indent=1
+            )
     return 0
 
 

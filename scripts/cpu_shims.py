@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -105,7 +106,7 @@ def _cpu_type(original: Callable) -> Callable:
         if dtype is None and not kwargs:
             name = original(self)
             if name.startswith("torch.") and not name.startswith(_CUDA_PREFIX):
-                name = _CUDA_PREFIX + name[len("torch."):]
+                name = _CUDA_PREFIX + name[len("torch.") :]
             return name
         return original(self, dtype, non_blocking, **kwargs)
 
@@ -115,7 +116,8 @@ def _cpu_type(original: Callable) -> Callable:
 def _split_sizes_as_ints(all_to_all: Callable) -> Callable:
     """Wrap megatron's ``all_to_all(group, input, output_split_sizes, input_split_sizes)`` so
     split sizes held in tensors / arrays (GPU runs move them to host numpy arrays) become lists
-    of Python ints, which ``torch.distributed.all_to_all_single`` requires."""
+    of Python ints, which ``torch.distributed.all_to_all_single`` requires.
+    """
 
     def as_ints(sizes: Any) -> Any:
         if sizes is None or isinstance(sizes, list):
@@ -145,7 +147,7 @@ class CpuShims:
         self._saved.append((owner, name, getattr(owner, name, None), existed))
         setattr(owner, name, value)
 
-    def __enter__(self) -> "CpuShims":
+    def __enter__(self) -> CpuShims:
         cuda = torch.cuda
         self._set(cuda, "current_device", lambda: "cpu")
         self._set(cuda, "synchronize", lambda *args, **kwargs: None)

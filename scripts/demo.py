@@ -31,8 +31,8 @@ import sys
 import tempfile
 import textwrap
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 # torch warns once per process when numpy is absent; the demo needs only torch.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -79,10 +79,11 @@ class DemoConfig:
     expert_order: list[str]  # etp/ep/edp/pp, first fastest
     world_size: int
     ep_placed: bool = False  # ep was not in --order and was put before dp
-    kinds: list[tuple[str, Optional[str], list[str]]] = field(default_factory=list)
+    kinds: list[tuple[str, str | None, list[str]]] = field(default_factory=list)
 
     @property
     def grid_size(self) -> int:
+        """Ranks in the dense grid (the product of its sizes)."""
         return math.prod(self.sizes[t] for t in DENSE_TOKENS)
 
     @property
@@ -92,10 +93,12 @@ class DemoConfig:
 
     @property
     def dense_shape(self) -> list[int]:
+        """Sizes of the dense layout's dims, in its order."""
         return [self.sizes[t] for t in self.dense_order]
 
     @property
     def expert_shape(self) -> list[int]:
+        """Sizes of the expert view's dims, in its order."""
         return [self.sizes[t] for t in self.expert_order]
 
 
@@ -113,6 +116,7 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The demo's command-line options."""
     parser = argparse.ArgumentParser(
         prog="demo.py",
         description="Create every Megatron-Core kind of process group with parallel_state_ng in a "
@@ -124,7 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cp", type=_positive_int, default=1, help="context-parallel size (default 1)")
     parser.add_argument("--ep", type=_positive_int, default=2, help="expert-parallel size (default 2)")
     parser.add_argument(
-        "--etp", type=_positive_int, default=None, help="expert tensor-parallel size (default: --tp, as in Megatron-Core)"
+        "--etp",
+        type=_positive_int,
+        default=None,
+        help="expert tensor-parallel size (default: --tp, as in Megatron-Core)",
     )
     parser.add_argument(
         "--order",
@@ -148,7 +155,9 @@ def make_config(args: argparse.Namespace) -> DemoConfig:
     tokens = [t.strip().lower() for t in args.order.split("-")]
     unknown = [t for t in tokens if t not in ORDER_TOKENS]
     if unknown or not args.order.strip():
-        raise DemoOptionError(f"--order {args.order!r}: unknown token(s) {unknown}; use tokens from {'-'.join(ORDER_TOKENS)}")
+        raise DemoOptionError(
+            f"--order {args.order!r}: unknown token(s) {unknown}; use tokens from {'-'.join(ORDER_TOKENS)}"
+        )
     repeated = sorted({t for t in tokens if tokens.count(t) > 1})
     if repeated:
         raise DemoOptionError(f"--order {args.order!r} repeats {repeated}")
@@ -174,7 +183,8 @@ def make_config(args: argparse.Namespace) -> DemoConfig:
     if grid_size % expert_model:
         raise DemoOptionError(
             f"expert layout: etp*ep*pp = {sizes['etp']}*{sizes['ep']}*{sizes['pp']} = {expert_model} "
-            f"does not divide the grid's {grid_size} ranks (--etp {sizes['etp']}, --ep {sizes['ep']}, --pp {sizes['pp']})"
+            f"does not divide the grid's {grid_size} ranks "
+            f"(--etp {sizes['etp']}, --ep {sizes['ep']}, --pp {sizes['pp']})"
         )
     sizes["edp"] = grid_size // expert_model
     expert_tokens = [t for t in full_order if t != "cp"]  # all four expert dims, even of size 1
@@ -182,9 +192,7 @@ def make_config(args: argparse.Namespace) -> DemoConfig:
     if ep_placed:  # where Megatron-Core's default order tp-cp-ep-dp-pp puts it: before dp
         expert_tokens.insert(expert_tokens.index("dp"), "ep")
     else:
-        expert_tokens.insert(
-            sum(1 for t in tokens[: tokens.index("ep")] if t in expert_tokens), "ep"
-        )
+        expert_tokens.insert(sum(1 for t in tokens[: tokens.index("ep")] if t in expert_tokens), "ep")
     expert_order = [EXPERT_NAME[t] for t in expert_tokens]
     all_sizes = dict(sizes)
     config = DemoConfig(all_sizes, dense_order, expert_order, world_size, ep_placed)
@@ -193,7 +201,7 @@ def make_config(args: argparse.Namespace) -> DemoConfig:
     return config
 
 
-def _kinds(config: DemoConfig) -> list[tuple[str, Optional[str], list[str]]]:
+def _kinds(config: DemoConfig) -> list[tuple[str, str | None, list[str]]]:
     """The group kinds to create: size-1 dims dropped, kinds that then coincide listed once."""
     kinds, seen = [], set()
     for label, view, dims in GROUP_KINDS:
@@ -248,7 +256,7 @@ def _rank_main(rank: int, config: DemoConfig, store_path: str) -> None:
         grid = HyperCommGrid(config.dense_shape, config.dense_order)
         grid.register_view(EXPERT_VIEW, config.expert_shape, config.expert_order, shared_dims=config.shared_dims)
         ok = True
-        seen: list[Optional[list[int]]] = []
+        seen: list[list[int] | None] = []
         for label, view, dims in config.kinds:
             pg = grid.create_pg(dims, view=view, group_desc=label.upper().replace(" ", "_"))
             if pg is None:  # outside the grid: no group, no call
@@ -279,7 +287,8 @@ def _report(config: DemoConfig, grid, seen_by_rank: list) -> tuple[str, bool]:
     """The printed report (rank 0) and whether every group checked out."""
     lines = [
         f"parallel_state_ng demo: {config.world_size} CPU processes, gloo on this machine",
-        f"dense layout:  {_dims_text(config, config.dense_order)}  (order {'-'.join(config.dense_order)}, first varies fastest)",
+        f"dense layout:  {_dims_text(config, config.dense_order)}  "
+        f"(order {'-'.join(config.dense_order)}, first varies fastest)",
         f"expert layout: {_dims_text(config, config.expert_order)}  (order {'-'.join(config.expert_order)}, "
         f"{'pp shared with the dense layout' if config.shared_dims else 'pp of size 1'}"
         f"{'; ep placed before edp' if config.ep_placed else ''})",
@@ -289,7 +298,8 @@ def _report(config: DemoConfig, grid, seen_by_rank: list) -> tuple[str, bool]:
         lines.append(f"rank {config.grid_size} is outside the grid: it gets no group and makes no call")
     elif outside > 1:
         lines.append(
-            f"ranks {config.grid_size}..{config.world_size - 1} are outside the grid: they get no group and make no call"
+            f"ranks {config.grid_size}..{config.world_size - 1} are outside the grid: "
+            "they get no group and make no call"
         )
     left_out = len(GROUP_KINDS) - len(config.kinds)
     if left_out:
@@ -330,7 +340,8 @@ def _report(config: DemoConfig, grid, seen_by_rank: list) -> tuple[str, bool]:
 # ----------------------------------------------------------------------- main
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, start the worker processes and return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 IMPLS = ("mcore", "compat")
 INSTALL_MODES = ("before", "after")
@@ -34,9 +33,9 @@ class TrainConfig:
     tp: int = 1
     pp: int = 1
     dp: int = 1
-    vpp: Optional[int] = None
+    vpp: int | None = None
     ep: int = 1
-    experts: Optional[int] = None
+    experts: int | None = None
     topk: int = 2
     dispatcher: str = "alltoall"
     dist_opt: bool = False
@@ -53,7 +52,7 @@ class TrainConfig:
     lr: float = 3e-3
     clip_grad: float = 1.0
     init_from_names: bool = False
-    megatron_path: Optional[str] = None
+    megatron_path: str | None = None
     verbose: bool = False
 
     @property
@@ -61,7 +60,7 @@ class TrainConfig:
         """Processes the run needs: tp * pp * dp."""
         return self.tp * self.pp * self.dp
 
-    def replace(self, **changes) -> "TrainConfig":
+    def replace(self, **changes) -> TrainConfig:
         """A copy with ``changes`` applied (not validated)."""
         return dataclasses.replace(self, **changes)
 
@@ -88,7 +87,8 @@ def _positive(errors: list[str], name: str, value, minimum: int = 1) -> bool:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Return ``cfg`` if Megatron-Core can run it on CPU processes, else raise
-    :class:`TrainOptionError` listing every problem."""
+    :class:`TrainOptionError` listing every problem.
+    """
     errors: list[str] = []
     if cfg.impl not in IMPLS:
         errors.append(f"--impl must be one of {', '.join(IMPLS)}, got {cfg.impl!r}")
@@ -97,9 +97,18 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.dispatcher not in DISPATCHERS:
         errors.append(f"--dispatcher must be one of {', '.join(DISPATCHERS)}, got {cfg.dispatcher!r}")
     ints = {
-        "tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "ep": cfg.ep, "steps": cfg.steps,
-        "num-layers": cfg.num_layers, "hidden": cfg.hidden, "heads": cfg.heads, "vocab": cfg.vocab,
-        "seq": cfg.seq, "micro-batch": cfg.micro_batch, "microbatches": cfg.microbatches,
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "dp": cfg.dp,
+        "ep": cfg.ep,
+        "steps": cfg.steps,
+        "num-layers": cfg.num_layers,
+        "hidden": cfg.hidden,
+        "heads": cfg.heads,
+        "vocab": cfg.vocab,
+        "seq": cfg.seq,
+        "micro-batch": cfg.micro_batch,
+        "microbatches": cfg.microbatches,
         "topk": cfg.topk,
     }
     ok = all([_positive(errors, name, value) for name, value in ints.items()])
@@ -134,9 +143,7 @@ def _check_layout(cfg: TrainConfig, errors: list[str]) -> None:
         if cfg.pp < 2:
             errors.append("--vpp needs --pp > 1 (the interleaved schedule splits pipeline stages)")
         elif cfg.microbatches % cfg.pp:
-            errors.append(
-                f"--microbatches {cfg.microbatches} must be a multiple of --pp {cfg.pp} with --vpp"
-            )
+            errors.append(f"--microbatches {cfg.microbatches} must be a multiple of --pp {cfg.pp} with --vpp")
     if cfg.experts is None:
         if cfg.ep > 1:
             errors.append("--ep > 1 needs --experts (a mixture-of-experts model)")

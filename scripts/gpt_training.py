@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import time
 import os
 import re
 import sys
+import time
 import zlib
+from collections.abc import Iterator
 from functools import partial
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from cpu_shims import CpuShims
 from gpt_config import TrainConfig
 
@@ -153,15 +153,16 @@ def global_param_name(chunk, name: str, *, num_local_experts: int = 0, ep_rank: 
     """The name a local parameter of ``chunk`` (a ``GPTModel``) has in the unsplit model:
     layer indices made global (pipeline stage / virtual chunk offset), local expert indices
     made global (expert-parallel rank offset), and the output layer of a tied model named as
-    the word embedding it shares."""
+    the word embedding it shares.
+    """
     match = _LAYER.match(name)
     if match:
         layer = chunk.decoder.layers[int(match.group(1))]
-        name = f"decoder.layers.{layer.layer_number - 1}." + name[match.end():]
+        name = f"decoder.layers.{layer.layer_number - 1}." + name[match.end() :]
     expert = _EXPERT.search(name)
     if expert:
         index = ep_rank * num_local_experts + int(expert.group(1))
-        name = name[: expert.start()] + f".local_experts.{index}." + name[expert.end():]
+        name = name[: expert.start()] + f".local_experts.{index}." + name[expert.end() :]
     if name == "output_layer.weight" and chunk.share_embeddings_and_output_weights:
         name = "embedding.word_embeddings.weight"
     return name
@@ -180,7 +181,8 @@ def _global_value(name: str, shape: list[int], seed: int) -> torch.Tensor:
 
 def set_weights_from_global_names(cfg: TrainConfig, chunks: list) -> int:
     """Overwrite every parameter with its slice of a tensor derived from its global name only,
-    so that any layout holds the same global model. Returns the number of parameters set."""
+    so that any layout holds the same global model. Returns the number of parameters set.
+    """
     from megatron.core import parallel_state as ps
 
     tp_rank, tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
@@ -256,8 +258,7 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
             use_distributed_optimizer=cfg.dist_opt,
         )
         model = [
-            DistributedDataParallel(tcfg, ddp_cfg, chunk, disable_bucketing=i > 0)
-            for i, chunk in enumerate(chunks)
+            DistributedDataParallel(tcfg, ddp_cfg, chunk, disable_bucketing=i > 0) for i, chunk in enumerate(chunks)
         ]
         tcfg.no_sync_func = [m.no_sync for m in model] if len(model) > 1 else model[0].no_sync
         tcfg.finalize_model_grads_func = finalize_model_grads
@@ -321,7 +322,8 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
 def parallel_state_impl(impl: str, install: str = "after") -> Iterator[None]:
     """Inside the block Megatron uses MCore's own parallel_state (``impl="mcore"``) or compat,
     installed before megatron is first imported (``install="before"``: the process must not
-    have imported megatron yet) or after importing it; compat is uninstalled on exit."""
+    have imported megatron yet) or after importing it; compat is uninstalled on exit.
+    """
     import compat
 
     if impl == "mcore":
@@ -350,7 +352,8 @@ def parallel_state_impl(impl: str, install: str = "after") -> Iterator[None]:
 
 def run_once(cfg: TrainConfig) -> dict[str, Any]:
     """Train ``cfg`` with whatever parallel_state megatron currently uses (see
-    :func:`parallel_state_impl`); the result of :func:`train_rank`."""
+    :func:`parallel_state_impl`); the result of :func:`train_rank`.
+    """
     if dist.get_world_size() != cfg.world_size:
         raise RuntimeError(f"world size {dist.get_world_size()} != tp * pp * dp = {cfg.world_size}")
     torch.set_num_threads(1)
@@ -388,7 +391,8 @@ VARIANTS = {"compat-before": ("compat", "before"), "mcore": ("mcore", "after"), 
 def train_variants(cfgs: list[TrainConfig], variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, list[dict]]:
     """Run every config under each variant of :data:`VARIANTS`, in order (``compat-before``
     first: the process must not have imported megatron); ``{variant: [result per config]}``.
-    compat stays installed across all configs of a compat variant."""
+    compat stays installed across all configs of a compat variant.
+    """
     if cfgs:
         _use_megatron_path(cfgs[0].megatron_path)
     out: dict[str, list[dict]] = {}

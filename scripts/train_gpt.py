@@ -32,7 +32,8 @@ import tempfile
 import time
 import traceback
 import warnings
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -43,12 +44,16 @@ for _p in (HERE, ROOT):  # run from a checkout without installing the package
 from gpt_config import DISPATCHERS, IMPLS, INSTALL_MODES, TrainConfig, TrainOptionError, validate  # noqa: E402
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     """Command line -> validated :class:`TrainConfig` (raises :class:`TrainOptionError`)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--impl", choices=IMPLS, default="compat", help="parallel_state implementation")
-    p.add_argument("--install", choices=INSTALL_MODES, default="after",
-                   help="with --impl compat: install before or after importing megatron")
+    p.add_argument(
+        "--install",
+        choices=INSTALL_MODES,
+        default="after",
+        help="with --impl compat: install before or after importing megatron",
+    )
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--dp", type=int, default=None, help="data-parallel size (default: world / (tp * pp), else 1)")
@@ -70,8 +75,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     p.add_argument("--microbatches", type=int, default=4, help="microbatches per step and data-parallel rank")
     p.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout")
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--init-from-names", action="store_true",
-                   help="set every weight from its global name (same model for every layout)")
+    p.add_argument(
+        "--init-from-names",
+        action="store_true",
+        help="set every weight from its global name (same model for every layout)",
+    )
     p.add_argument("--megatron-path", default=None, help="directory put first on sys.path in every rank")
     args = p.parse_args(argv)
     dp = args.dp
@@ -97,7 +105,6 @@ def _rank_main(rank: int, cfg: TrainConfig, store_path: str, results) -> None:
     warnings.filterwarnings("ignore")
     try:
         import torch.distributed as dist
-
         from gpt_training import train_rank
 
         store = dist.FileStore(store_path, cfg.world_size)
@@ -114,7 +121,8 @@ def launch(cfg: TrainConfig, timeout: float = 600.0) -> list[dict[str, Any]]:
     """Run ``cfg`` on ``cfg.world_size`` fresh processes; results ordered by rank.
 
     Raises ``RuntimeError`` with the failing ranks' tracebacks, or when the run exceeds
-    ``timeout`` seconds (all processes are then killed)."""
+    ``timeout`` seconds (all processes are then killed).
+    """
     ctx = mp.get_context("spawn")
     tmp = tempfile.mkdtemp(prefix="psng-train-")
     results = ctx.Queue()
@@ -173,7 +181,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; see the module doc for the exit codes."""
     try:
         cfg = parse_args(argv)
@@ -181,9 +189,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     impl = cfg.impl if cfg.impl == "mcore" else f"compat (install {cfg.install} importing megatron)"
-    print(f"GPT {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}, "
-          f"seq {cfg.seq}; {cfg.world_size} CPU processes (gloo): {cfg.label()}; parallel_state: {impl}",
-          flush=True)
+    print(
+        f"GPT {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}, "
+        f"seq {cfg.seq}; {cfg.world_size} CPU processes (gloo): {cfg.label()}; parallel_state: {impl}",
+        flush=True,
+    )
     start = time.monotonic()
     try:
         summary = summarize(launch(cfg))

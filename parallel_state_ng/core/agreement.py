@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch.distributed as dist
 
@@ -78,8 +78,8 @@ _KEY_ROOT = "psng_agreement"
 
 
 # --------------------------------------------------------------------------- settings
-_enabled_override: Optional[bool] = None
-_timeout_override: Optional[float] = None
+_enabled_override: bool | None = None
+_timeout_override: float | None = None
 
 
 def _check_timeout(value: Any, what: str) -> float:
@@ -88,7 +88,7 @@ def _check_timeout(value: Any, what: str) -> float:
     return float(value)
 
 
-def set_agreement_check(enabled: Optional[bool] = None, timeout_s: Optional[float] = None) -> tuple:
+def set_agreement_check(enabled: bool | None = None, timeout_s: float | None = None) -> tuple:
     """Turn the check in ``compat.parallel_state.initialize_model_parallel`` on or off.
 
     A value given here wins over the environment (``PSNG_AGREEMENT_CHECK``,
@@ -119,14 +119,15 @@ def agreement_check_settings() -> tuple[bool, float]:
             raise ValueError(f"environment variable {ENV_ENABLE} must be 0 or 1, got {os.environ[ENV_ENABLE]!r}")
     timeout = _timeout_override
     if timeout is None:
-        text = os.environ.get(ENV_TIMEOUT)
-        if text is None or not text.strip():
+        raw = os.environ.get(ENV_TIMEOUT)
+        if raw is None or not raw.strip():
             timeout = DEFAULT_TIMEOUT_S
         else:
+            value: float | str
             try:
-                value = float(text)
+                value = float(raw)
             except ValueError:
-                value = text
+                value = raw
             timeout = _check_timeout(value, f"environment variable {ENV_TIMEOUT}")
     return enabled, timeout
 
@@ -145,7 +146,7 @@ class AgreementResult:
     skipped: bool
     reason: str
     participants: int
-    sequence: Optional[int] = None
+    sequence: int | None = None
     store_ops: int = 0
     compared: bool = False
     elapsed_s: float = 0.0
@@ -177,7 +178,7 @@ def check_agreement(
     name: str,
     timeout: float,
     store: Any = None,
-    group: Union[None, Sequence[int], Any] = None,
+    group: None | Sequence[int] | Any = None,
 ) -> AgreementResult:
     """Check that every participating rank passes equal ``fields``; raise on all ranks if not.
 
@@ -212,7 +213,9 @@ def check_agreement(
     backend = str(dist.get_backend())
     ranks, participants_id = _participants(group)
     if backend == "fake":
-        return AgreementResult(name, True, "fake backend: the other ranks are simulated, nothing to compare", len(ranks))
+        return AgreementResult(
+            name, True, "fake backend: the other ranks are simulated, nothing to compare", len(ranks)
+        )
     rank = dist.get_rank()
     try:
         index = ranks.index(rank)
@@ -230,7 +233,9 @@ def check_agreement(
     return AgreementResult(name, False, "agreed", len(ranks), sequence, ops, compared, time.monotonic() - start)
 
 
-def check_initialize_agreement(args: Mapping[str, Any], *, name: str = "initialize_model_parallel") -> Optional[AgreementResult]:
+def check_initialize_agreement(
+    args: Mapping[str, Any], *, name: str = "initialize_model_parallel"
+) -> AgreementResult | None:
     """The check ``compat.parallel_state.initialize_model_parallel`` runs before anything else.
 
     ``args`` are all of its arguments (every one of them shapes the groups or their options).

@@ -39,7 +39,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any
 
 __all__ = [
     "AgreementError",
@@ -53,6 +53,7 @@ __all__ = [
 _MULTI_GET_CHUNK = 8192
 _MAX_RANGES_SHOWN = 32
 _MAX_CONFIGS_SHOWN = 16
+
 
 # --------------------------------------------------------------------------- errors
 class AgreementError(RuntimeError):
@@ -93,7 +94,9 @@ class ParallelConfigMismatchError(AgreementError):
             f"{total} ranks (compared before any group was created); every rank must pass the same values:"
         ]
         for field_name, values in differences.items():
-            parts = [f"{_show(v)} on {_ranks_text(r, n)}" for v, r, n in zip(values, rank_groups, group_sizes)]
+            parts = [
+                f"{_show(v)} on {_ranks_text(r, n)}" for v, r, n in zip(values, rank_groups, group_sizes, strict=False)
+            ]
             lines.append(f"  {field_name}: " + "; ".join(parts))
         if more_configs:
             lines.append(f"  ... and {more_configs} more configurations not shown")
@@ -113,8 +116,8 @@ class ParallelConfigTimeoutError(AgreementError):
     def __init__(
         self,
         name: str,
-        missing_ranks: Optional[list[tuple[int, int]]],
-        missing_count: Optional[int],
+        missing_ranks: list[tuple[int, int]] | None,
+        missing_count: int | None,
         arrived: int,
         expected: int,
         timeout_s: float,
@@ -346,7 +349,9 @@ def _raise_for(verdict: dict, name: str, n: int, timeout: float, late: bool) -> 
     raise RuntimeError(f"{name}: unreadable agreement verdict {verdict!r}")
 
 
-def run_round(store: Any, index: int, ranks: Sequence[int], fields: Mapping[str, Any], *, name: str, timeout: float) -> tuple[int, bool]:
+def run_round(
+    store: Any, index: int, ranks: Sequence[int], fields: Mapping[str, Any], *, name: str, timeout: float
+) -> tuple[int, bool]:
     """One agreement round on an already prefixed ``store``; participant ``index`` of ``ranks``.
 
     Every participant calls it with its own ``fields``; ``name`` is used in the errors and
@@ -388,5 +393,3 @@ def run_round(store: Any, index: int, ranks: Sequence[int], fields: Mapping[str,
         ops.delete_key(f"fp/{index}")  # the verdict was computed from every fp: not needed again
     _raise_for(verdict, name, n, timeout, late)
     return ops.count, compared
-
-

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch.distributed as dist
 
@@ -53,7 +53,7 @@ BASE_VIEW = "base"
 
 # A group's key: "b-a" (dims in megatron's order) in the base view, (view, ("b", "a")) in
 # another view, as megatron 0.19 keys them.
-GroupKey = Union[str, tuple[str, tuple[str, ...]]]
+GroupKey = str | tuple[str, tuple[str, ...]]
 
 
 class RepeatedDimError(ValueError, KeyError, RuntimeError):
@@ -70,7 +70,8 @@ class RepeatedDimError(ValueError, KeyError, RuntimeError):
 
 class ViewShapeError(TypeError, ValueError):
     """A view's shape holds something that is not an int (``TypeError`` like the grid's own
-    shape check, ``ValueError`` like megatron 0.19's ``register_view``)."""
+    shape check, ``ValueError`` like megatron 0.19's ``register_view``).
+    """
 
 
 def _world_size() -> int:
@@ -143,7 +144,7 @@ class HyperCommGrid:
         shape: list[int],
         dim_names: list[str],
         rank_offset: int = 0,
-        backend: Optional[str] = None,
+        backend: str | None = None,
         *,
         check_agreement: bool = False,
     ) -> None:
@@ -191,7 +192,7 @@ class HyperCommGrid:
         """The pure layout of the base view."""
         return self._views[BASE_VIEW]
 
-    def view_layout(self, view: Optional[str] = None) -> Layout:
+    def view_layout(self, view: str | None = None) -> Layout:
         """The layout of ``view`` (``None``: the base view).
 
         Raises:
@@ -208,7 +209,7 @@ class HyperCommGrid:
         """Names of the registered views, the base view first."""
         return list(self._views)
 
-    def shared_dims(self, view: Optional[str] = None) -> list[str]:
+    def shared_dims(self, view: str | None = None) -> list[str]:
         """The dims ``view`` shares with the base view (their groups are the base view's)."""
         self.view_layout(view)
         return sorted(self._shared[BASE_VIEW if view is None else view])
@@ -218,7 +219,7 @@ class HyperCommGrid:
         name: str,
         shape: Sequence[int],
         dim_names: Sequence[str],
-        shared_dims: Optional[Sequence[str]] = None,
+        shared_dims: Sequence[str] | None = None,
     ) -> Layout:
         """Register another factorization of the same ranks under ``name``.
 
@@ -251,7 +252,7 @@ class HyperCommGrid:
         shape: Sequence[int],
         dim_names: Sequence[str],
         *,
-        of_view: Optional[str] = None,
+        of_view: str | None = None,
     ) -> Layout:
         """Register a view in which ``dims`` of ``of_view`` (taken together) become sub-dims.
 
@@ -270,11 +271,10 @@ class HyperCommGrid:
         if name in self._views:
             raise ValueError(f"view {name!r} is already registered")
 
-    def _add_view(self, name: str, layout: Layout, shared_dims: Optional[Sequence[str]]) -> Layout:
+    def _add_view(self, name: str, layout: Layout, shared_dims: Sequence[str] | None) -> Layout:
         if layout.size != self.size:
             raise ValueError(
-                f"view {name!r} has shape {list(layout.sizes)} ({layout.size} ranks) but the grid "
-                f"has {self.size} ranks"
+                f"view {name!r} has shape {list(layout.sizes)} ({layout.size} ranks) but the grid has {self.size} ranks"
             )
         shared = [] if shared_dims is None else _as_dim_list(shared_dims)
         if len(set(shared)) != len(shared):
@@ -295,17 +295,17 @@ class HyperCommGrid:
         return layout
 
     # ------------------------------------------------------- megatron-compatible
-    def _order_dims(self, dims: DimsArg, view: Optional[str] = None) -> tuple[list[str], str]:
+    def _order_dims(self, dims: DimsArg, view: str | None = None) -> tuple[list[str], str]:
         """Dims in megatron's key order (reversed dim_names) and their dash-joined key."""
         layout = self.view_layout(view)
         ordered = list(reversed(layout.dims(_check_dims(layout, dims, self._where(view)))))
         return ordered, "-".join(ordered)
 
     @staticmethod
-    def _where(view: Optional[str]) -> str:
+    def _where(view: str | None) -> str:
         return "the base view" if view in (None, BASE_VIEW) else f"view {view!r}"
 
-    def _group_key(self, dims: DimsArg, view: Optional[str]) -> tuple[GroupKey, Layout]:
+    def _group_key(self, dims: DimsArg, view: str | None) -> tuple[GroupKey, Layout]:
         """The key a group over ``dims`` of ``view`` is kept under, and the layout it comes from.
 
         Dims all shared with the base view resolve to the base view's key and layout.
@@ -321,7 +321,7 @@ class HyperCommGrid:
     def _describe(key: GroupKey) -> str:
         return key if isinstance(key, str) else f"{key[0]}:{'-'.join(key[1])}"
 
-    def create_pg(self, dims: DimsArg, *, view: Optional[str] = None, all_ranks: bool = False, **kwargs: Any):
+    def create_pg(self, dims: DimsArg, *, view: str | None = None, all_ranks: bool = False, **kwargs: Any):
         """Create the process group over ``dims`` for the calling rank and return it.
 
         Only the calling rank's group is computed and created, with
@@ -340,7 +340,7 @@ class HyperCommGrid:
         """
         return self._create_pg(dims, view, all_ranks, kwargs)
 
-    def _create_pg(self, dims: DimsArg, view: Optional[str], all_ranks: bool, kwargs: dict[str, Any]):
+    def _create_pg(self, dims: DimsArg, view: str | None, all_ranks: bool, kwargs: dict[str, Any]):
         key, layout = self._group_key(dims, view)
         if key in self._pgs:
             raise KeyError(
@@ -364,7 +364,7 @@ class HyperCommGrid:
         self._pgs[key] = pg
         return pg
 
-    def get_pg(self, dims: DimsArg, *, view: Optional[str] = None):
+    def get_pg(self, dims: DimsArg, *, view: str | None = None):
         """The process group over ``dims`` made earlier by :meth:`create_pg`.
 
         Raises:
@@ -373,17 +373,17 @@ class HyperCommGrid:
         """
         return self._get_pg(dims, view)
 
-    def _get_pg(self, dims: DimsArg, view: Optional[str]):
+    def _get_pg(self, dims: DimsArg, view: str | None):
         key, _ = self._group_key(dims, view)
         if key not in self._pgs:
             raise KeyError(f"Process group for {self._describe(key)} hasn't been created. Call create_pg first.")
         return self._pgs[key]
 
-    def has_pg(self, dims: DimsArg, *, view: Optional[str] = None) -> bool:
+    def has_pg(self, dims: DimsArg, *, view: str | None = None) -> bool:
         """Whether :meth:`create_pg` was called for ``dims`` (or, for shared dims, the base group)."""
         return self._group_key(dims, view)[0] in self._pgs
 
-    def get_rank_enum(self, dims: DimsArg, *, view: Optional[str] = None) -> list[list[int]]:
+    def get_rank_enum(self, dims: DimsArg, *, view: str | None = None) -> list[list[int]]:
         """All groups over ``dims`` of ``view`` as lists of ranks, exactly as megatron enumerates them."""
         layout = self.view_layout(view)
         return layout.rank_enum(_check_dims(layout, dims, self._where(view)))
@@ -398,22 +398,22 @@ class HyperCommGrid:
         return self.layout.enumerate_groups(list(reversed(names)), keep_order=True).tolist()
 
     # ------------------------------------------------------------------ beyond
-    def _rank(self, rank: Optional[int]) -> int:
+    def _rank(self, rank: int | None) -> int:
         return dist.get_rank() if rank is None else rank
 
     def is_current_rank_in_grid(self) -> bool:
         """Whether the calling rank lies inside the grid's block of ranks."""
         return self.layout.contains(dist.get_rank())
 
-    def coord(self, rank: Optional[int] = None, *, view: Optional[str] = None) -> dict[str, int]:
+    def coord(self, rank: int | None = None, *, view: str | None = None) -> dict[str, int]:
         """Coordinates of ``rank`` (default: the calling rank) in ``view``."""
         return self.view_layout(view).coord(self._rank(rank))
 
-    def group_ranks(self, dims: DimsArg, rank: Optional[int] = None, *, view: Optional[str] = None) -> list[int]:
+    def group_ranks(self, dims: DimsArg, rank: int | None = None, *, view: str | None = None) -> list[int]:
         """Ranks of the group over ``dims`` that ``rank`` (default: caller) belongs to."""
         return self.view_layout(view).group_ranks(self._rank(rank), dims)
 
-    def rank_in_group(self, dims: DimsArg, rank: Optional[int] = None, *, view: Optional[str] = None) -> int:
+    def rank_in_group(self, dims: DimsArg, rank: int | None = None, *, view: str | None = None) -> int:
         """Position of ``rank`` (default: caller) in its group over ``dims``."""
         return self.view_layout(view).rank_in_group(self._rank(rank), dims)
 
@@ -429,7 +429,7 @@ class HyperCommGrid:
         return f"HyperCommGrid({self.layout!r}, views={self.views}, groups={list(self._pgs)})"
 
     # ------------------------------------------------------- handles and meshes
-    def group(self, dims: DimsArg, *, view: Optional[str] = None, cpu: bool = False, create: bool = False):
+    def group(self, dims: DimsArg, *, view: str | None = None, cpu: bool = False, create: bool = False):
         """A :class:`~parallel_state_ng.core.handles.GroupHandle` for the caller's group over ``dims``.
 
         The handle wraps the group made by :meth:`create_pg` (``create=True`` makes it first
@@ -455,11 +455,11 @@ class HyperCommGrid:
         if handle is None or handle.group is not pg:
             handle = handles[key] = GroupHandle(self.group_ranks(dims, view=view), pg, name=name)
         if cpu:
-            handle.cpu_group
+            _ = handle.cpu_group  # the property creates the gloo companion now
         return handle
 
     def device_mesh(
-        self, dims: MeshDimsArg, device_type: str = "cpu", *, view: Optional[str] = None, create: bool = False
+        self, dims: MeshDimsArg, device_type: str = "cpu", *, view: str | None = None, create: bool = False
     ):
         """A ``torch`` ``DeviceMesh`` over the caller's slice of the grid, on the grid's groups.
 
@@ -468,7 +468,8 @@ class HyperCommGrid:
         new communicator; each dim's group must exist unless ``create=True`` (then a missing
         one is created, as :meth:`create_pg`, in the order of ``dims``).
         """
-        def group_of(spec: list[str]) -> Optional[dist.ProcessGroup]:
+
+        def group_of(spec: list[str]) -> dist.ProcessGroup | None:
             if create and not self.has_pg(spec, view=view):
                 self._create_pg(spec, view, False, {})
             return self._get_pg(spec, view)  # not get_pg: a release's class may lack ``view=``

@@ -27,7 +27,7 @@ Example (on every member of the group):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -69,10 +69,10 @@ class GroupHandle:
         self,
         ranks: Sequence[int],
         group: dist.ProcessGroup,
-        cpu_group: Optional[dist.ProcessGroup] = None,
+        cpu_group: dist.ProcessGroup | None = None,
         *,
-        rank: Optional[int] = None,
-        name: Optional[str] = None,
+        rank: int | None = None,
+        name: str | None = None,
     ) -> None:
         ranks = [int(r) for r in ranks]
         label = f"group {name!r}" if name else "group"
@@ -98,7 +98,7 @@ class GroupHandle:
         position = {r: i for i, r in enumerate(group_order)}
         self._group_pos = [position[r] for r in ranks]
         self._identity_order = group_order == ranks
-        self._cpu_group: Optional[dist.ProcessGroup] = None
+        self._cpu_group: dist.ProcessGroup | None = None
         self._owns_cpu_group = False
         if cpu_group is not None:
             if not _is_process_group(cpu_group):
@@ -117,7 +117,7 @@ class GroupHandle:
 
     # ------------------------------------------------------------- topology
     @property
-    def name(self) -> Optional[str]:
+    def name(self) -> str | None:
         """Label of the group (``None`` when none was given)."""
         return self._name
 
@@ -228,7 +228,7 @@ class GroupHandle:
             destroy_groups([pg])
 
     # ---------------------------------------------------------- collectives
-    def _resolve_src(self, group_src: Optional[int], global_src: Optional[int]) -> int:
+    def _resolve_src(self, group_src: int | None, global_src: int | None) -> int:
         """Global rank of a source given either in handle order or globally."""
         if group_src is not None and global_src is not None:
             raise ValueError(f"give group_src or global_src, not both (got {group_src} and {global_src})")
@@ -238,7 +238,9 @@ class GroupHandle:
             return int(global_src)
         return self.global_rank(0 if group_src is None else group_src)
 
-    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+    def all_reduce(
+        self, tensor: torch.Tensor, op: dist.ReduceOp | dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> torch.Tensor:
         """Reduce ``tensor`` over the group in place and return it."""
         if self.size > 1:
             dist.all_reduce(tensor, op=op, group=self._group)
@@ -246,7 +248,7 @@ class GroupHandle:
 
     def all_gather(
         self, tensor: torch.Tensor, dim: int = 0, *, as_list: bool = False
-    ) -> Union[torch.Tensor, list[torch.Tensor]]:
+    ) -> torch.Tensor | list[torch.Tensor]:
         """Gather ``tensor`` (same shape on every member) from all members, in handle order.
 
         Returns the chunks concatenated along ``dim``, or with ``as_list=True`` a list of
@@ -271,7 +273,7 @@ class GroupHandle:
         return stacked.movedim(0, d).reshape(shape)
 
     def reduce_scatter(
-        self, tensor: torch.Tensor, dim: int = 0, op: dist.ReduceOp = dist.ReduceOp.SUM
+        self, tensor: torch.Tensor, dim: int = 0, op: dist.ReduceOp | dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
     ) -> torch.Tensor:
         """Reduce ``tensor`` over the group and return this member's chunk along ``dim``.
 
@@ -303,7 +305,7 @@ class GroupHandle:
         return out.reshape(out_shape)
 
     def broadcast(
-        self, tensor: torch.Tensor, *, group_src: Optional[int] = None, global_src: Optional[int] = None
+        self, tensor: torch.Tensor, *, group_src: int | None = None, global_src: int | None = None
     ) -> torch.Tensor:
         """Broadcast ``tensor`` in place from one member and return it.
 
@@ -315,7 +317,7 @@ class GroupHandle:
             dist.broadcast(tensor, src=src, group=self._group)
         return tensor
 
-    def broadcast_object(self, obj: Any = None, *, group_src: Optional[int] = None, global_src: Optional[int] = None) -> Any:
+    def broadcast_object(self, obj: Any = None, *, group_src: int | None = None, global_src: int | None = None) -> Any:
         """Send a picklable object from one member to all (over the CPU group); return it.
 
         The source is chosen as in :meth:`broadcast`; other members' ``obj`` is ignored.
@@ -338,16 +340,20 @@ class GroupHandle:
 
     def send_next(self, tensor: torch.Tensor) -> dist.Work:
         """Start sending ``tensor`` to :attr:`next_rank`; returns the work (call ``wait()``)."""
-        return dist.isend(tensor, dst=self._p2p_peer(self.next_rank, "send_next"), group=self._group)
+        work = dist.isend(tensor, dst=self._p2p_peer(self.next_rank, "send_next"), group=self._group)
+        return cast(dist.Work, work)  # None only for a rank outside the group; the caller is a member
 
     def send_prev(self, tensor: torch.Tensor) -> dist.Work:
         """Start sending ``tensor`` to :attr:`prev_rank`; returns the work (call ``wait()``)."""
-        return dist.isend(tensor, dst=self._p2p_peer(self.prev_rank, "send_prev"), group=self._group)
+        work = dist.isend(tensor, dst=self._p2p_peer(self.prev_rank, "send_prev"), group=self._group)
+        return cast(dist.Work, work)  # None only for a rank outside the group; the caller is a member
 
     def recv_prev(self, tensor: torch.Tensor) -> dist.Work:
         """Start receiving into ``tensor`` from :attr:`prev_rank`; returns the work."""
-        return dist.irecv(tensor, src=self._p2p_peer(self.prev_rank, "recv_prev"), group=self._group)
+        work = dist.irecv(tensor, src=self._p2p_peer(self.prev_rank, "recv_prev"), group=self._group)
+        return cast(dist.Work, work)  # None only for a rank outside the group; the caller is a member
 
     def recv_next(self, tensor: torch.Tensor) -> dist.Work:
         """Start receiving into ``tensor`` from :attr:`next_rank`; returns the work."""
-        return dist.irecv(tensor, src=self._p2p_peer(self.next_rank, "recv_next"), group=self._group)
+        work = dist.irecv(tensor, src=self._p2p_peer(self.next_rank, "recv_next"), group=self._group)
+        return cast(dist.Work, work)  # None only for a rank outside the group; the caller is a member

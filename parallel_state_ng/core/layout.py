@@ -1,7 +1,8 @@
 """Pure rank-layout math: named dims, coordinates and groups.
 
-Nothing here touches ``torch.distributed`` (plain torch tensors do the vectorized work). A :class:`Layout` is a set of named dims
-laid over a contiguous block of ranks ``[rank_offset, rank_offset + size)``. Dims are given
+Nothing here touches ``torch.distributed`` (plain torch tensors do the vectorized work). A
+:class:`Layout` is a set of named dims laid over a contiguous block of ranks
+``[rank_offset, rank_offset + size)``. Dims are given
 in Megatron-Core's ``order`` convention: the *first* name varies fastest, exactly like the
 ``order="tp-cp-ep-dp-pp"`` string of ``initialize_model_parallel`` and ``dim_names`` of
 megatron's ``HyperCommGrid``.
@@ -24,11 +25,11 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Union
+from typing import cast
 
 import torch
 
-DimsArg = Union[str, Sequence[str]]
+DimsArg = str | Sequence[str]
 
 __all__ = ["Layout", "UnknownDimError", "validate_dims", "DimsArg"]
 
@@ -68,8 +69,7 @@ def validate_dims(shape: Sequence[int], dim_names: Sequence[str]) -> tuple[tuple
     shape, dim_names = list(shape), list(dim_names)
     if len(shape) != len(dim_names):
         raise ValueError(
-            f"len(shape) {len(shape)} != len(dim_names) {len(dim_names)}: "
-            f"shape={shape}, dim_names={dim_names}"
+            f"len(shape) {len(shape)} != len(dim_names) {len(dim_names)}: shape={shape}, dim_names={dim_names}"
         )
     sizes = tuple(_check_int(s, f"shape[{i}] (dim {dim_names[i]!r})", minimum=1) for i, s in enumerate(shape))
     for i, name in enumerate(dim_names):
@@ -104,7 +104,7 @@ class Layout:
         self._init(sizes, names, _check_int(rank_offset, "rank_offset", minimum=0))
         self._set_parent(None, (), ())
 
-    def _set_parent(self, parent: "Layout | None", merged: tuple[str, ...], parts: tuple[str, ...]) -> None:
+    def _set_parent(self, parent: Layout | None, merged: tuple[str, ...], parts: tuple[str, ...]) -> None:
         self._parent = parent
         self._merged = merged  # parent dims replaced by this layout's sub-dims
         self._parts = parts
@@ -154,7 +154,7 @@ class Layout:
             raise UnknownDimError(f"unknown dim {name!r}; this layout has dims {list(self.names)}") from None
 
     def __repr__(self) -> str:
-        dims = ", ".join(f"{n}={s}" for n, s in zip(self.names, self.sizes))
+        dims = ", ".join(f"{n}={s}" for n, s in zip(self.names, self.sizes, strict=True))
         off = f", rank_offset={self.rank_offset}" if self.rank_offset else ""
         return f"Layout({dims}{off})"
 
@@ -200,8 +200,7 @@ class Layout:
         rank = _check_int(rank, "rank", minimum=0)
         if not self.contains(rank):
             raise ValueError(
-                f"rank {rank} is outside this layout's ranks "
-                f"[{self.rank_offset}, {self.rank_offset + self.size})"
+                f"rank {rank} is outside this layout's ranks [{self.rank_offset}, {self.rank_offset + self.size})"
             )
         return rank
 
@@ -210,7 +209,7 @@ class Layout:
         rank = self._check_rank(rank)
         if self._parent is None:
             local = rank - self.rank_offset
-            return {n: (local // st) % s for n, s, st in zip(self.names, self.sizes, self._strides)}
+            return {n: (local // st) % s for n, s, st in zip(self.names, self.sizes, self._strides, strict=True)}
         pc = self._parent.coord(rank)
         merged_index, mult = 0, 1
         for name in self._merged:
@@ -236,17 +235,17 @@ class Layout:
                 raise ValueError(f"coord[{n!r}]={c} is out of range for size {self.size_of(n)}")
         return int(self._eval(dict(coord)))
 
-    def _eval(self, coord: Mapping[str, object]):
+    def _eval(self, coord: Mapping[str, int | torch.Tensor]) -> int | torch.Tensor:
         """Ranks for (broadcastable tensor or int) coordinates; the vectorized core."""
         if self._parent is None:
-            total = self.rank_offset
-            for n, st in zip(self.names, self._strides):
+            total: int | torch.Tensor = self.rank_offset
+            for n, st in zip(self.names, self._strides, strict=True):
                 c = coord[n]
                 if st != 1:
                     c = c * st
                 total = total + c
             return total
-        merged_index = 0
+        merged_index: int | torch.Tensor = 0
         for name in self._parts:
             merged_index = merged_index + coord[name] * self._part_stride[name]
         pc = {n: coord[n] for n in self.names if n not in self._parts_set}
@@ -269,7 +268,8 @@ class Layout:
     def group_array(self, rank: int, dims: DimsArg, *, keep_order: bool = False) -> torch.Tensor:
         """Like :meth:`group_ranks` but returns a 1-D int64 tensor."""
         dims = self.dims(dims, keep_order=keep_order)
-        coord = self.coord(rank)
+        # a fresh dict of ints, whose entries for ``dims`` become tensors below
+        coord = cast("dict[str, int | torch.Tensor]", self.coord(rank))
         k = len(dims)
         if k == 0:
             return torch.tensor([rank], dtype=torch.int64)
@@ -298,7 +298,7 @@ class Layout:
         inside = set(dims)
         coord = self.coord(rank)
         base = self.rank_offset
-        for name, stride in zip(self.names, self._strides):
+        for name, stride in zip(self.names, self._strides, strict=True):
             if name not in inside:
                 base += coord[name] * stride
         ranks = [base]
@@ -322,7 +322,7 @@ class Layout:
         inside = set(self.dims(dims))
         coord = self.coord(rank)
         pos, mult = 0, 1
-        for name, s in zip(self.names, self.sizes):
+        for name, s in zip(self.names, self.sizes, strict=True):
             if name not in inside:
                 pos += coord[name] * mult
                 mult *= s
@@ -338,7 +338,7 @@ class Layout:
         if not 0 <= index < count:
             raise IndexError(f"group index {index} is out of range: {count} groups over {list(self.dims(dims))}")
         coord, rest = {}, index
-        for name, s in zip(self.names, self.sizes):
+        for name, s in zip(self.names, self.sizes, strict=True):
             if name in inside:
                 coord[name] = 0
             else:
@@ -356,7 +356,7 @@ class Layout:
         outside = tuple(n for n in self.names if n not in set(inside))
         axes = list(reversed(outside)) + list(reversed(inside))  # last axis fastest
         k = len(axes)
-        coord: dict[str, object] = {}
+        coord: dict[str, int | torch.Tensor] = {}
         full = []
         for a, name in enumerate(axes):
             s = self.size_of(name)
@@ -382,7 +382,7 @@ class Layout:
         """
         inside = set(dims)
         runs: list[list] = []
-        for name, s in zip(self.names, self.sizes):
+        for name, s in zip(self.names, self.sizes, strict=True):
             if s == 1:
                 continue
             flag = name in inside
@@ -392,7 +392,7 @@ class Layout:
                 runs.append([flag, s])
         return tuple((f, s) for f, s in runs)
 
-    def same_groups(self, dims: DimsArg, other: "Layout", other_dims: DimsArg | None = None) -> bool:
+    def same_groups(self, dims: DimsArg, other: Layout, other_dims: DimsArg | None = None) -> bool:
         """Whether ``other`` has exactly the same groups (and orders) over its dims.
 
         For two plain layouts this is O(number of dims); otherwise both enumerations are
@@ -407,7 +407,7 @@ class Layout:
         return torch.equal(self.enumerate_groups(mine), other.enumerate_groups(theirs))
 
     # -------------------------------------------------------------------- split
-    def split(self, dims: DimsArg, shape: Sequence[int], dim_names: Sequence[str]) -> "Layout":
+    def split(self, dims: DimsArg, shape: Sequence[int], dim_names: Sequence[str]) -> Layout:
         """Re-express ``dims`` (taken together, in layout order) as named sub-dims.
 
         The merged index of ``dims`` (first fastest) is decomposed over ``shape`` (first
@@ -434,7 +434,7 @@ class Layout:
         first = self._pos[merged[0]]
         new_names: list[str] = []
         new_sizes: list[int] = []
-        for i, (n, s) in enumerate(zip(self.names, self.sizes)):
+        for i, (n, s) in enumerate(zip(self.names, self.sizes, strict=True)):
             if i == first:
                 new_names.extend(names)
                 new_sizes.extend(sizes)

@@ -20,8 +20,8 @@ ranks run in the grid's layout order (first dim fastest), the order of that grou
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,16 +33,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["device_mesh", "mesh_over_groups", "mesh_dim_specs", "slice_mesh_ranks", "MeshDimsArg", "HasDeviceMesh"]
 
-MeshDimsArg = Union[str, Sequence[Union[str, Sequence[str]]]]
+MeshDimsArg = str | Sequence[str | Sequence[str]]
 
 
 class HasDeviceMesh(Protocol):
     """A grid that builds meshes over its own groups, such as
     :class:`~parallel_state_ng.core.grid.HyperCommGrid` (this module does not import it: the
-    grid depends on this module, not the reverse)."""
+    grid depends on this module, not the reverse).
+    """
 
     def device_mesh(
-        self, dims: MeshDimsArg, device_type: str = "cpu", *, view: Optional[str] = None, create: bool = False
+        self, dims: MeshDimsArg, device_type: str = "cpu", *, view: str | None = None, create: bool = False
     ) -> DeviceMesh:
         """A ``DeviceMesh`` over the caller's slice of the grid, one grid group per mesh dim."""
         ...
@@ -96,7 +97,7 @@ def mesh_over_groups(
     dims: MeshDimsArg,
     device_type: str,
     group_of: Callable[[list[str]], Any],
-) -> "DeviceMesh":
+) -> DeviceMesh:
     """A ``DeviceMesh`` over the caller's slice of ``layout``, one given group per mesh dim.
 
     ``group_of(spec)`` returns the process group over the grid dims ``spec`` (a list in layout
@@ -121,7 +122,7 @@ def mesh_over_groups(
     groups = []
     for axis, spec in enumerate(specs):
         pg = group_of(list(spec))
-        index = list(coord)
+        index: list[int | slice] = list(coord)
         index[axis] = slice(None)
         expected = mesh[tuple(index)].tolist()
         actual = dist.get_process_group_ranks(pg)
@@ -139,9 +140,9 @@ def device_mesh(
     dims: MeshDimsArg,
     device_type: str = "cpu",
     *,
-    view: Optional[str] = None,
+    view: str | None = None,
     create: bool = False,
-) -> "DeviceMesh":
+) -> DeviceMesh:
     """A ``DeviceMesh`` over the caller's slice of ``grid``, one existing group per mesh dim.
 
     The same as ``grid.device_mesh(dims, device_type, view=view, create=create)``.

@@ -74,7 +74,8 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
     digest = member_set_digest(ranks)
     count = _created_by_member_set.get(digest, 0)
     name = f"psng-{digest}-{count}"
-    c10d = dist.distributed_c10d
+    # Any: torch's private namer is swapped for one that returns our name (a plain str).
+    c10d: Any = dist.distributed_c10d
     original = getattr(c10d, "_process_group_name", None)
     if original is not None:
         c10d._process_group_name = lambda _ranks, use_hashed_name=False: name
@@ -108,7 +109,9 @@ def _settle_timeout() -> timedelta:
     try:
         seconds = float(text) if text else 30.0
     except ValueError:
-        raise ValueError(f"environment variable {ENV_SETTLE_TIMEOUT} must be a number of seconds, got {text!r}") from None
+        raise ValueError(
+            f"environment variable {ENV_SETTLE_TIMEOUT} must be a number of seconds, got {text!r}"
+        ) from None
     return timedelta(seconds=max(seconds, 0.001))
 
 

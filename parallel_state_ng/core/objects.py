@@ -10,7 +10,7 @@ through the tensor's storage instead.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,7 @@ def object_to_tensor(obj: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
 
 
-def tensor_to_object(tensor: torch.Tensor, size: Optional[int] = None) -> Any:
+def tensor_to_object(tensor: torch.Tensor, size: int | None = None) -> Any:
     """The object pickled in the first ``size`` bytes (default: all) of a ``uint8`` tensor."""
     data = tensor.detach().to("cpu").contiguous()
     if size is not None:
@@ -42,7 +42,7 @@ def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
     padded[: payload.numel()] = payload
     chunks = [torch.empty(longest, dtype=torch.uint8) for _ in range(n)]
     dist.all_gather(chunks, padded, group=group)
-    return [tensor_to_object(chunk, int(size.item())) for chunk, size in zip(chunks, sizes)]
+    return [tensor_to_object(chunk, int(size.item())) for chunk, size in zip(chunks, sizes, strict=True)]
 
 
 def broadcast_object(obj: Any, src: int, group: Any = None) -> Any:

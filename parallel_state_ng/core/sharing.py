@@ -27,10 +27,10 @@ setting (``initialize_model_parallel``'s agreement check compares it).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Optional
+from typing import Any
 
 from parallel_state_ng.core.naming import new_member_group
 
@@ -47,12 +47,12 @@ __all__ = [
 
 #: Environment variable turning sharing on (``1``) or off (``0``, the default).
 ENV_SHARE = "PSNG_SHARE_GROUPS"
-_override: Optional[bool] = None
-_recording: Optional[list["PlannedGroup"]] = None
-_recording_share: Optional[bool] = None
+_override: bool | None = None
+_recording: list[PlannedGroup] | None = None
+_recording_share: bool | None = None
 
 
-def set_group_sharing(enabled: Optional[bool]) -> Optional[bool]:
+def set_group_sharing(enabled: bool | None) -> bool | None:
     """Turn group sharing on or off for this process; ``None`` goes back to the environment.
 
     Wins over ``PSNG_SHARE_GROUPS``. Set it the same way on every rank. Returns the previous
@@ -114,7 +114,7 @@ def options_key(pg_options: Any) -> Hashable:
     return _Identity(pg_options)
 
 
-def sharing_key(ranks: Sequence[int], backend: Optional[str], pg_options: Any, timeout: Any) -> tuple:
+def sharing_key(ranks: Sequence[int], backend: str | None, pg_options: Any, timeout: Any) -> tuple:
     """The key two group requests must have in common to share one group."""
     return (tuple(ranks), None if backend is None else str(backend).lower(), options_key(pg_options), timeout)
 
@@ -124,13 +124,13 @@ class PlannedGroup:
     """A group that :func:`record_requests` recorded instead of creating (layout tools)."""
 
     ranks: list[int]
-    backend: Optional[str]
+    backend: str | None
     timeout: Any
     descs: list[str] = field(default_factory=list)
 
 
 @contextmanager
-def record_requests(share: Optional[bool] = None) -> Iterator[list[PlannedGroup]]:
+def record_requests(share: bool | None = None) -> Iterator[list[PlannedGroup]]:
     """Inside the block, every :class:`GroupPool` made records instead of creating groups.
 
     Yields the list the :class:`PlannedGroup` objects are appended to (one per group that
@@ -155,7 +155,7 @@ class GroupPool:
     :func:`parallel_state_ng.core.naming.new_member_group`).
     """
 
-    def __init__(self, share: Optional[bool] = None, create: Optional[Callable[..., Any]] = None) -> None:
+    def __init__(self, share: bool | None = None, create: Callable[..., Any] | None = None) -> None:
         self._plan = _recording
         if share is None and self._plan is not None:
             share = _recording_share
@@ -169,10 +169,10 @@ class GroupPool:
         self,
         ranks: list[int],
         *,
-        backend: Optional[str] = None,
+        backend: str | None = None,
         pg_options: Any = None,
         timeout: Any = None,
-        group_desc: Optional[str] = None,
+        group_desc: str | None = None,
     ) -> tuple[Any, bool]:
         """The group for this request and whether it was just created (``False``: shared)."""
         self.requests += 1
@@ -186,9 +186,7 @@ class GroupPool:
             group = PlannedGroup(list(ranks), backend, timeout, [group_desc or ""])
             self._plan.append(group)
         else:
-            group = self._create(
-                ranks, timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc
-            )
+            group = self._create(ranks, timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc)
         self.created += 1
         if key is not None:
             self._groups[key] = group

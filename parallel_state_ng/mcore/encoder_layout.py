@@ -22,8 +22,6 @@ MCore's order for tools and tests. No ``torch.distributed`` here.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from parallel_state_ng.core.layout import Layout
 
 __all__ = ["EncoderBlock", "resolve_encoder_sizes", "encoder_data_parallel_size"]
@@ -84,9 +82,9 @@ class EncoderBlock:
 
     def all_concatenated(self, dims: tuple[str, ...]) -> list[list[int]]:
         """Every model-parallel group (O(world size))."""
-        return [e + d for e, d in zip(self.encoder.rank_enum(dims), self.decoder.rank_enum(dims))]
+        return [e + d for e, d in zip(self.encoder.rank_enum(dims), self.decoder.rank_enum(dims), strict=False)]
 
-    def chunk(self, rank: int, dims: tuple[str, ...], size: int) -> Optional[list[int]]:
+    def chunk(self, rank: int, dims: tuple[str, ...], size: int) -> list[int] | None:
         """``rank``'s chunk of ``size`` consecutive groups over ``dims`` (encoder's, then expert's).
 
         MCore 0.13 builds the distributed-optimizer instance groups by walking the tp-ep-pp
@@ -111,7 +109,7 @@ class EncoderBlock:
         return out
 
 
-def resolve_encoder_sizes(encoder_tp: int, encoder_pp: Optional[int], tensor_model_parallel_size: int) -> tuple[int, int]:
+def resolve_encoder_sizes(encoder_tp: int, encoder_pp: int | None, tensor_model_parallel_size: int) -> tuple[int, int]:
     """The encoder's ``(tensor, pipeline)`` sizes as MCore 0.12/0.13 reads its arguments.
 
     ``encoder_pp`` ``None`` means 0 (no encoder); an encoder tensor size of 0 with an encoder
@@ -129,7 +127,9 @@ def resolve_encoder_sizes(encoder_tp: int, encoder_pp: Optional[int], tensor_mod
     return encoder_tp, encoder_pp
 
 
-def encoder_data_parallel_size(world: int, what: str, encoder_tp: int, encoder_pp: int, tp: int, pp: int, cp: int) -> int:
+def encoder_data_parallel_size(
+    world: int, what: str, encoder_tp: int, encoder_pp: int, tp: int, pp: int, cp: int
+) -> int:
     """The data-parallel size of a world split into an encoder and a decoder block.
 
     Every data-parallel replica holds one encoder and one decoder model:

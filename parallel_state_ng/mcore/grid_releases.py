@@ -26,10 +26,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from parallel_state_ng.core.grid import HyperCommGrid
-from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, Release, UnsupportedReleaseError, current_release, parse_release, select_release
+from parallel_state_ng.mcore.releases import (
+    SUPPORTED_SERIES,
+    Release,
+    UnsupportedReleaseError,
+    current_release,
+    parse_release,
+    select_release,
+)
 from parallel_state_ng.mcore.releases import hyper_comm_grid as _facts
 
 __all__ = ["hyper_comm_grid_class"]
@@ -80,7 +88,7 @@ def _first_series(name: str) -> str:
     return min(_facts.METHODS[name], key=lambda series: parse_release(series).key)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _build(series: str) -> type:
     present = _facts.methods(series)
     namespace: dict[str, Any] = {

@@ -28,10 +28,10 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import cast
 
-from parallel_state_ng.mcore.encoder_layout import EncoderBlock, encoder_data_parallel_size, resolve_encoder_sizes
 from parallel_state_ng.core.layout import Layout, _check_int
+from parallel_state_ng.mcore.encoder_layout import EncoderBlock, encoder_data_parallel_size, resolve_encoder_sizes
 from parallel_state_ng.mcore.kinds import ALL_GATHER_KINDS, GROUP_KINDS, token_kind_dims
 from parallel_state_ng.mcore.order import (
     DEFAULT_ORDER,
@@ -83,20 +83,20 @@ class MegatronLayout:
     pipeline_model_parallel_size: int = 1
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
-    expert_tensor_parallel_size: Optional[int] = None
+    expert_tensor_parallel_size: int | None = None
     order: str = DEFAULT_ORDER
     num_distributed_optimizer_instances: int = 1
-    hierarchical_context_parallel_sizes: Optional[Sequence[int]] = None
-    get_embedding_ranks: Optional[Callable] = None
-    get_position_embedding_ranks: Optional[Callable] = None
+    hierarchical_context_parallel_sizes: Sequence[int] | None = None
+    get_embedding_ranks: Callable | None = None
+    get_position_embedding_ranks: Callable | None = None
     rank_offset: int = 0
-    local_world_size: Optional[int] = None
+    local_world_size: int | None = None
     gtp_remat_size: int = 1
     expert_gtp_remat_size: int = 1
     encoder_tensor_model_parallel_size: int = 0
-    encoder_pipeline_model_parallel_size: Optional[int] = 0
-    pipeline_model_parallel_split_rank: Optional[int] = None
-    release: Optional[str] = None
+    encoder_pipeline_model_parallel_size: int | None = 0
+    pipeline_model_parallel_split_rank: int | None = None
+    release: str | None = None
     decoder: Layout = field(init=False, repr=False)
     expert: Layout = field(init=False, repr=False)
 
@@ -122,7 +122,11 @@ class MegatronLayout:
         else:
             gtp_factor = {"gtp_remat_size": gtp} if axis else {}
             self.data_parallel_size = quotient(
-                w, what, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
+                w,
+                what,
+                tensor_model_parallel_size=tp,
+                pipeline_model_parallel_size=pp,
+                context_parallel_size=cp,
                 **gtp_factor,
             )
         #: Ranks of the encoder block ``[rank_offset, rank_offset + encoder_world_size)`` (0.12-0.13).
@@ -144,8 +148,12 @@ class MegatronLayout:
         etp = self.expert_tensor_parallel_size
         egtp_factor = {"expert_gtp_remat_size": egtp} if axis else {}
         self.expert_data_parallel_size = quotient(
-            w - self.encoder_world_size, f"decoder {what}" if encoder else what, expert_tensor_parallel_size=etp,
-            expert_model_parallel_size=ep, pipeline_model_parallel_size=pp, **egtp_factor,
+            w - self.encoder_world_size,
+            f"decoder {what}" if encoder else what,
+            expert_tensor_parallel_size=etp,
+            expert_model_parallel_size=ep,
+            pipeline_model_parallel_size=pp,
+            **egtp_factor,
         )
         moe = {"tp": etp, "pp": pp, "dp": self.expert_data_parallel_size, "ep": ep, "cp": 1}
         if axis:
@@ -163,7 +171,8 @@ class MegatronLayout:
         if not self.decoder.same_groups("pp", self.expert):
             raise AssertionError(
                 f"pipeline groups differ between the dense and the expert layout for order {self.order!r}: "
-                f"{self.decoder.enumerate_groups('pp')[0].tolist()} vs {self.expert.enumerate_groups('pp')[0].tolist()} "
+                f"{self.decoder.enumerate_groups('pp')[0].tolist()} vs "
+                f"{self.expert.enumerate_groups('pp')[0].tolist()} "
                 f"(first group); choose an order ending in 'pp' or matching tensor sizes"
             )
 
@@ -215,15 +224,19 @@ class MegatronLayout:
                     f"pipeline_model_parallel_split_rank ({split}) is outside the pipeline of {stages} stages"
                 )
         if self.get_embedding_ranks is None:
-            self.get_embedding_ranks = default_embedding_ranks if split is None else functools.partial(
-                default_embedding_ranks, split_rank=split
+            self.get_embedding_ranks = (
+                default_embedding_ranks
+                if split is None
+                else functools.partial(default_embedding_ranks, split_rank=split)
             )
         if self.get_position_embedding_ranks is None:
-            self.get_position_embedding_ranks = default_position_embedding_ranks if split is None else functools.partial(
-                default_position_embedding_ranks, split_rank=split
+            self.get_position_embedding_ranks = (
+                default_position_embedding_ranks
+                if split is None
+                else functools.partial(default_position_embedding_ranks, split_rank=split)
             )
         self._kind_dims = self._token_kinds()
-        self._all_gather: dict[str, Optional[Layout]] = {}
+        self._all_gather: dict[str, Layout | None] = {}
 
     def _check_release_arguments(self) -> None:
         """Resolve ``release`` and reject arguments it does not have, or bad offsets/sizes."""
@@ -238,8 +251,11 @@ class MegatronLayout:
                 f"megatron-core {self.release} has no rank_offset / local_world_size (added in 0.17); "
                 f"got rank_offset={self.rank_offset!r}, local_world_size={self.local_world_size!r}"
             )
-        legacy = (self.encoder_tensor_model_parallel_size, self.encoder_pipeline_model_parallel_size,
-                  self.pipeline_model_parallel_split_rank)
+        legacy = (
+            self.encoder_tensor_model_parallel_size,
+            self.encoder_pipeline_model_parallel_size,
+            self.pipeline_model_parallel_split_rank,
+        )
         if not self.facts.encoder_decoder and legacy != (0, 0, None):
             raise TypeError(
                 f"megatron-core {self.release} has no encoder_tensor_model_parallel_size / encoder_pipeline_model_"
@@ -309,7 +325,7 @@ class MegatronLayout:
         """
         return creation_kinds(self)
 
-    def group(self, kind: str, rank: int) -> Optional[list[int]]:
+    def group(self, kind: str, rank: int) -> list[int] | None:
         """``rank``'s group of ``kind`` in MCore's order, or ``None`` if it is in none.
 
         O(group size). ``None`` for a rank outside the layout's ranks, for ``embd`` /
@@ -337,8 +353,9 @@ class MegatronLayout:
         if kind == "intra_dp_cp" or (kind == "inter_dp_cp" and self.facts.inter_partial_dp):
             return self._intra_dp_cp[block].group_ranks(rank, kind)
         if kind.startswith("hcp") and kind[3:].isdigit() and int(kind[3:]) < self.hierarchical_levels:
-            sizes = list(self.hierarchical_context_parallel_sizes)
-            return hierarchical_group(self.group("cp", rank), rank, sizes, int(kind[3:]))
+            sizes = list(self.hierarchical_context_parallel_sizes or ())  # not None: hierarchical_levels > 0
+            cp_group = cast("list[int]", self.group("cp", rank))  # a rank of the layout is in a cp group
+            return hierarchical_group(cp_group, rank, sizes, int(kind[3:]))
         if kind in ("intra_ep_dp", "inter_ep_dp") and block in self._edp_split:
             return self._edp_split[block].group_ranks(rank, kind)
         if kind == "intra_dist_opt_instance":
@@ -346,7 +363,9 @@ class MegatronLayout:
                 # 0.19 with GTP: one group of every rank of the layout (one optimizer instance).
                 return list(range(self.rank_offset, self.rank_offset + self.layout_world_size))
             if enc is not None:  # consecutive tp-ep-pp groups of both blocks
-                return enc.chunk(rank, self.expert.dims(["tp", "ep", "pp"]), self.intra_partial_expert_data_parallel_size)
+                return enc.chunk(
+                    rank, self.expert.dims(["tp", "ep", "pp"]), self.intra_partial_expert_data_parallel_size
+                )
             split = self._edp_split["decoder"]
             return split.group_ranks(rank, split.dims(["tp", "ep", "pp"]) + ("intra_ep_dp",), keep_order=True)
         if kind in ("embd", "pos_embd"):
@@ -362,14 +381,19 @@ class MegatronLayout:
         hold it (``embd``, ``pos_embd``; MCore keeps the last in its global, :meth:`group`).
         """
         if kind in ("pp", "embd", "pos_embd") and self.contains(rank):
-            pipelines = self.encoder_block.pipelines(rank) if self.encoder_block else [self.group("pp", rank)]
+            # a rank of the layout is in a pp group
+            pipelines = (
+                self.encoder_block.pipelines(rank)
+                if self.encoder_block
+                else [cast("list[int]", self.group("pp", rank))]
+            )
             if kind == "pp":
                 return pipelines
             return [m for m in (self.embedding_ranks(kind, p) for p in pipelines) if rank in m]
         found = self.group(kind, rank)
         return [] if found is None else [found]
 
-    def rank_in_group(self, kind: str, rank: int) -> Optional[int]:
+    def rank_in_group(self, kind: str, rank: int) -> int | None:
         """Position of ``rank`` in its group of ``kind`` (``None`` when it is in none)."""
         members = self.group(kind, rank)
         return None if members is None else members.index(rank)
@@ -379,7 +403,7 @@ class MegatronLayout:
         return "_".join(str(self.rank_in_group(kind, rank) or 0) for kind in self.facts.all_ranks_kinds)
 
     # --------------------------------------------------------- all-gather kinds
-    def all_gather_layout(self, kind: str) -> Optional[Layout]:
+    def all_gather_layout(self, kind: str) -> Layout | None:
         """The layout ``create_all_gather_groups()`` (0.18+) enumerates ``kind`` from.
 
         That function builds its own rank generator: the default order (with the GTP axis
@@ -397,13 +421,23 @@ class MegatronLayout:
             axis = self.facts.gtp_remat_axis
             if kind == "dp_cp_ag":
                 gtp = self.gtp_remat_size
-                sizes = {"tp": self.tensor_model_parallel_size, "pp": self.pipeline_model_parallel_size,
-                         "dp": self.data_parallel_size * gtp, "ep": 1, "cp": self.context_parallel_size}
+                sizes = {
+                    "tp": self.tensor_model_parallel_size,
+                    "pp": self.pipeline_model_parallel_size,
+                    "dp": self.data_parallel_size * gtp,
+                    "ep": 1,
+                    "cp": self.context_parallel_size,
+                }
                 after = "tp"
             else:
                 gtp = self.expert_gtp_remat_size
-                sizes = {"tp": self.expert_tensor_parallel_size, "pp": self.pipeline_model_parallel_size,
-                         "dp": self.expert_data_parallel_size * gtp, "ep": self.expert_model_parallel_size, "cp": 1}
+                sizes = {
+                    "tp": cast(int, self.expert_tensor_parallel_size),  # set by __post_init__
+                    "pp": self.pipeline_model_parallel_size,
+                    "dp": self.expert_data_parallel_size * gtp,
+                    "ep": self.expert_model_parallel_size,
+                    "cp": 1,
+                }
                 after = "ep"
             if axis:
                 sizes[GTP_TOKEN] = gtp
@@ -411,7 +445,7 @@ class MegatronLayout:
             self._all_gather[kind] = Layout([sizes[t] for t in tokens], tokens)
         return self._all_gather[kind]
 
-    def _all_gather_group(self, kind: str, rank: int) -> Optional[list[int]]:
+    def _all_gather_group(self, kind: str, rank: int) -> list[int] | None:
         lay = self.all_gather_layout(kind)
         if lay is None:
             if kind == "ep_dp_ag":
@@ -428,7 +462,9 @@ class MegatronLayout:
         The user callable must return a subset of ``pp_ranks``: a rank can then find its
         embedding group from its own pipeline alone.
         """
-        fn = self.get_embedding_ranks if kind == "embd" else self.get_position_embedding_ranks
+        fn = cast(  # both set by __post_init__
+            Callable, self.get_embedding_ranks if kind == "embd" else self.get_position_embedding_ranks
+        )
         arg = "get_embedding_ranks" if kind == "embd" else "get_position_embedding_ranks"
         result = fn(list(pp_ranks))
         try:
@@ -446,7 +482,7 @@ class MegatronLayout:
             )
         return members
 
-    def hybrid_group(self, rank: int, group_size: int) -> Optional[list[int]]:
+    def hybrid_group(self, rank: int, group_size: int) -> list[int] | None:
         """``rank``'s hybrid dp×cp group of ``group_size``: a chunk of its dp-cp group (0.16+).
 
         ``None`` for a rank outside the layout.
@@ -482,9 +518,9 @@ class MegatronLayout:
         if kind in ("embd", "pos_embd"):
             return [self.embedding_ranks(kind, g) for g in self.enumerate("pp")]
         if kind in _ALL_GATHER_KINDS:
-            lay = self.all_gather_layout(kind)
-            if lay is not None:
-                return lay.rank_enum(("dp", "cp") if kind == "dp_cp_ag" else ("dp",))
+            ag_layout = self.all_gather_layout(kind)
+            if ag_layout is not None:
+                return ag_layout.rank_enum(("dp", "cp") if kind == "dp_cp_ag" else ("dp",))
             if kind == "ep_dp_ag":
                 raise KeyError(f"megatron-core {self.release} has no {kind!r} group (added in 0.18)")
             return self.enumerate("dp_cp")

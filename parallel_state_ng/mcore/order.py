@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Optional
 
 __all__ = [
     "ORDER_TOKENS",
@@ -35,7 +34,7 @@ GTP_TOKEN = "gtp_remat"
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
-def default_embedding_ranks(pp_ranks: Sequence[int], split_rank: Optional[int] = None) -> list[int]:
+def default_embedding_ranks(pp_ranks: Sequence[int], split_rank: int | None = None) -> list[int]:
     """Ranks holding the word embeddings: first and last pipeline stage (one if pp == 1).
 
     ``split_rank`` (0.12–0.13, deprecated there): the stage ``pp_ranks[split_rank]`` (the
@@ -48,7 +47,7 @@ def default_embedding_ranks(pp_ranks: Sequence[int], split_rank: Optional[int] =
     return [pp_ranks[0], pp_ranks[-1]]
 
 
-def default_position_embedding_ranks(pp_ranks: Sequence[int], split_rank: Optional[int] = None) -> list[int]:
+def default_position_embedding_ranks(pp_ranks: Sequence[int], split_rank: int | None = None) -> list[int]:
     """Ranks holding the position embeddings: the first pipeline stage.
 
     ``split_rank`` (0.12–0.13): the stage ``pp_ranks[split_rank]`` too, when it is not the first.
@@ -73,7 +72,7 @@ def inject_gtp_remat(order: str, after: str) -> str:
     return "-".join(tokens)
 
 
-def normalize_order(order: str, sizes: dict[str, int], given: Optional[str] = None) -> list[str]:
+def normalize_order(order: str, sizes: dict[str, int], given: str | None = None) -> list[str]:
     """MCore's reading of an ``order`` string for the given token sizes.
 
     ``sizes`` maps each token the rank generator knows (``ORDER_TOKENS``, plus ``gtp_remat``
@@ -105,7 +104,7 @@ def normalize_order(order: str, sizes: dict[str, int], given: Optional[str] = No
     return tokens
 
 
-def hierarchical_group(cp_ranks: list[int], rank: int, sizes: list[int], level: int) -> Optional[list[int]]:
+def hierarchical_group(cp_ranks: list[int], rank: int, sizes: list[int], level: int) -> list[int] | None:
     """``rank``'s hierarchical context-parallel group at ``level`` within its cp group ``cp_ranks``.
 
     Level ``level`` groups ``sizes[level]`` ranks that are ``prod(sizes[:level])`` apart, in
@@ -128,7 +127,8 @@ class EmptyGroupError(ValueError, TypeError):
 
 def quotient(world_size: int, what: str = "world_size", **factors: int) -> int:
     """``world_size`` divided by the product of ``factors``; ``RuntimeError`` (as MCore) if it
-    does not divide, naming every factor."""
+    does not divide, naming every factor.
+    """
     product = math.prod(factors.values())
     if world_size % product != 0:
         named = " x ".join(f"{name} ({value})" for name, value in factors.items())
@@ -136,7 +136,7 @@ def quotient(world_size: int, what: str = "world_size", **factors: int) -> int:
     return world_size // product
 
 
-def read_order(order: str, sizes: dict[str, int], gtp_after: Optional[str]) -> list[str]:
+def read_order(order: str, sizes: dict[str, int], gtp_after: str | None) -> list[str]:
     """The tokens of ``order`` as one of MCore's rank generators reads them.
 
     ``gtp_after`` is the token the 0.19 GTP axis is injected after (``None`` before 0.19).

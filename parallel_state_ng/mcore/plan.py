@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional, Union
+from typing import TYPE_CHECKING, Literal
 
 from parallel_state_ng.mcore.kinds import GROUP_KINDS, GroupKind, kind_exists
 
@@ -41,8 +41,8 @@ class PlanOptions:
 
     create_gloo_process_groups: bool = True
     create_all_gather_group: bool = False
-    pipeline_model_parallel_comm_backend: Optional[str] = None
-    sharp_enabled_group: Optional[str] = None
+    pipeline_model_parallel_comm_backend: str | None = None
+    sharp_enabled_group: str | None = None
     hybrid_context_parallel: bool = False
 
 
@@ -61,10 +61,10 @@ class CreateGroup:
     key: str
     ranks: list[int]
     desc: str
-    backend: Optional[str] = None
-    nccl_key: Optional[str] = None
+    backend: str | None = None
+    nccl_key: str | None = None
     timeout: Literal["init", "torch"] = "init"
-    slot: Optional[int] = None
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,12 @@ class SharpBarrier:
     legacy: bool
 
 
-Step = Union[CreateGroup, SetCollnet, SharpBarrier]
+Step = CreateGroup | SetCollnet | SharpBarrier
 
 
 @dataclass(frozen=True)
 class _Context:
-    layout: "MegatronLayout"
+    layout: MegatronLayout
     options: PlanOptions
 
     @property
@@ -120,8 +120,8 @@ class _Row:
 
     action: _Action
     kind: str
-    when: Optional[Condition] = None
-    ranks_of: Optional[str] = None  # create with the ranks of another kind (0.16-0.17 dp_cp_ag)
+    when: Condition | None = None
+    ranks_of: str | None = None  # create with the ranks of another kind (0.16-0.17 dp_cp_ag)
 
 
 def _always(_c: _Context) -> bool:
@@ -246,7 +246,9 @@ def _row_steps(row: _Row, c: _Context, rank: int, made: dict[str, list[int]]) ->
         for size in lay.hybrid_group_sizes():
             ranks = lay.hybrid_group(rank, size)
             if ranks is not None:
-                yield _group_step(kind, c, ranks, key=f"hybrid_dp_cp_{size}", desc=kind.desc.format(size=size), slot=size)
+                yield _group_step(
+                    kind, c, ranks, key=f"hybrid_dp_cp_{size}", desc=kind.desc.format(size=size), slot=size
+                )
     elif row.action == "pipelines":
         backend = c.options.pipeline_model_parallel_comm_backend
         for pipeline in lay.groups("pp", rank):
@@ -257,7 +259,7 @@ def _row_steps(row: _Row, c: _Context, rank: int, made: dict[str, list[int]]) ->
                     yield _group_step(GROUP_KINDS[name], c, members)
 
 
-def group_plan(layout: "MegatronLayout", rank: int, options: Optional[PlanOptions] = None) -> list[Step]:
+def group_plan(layout: MegatronLayout, rank: int, options: PlanOptions | None = None) -> list[Step]:
     """``rank``'s creation steps for ``layout`` (the layout's release) and ``options``, in order.
 
     Only the groups ``rank`` belongs to are listed, each computed in closed form. A rank
@@ -274,7 +276,7 @@ def group_plan(layout: "MegatronLayout", rank: int, options: Optional[PlanOption
     return steps
 
 
-def creation_kinds(layout: "MegatronLayout") -> list[str]:
+def creation_kinds(layout: MegatronLayout) -> list[str]:
     """Every kind ``initialize_model_parallel`` builds for ``layout`` (default options), in order.
 
     Hierarchical levels are listed as ``hcp0``, ``hcp1``, ...; a pipeline is followed by its

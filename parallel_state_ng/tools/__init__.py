@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 __all__ = ["UsageError"]
 
 
@@ -23,7 +21,7 @@ class UsageError(Exception):
     without, ``message`` must itself name the option(s) at fault.
     """
 
-    def __init__(self, message: str, option: Optional[str] = None) -> None:
+    def __init__(self, message: str, option: str | None = None) -> None:
         super().__init__(f"argument {option}: {message}" if option else message)
         self.option = option
         self.message = message

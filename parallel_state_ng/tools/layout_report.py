@@ -21,10 +21,9 @@ import argparse
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, cast
 
 from parallel_state_ng.mcore.layout import GROUP_KINDS, MegatronLayout
-
 from parallel_state_ng.tools import UsageError
 
 __all__ = [
@@ -143,7 +142,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{DEFAULT_GPUS_PER_NODE}, or the whole world as one node when {DEFAULT_GPUS_PER_NODE} does not divide it)",
     )
     view.add_argument("--rank", type=_non_negative_int, default=None, help="also show this rank's view")
-    view.add_argument("--kinds", type=_name_list, default=None, help="comma-separated group kinds to show (default all)")
+    view.add_argument(
+        "--kinds", type=_name_list, default=None, help="comma-separated group kinds to show (default all)"
+    )
     view.add_argument("--full", action="store_true", help="text: print every group and every rank (no abbreviation)")
     view.add_argument("--format", choices=("text", "json", "svg"), default="text", help="output format (default text)")
     view.add_argument("--color-kind", default="tp", help="svg: the group kind to colour (default tp)")
@@ -188,7 +189,7 @@ def build_layout(args: argparse.Namespace) -> MegatronLayout:
         raise UsageError(f"invalid layout: {_translate(text)}") from None
 
 
-def resolve_gpus_per_node(world_size: int, requested: Optional[int]) -> int:
+def resolve_gpus_per_node(world_size: int, requested: int | None) -> int:
     """The node size to use: ``requested`` (must divide the world) or the default."""
     if requested is None:
         return DEFAULT_GPUS_PER_NODE if world_size % DEFAULT_GPUS_PER_NODE == 0 else world_size
@@ -223,11 +224,11 @@ def node_locality(groups: Sequence[Sequence[int]], gpus_per_node: int) -> dict[s
 
 def rank_view(layout: MegatronLayout, rank: int, kinds: Sequence[str], gpus_per_node: int) -> dict[str, Any]:
     """``rank``'s coordinates, its group of each kind (with its position) and its pipeline neighbours."""
-    groups: dict[str, Optional[dict[str, Any]]] = {}
+    groups: dict[str, dict[str, Any] | None] = {}
     for kind in kinds:
         members = layout.group(kind, rank)
         groups[kind] = None if members is None else {"position": members.index(rank), "ranks": members}
-    pipeline = layout.group("pp", rank)
+    pipeline = cast("list[int]", layout.group("pp", rank))  # a rank of the layout is in a pp group
     stage = pipeline.index(rank)
     return {
         "rank": rank,
@@ -266,8 +267,8 @@ def build_report(
     layout: MegatronLayout,
     *,
     gpus_per_node: int,
-    kinds: Optional[Sequence[str]] = None,
-    rank: Optional[int] = None,
+    kinds: Sequence[str] | None = None,
+    rank: int | None = None,
 ) -> dict[str, Any]:
     """The whole report as JSON-ready data (``kinds=None``: every kind of the layout)."""
     all_kinds = layout.kinds()
@@ -302,12 +303,14 @@ def build_report(
             "gtp_remat_size": layout.gtp_remat_size,
             "expert_gtp_remat_size": layout.expert_gtp_remat_size,
             "hierarchical_context_parallel_sizes": (
-                list(layout.hierarchical_context_parallel_sizes) if layout.hierarchical_levels else None
+                list(layout.hierarchical_context_parallel_sizes or ()) if layout.hierarchical_levels else None
             ),
-            "dense_dims": dict(zip(layout.decoder.dim_names, layout.decoder.shape)),
+            "dense_dims": dict(zip(layout.decoder.dim_names, layout.decoder.shape, strict=True)),
             # the expert layout has no context parallelism (its cp dim is always 1)
             "expert_dims": {
-                _expert_dim_name(n): s for n, s in zip(layout.expert.dim_names, layout.expert.shape) if n != "cp"
+                _expert_dim_name(n): s
+                for n, s in zip(layout.expert.dim_names, layout.expert.shape, strict=True)
+                if n != "cp"
             },
             "gpus_per_node": gpus_per_node,
             "num_nodes": layout.world_size // gpus_per_node,
@@ -432,7 +435,7 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
 
 
 # --------------------------------------------------------------------------- command
-def _write(text: str, output: Optional[str], stdout: Any) -> None:
+def _write(text: str, output: str | None, stdout: Any) -> None:
     if output is None:
         stdout.write(text)
         return
@@ -459,7 +462,9 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         from parallel_state_ng.tools.svg import MAX_SVG_RANKS, render_svg
 
         if args.color_kind not in known:
-            raise UsageError(f"unknown group kind {args.color_kind!r}; kinds of this layout: {','.join(known)}", "--color-kind")
+            raise UsageError(
+                f"unknown group kind {args.color_kind!r}; kinds of this layout: {','.join(known)}", "--color-kind"
+            )
         if args.world_size > MAX_SVG_RANKS:
             raise UsageError(
                 f"{args.world_size} ranks are too many for --format svg (at most {MAX_SVG_RANKS}); "
@@ -468,7 +473,8 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
             )
         groups = layout.enumerate(args.color_kind)
         cfg = (
-            f"world {layout.world_size}: tp={layout.tensor_model_parallel_size} pp={layout.pipeline_model_parallel_size} "
+            f"world {layout.world_size}: tp={layout.tensor_model_parallel_size} "
+            f"pp={layout.pipeline_model_parallel_size} "
             f"cp={layout.context_parallel_size} dp={layout.data_parallel_size} ep={layout.expert_model_parallel_size} "
             f"etp={layout.expert_tensor_parallel_size}, order {layout.order}"
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from typing import Any, Optional
+from typing import Any, cast
 
 from parallel_state_ng.tools.port_table import (
     GETTER_VARIANTS,
@@ -28,7 +28,7 @@ class _Dynamic:
     """An argument whose value the scanner cannot know."""
 
 
-def _call_flags(name: str, call: Optional[ast.Call], keywords: set[str]) -> Optional[dict[str, Optional[bool]]]:
+def _call_flags(name: str, call: ast.Call | None, keywords: set[str]) -> dict[str, bool | None] | None:
     """Values (True/False, None if unknown) of ``keywords`` in ``call`` of compat's ``name``."""
     if call is None:
         return None
@@ -36,16 +36,19 @@ def _call_flags(name: str, call: Optional[ast.Call], keywords: set[str]) -> Opti
 
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return None
+
     def value(node: ast.expr) -> Any:
         return node.value if isinstance(node, ast.Constant) else _Dynamic()
 
     try:
         bound = inspect.signature(getattr(ps, name)).bind_partial(
-            *[value(a) for a in call.args], **{k.arg: value(k.value) for k in call.keywords}
+            # no keyword is **kwargs (k.arg None): checked above
+            *[value(a) for a in call.args],
+            **{cast(str, k.arg): value(k.value) for k in call.keywords},
         )
     except (TypeError, ValueError, AttributeError):
         return None
-    flags: dict[str, Optional[bool]] = {}
+    flags: dict[str, bool | None] = {}
     for kw in keywords:
         if kw not in bound.arguments:
             flags[kw] = False
@@ -55,7 +58,7 @@ def _call_flags(name: str, call: Optional[ast.Call], keywords: set[str]) -> Opti
     return flags
 
 
-def getter_hint(name: str, call: Optional[ast.Call]) -> Optional[str]:
+def getter_hint(name: str, call: ast.Call | None) -> str | None:
     """The named-grid hint of a call of getter ``name`` (or of a reference to it: ``call``
     None); None when ``name`` is not a group/rank/size getter.
 
@@ -78,9 +81,10 @@ def getter_hint(name: str, call: Optional[ast.Call]) -> Optional[str]:
     return named_grid_equivalent(kind, accessor, alternatives)
 
 
-def global_hint(name: str) -> Optional[str]:
+def global_hint(name: str) -> str | None:
     """The named-grid hint of module global ``name`` when compat publishes a group or a rank
-    list under it; else None."""
+    list under it; else None.
+    """
     if name in _published_globals():
         kind, accessor = _published_globals()[name]
         return named_grid_equivalent(kind, accessor)

@@ -29,20 +29,20 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, cast
 
 from parallel_state_ng.tools import UsageError
+from parallel_state_ng.tools.named_grid_hints import getter_hint, global_hint
 from parallel_state_ng.tools.port_table import (
-    PARALLEL_STATE,
-    MEGATRON_CORE,
-    COMPAT_PARALLEL_STATE,
     _PS_NAMES_IN_CORE,
-    NAMED_GRID_GETTERS,
+    COMPAT_PARALLEL_STATE,
     GETTER_VARIANTS,
+    MEGATRON_CORE,
+    NAMED_GRID_GETTERS,
+    PARALLEL_STATE,
     compat_api,
     named_grid_equivalent,
 )
-from parallel_state_ng.tools.named_grid_hints import getter_hint, global_hint
 from parallel_state_ng.tools.source_scan import (
     FileImports,
     MemberUseFinder,
@@ -88,7 +88,7 @@ class Use:
     category: str  # import, call, reference, read, write, delete
     what: str
     equivalent: str
-    name: Optional[str] = None  # the module member used (None for an import statement)
+    name: str | None = None  # the module member used (None for an import statement)
     known: bool = True
 
     def format(self) -> str:
@@ -112,7 +112,7 @@ class FileScan:
     encoding: str = "utf-8"
     uses: list[Use] = field(default_factory=list)
     edits: list[_Edit] = field(default_factory=list)
-    error: Optional[str] = None
+    error: str | None = None
 
     @property
     def imports_to_switch(self) -> int:
@@ -123,14 +123,14 @@ class FileScan:
 class _FileScanner(FileImports):
     """Scan of one parsed file: bindings, uses and import edits."""
 
-    def __init__(self, path: str, source: str, tree: ast.Module, package: Optional[str]) -> None:
+    def __init__(self, path: str, source: str, tree: ast.Module, package: str | None) -> None:
         super().__init__(path, source, tree, package)
         self.uses: list[Use] = []
         self.edits: list[_Edit] = []
-        self.chain_spans: list[tuple[ast.AST, str]] = []  # (module expression, its root name)
+        self.chain_spans: list[tuple[ast.expr, str]] = []  # (module expression, its root name)
 
     # ---------------------------------------------------------------- uses
-    def add_member_use(self, node: ast.AST, name: str, category: str, call: Optional[ast.Call] = None) -> None:
+    def add_member_use(self, node: ast.expr, name: str, category: str, call: ast.Call | None = None) -> None:
         expr = self._segment(node)[2] or name
         api = compat_api()
         known = name in api
@@ -141,7 +141,7 @@ class _FileScanner(FileImports):
             if isinstance(root, ast.Name):
                 self.chain_spans.append((node.value, root.id))
         if category == "call":
-            what = f"call {shorten(self._segment(call)[2])}"
+            what = f"call {shorten(self._segment(cast(ast.Call, call))[2])}"  # a call use comes with its call
         elif category == "read" and known and self._is_function(name):
             category, what = "reference", f"reference {expr}"
         else:
@@ -161,12 +161,12 @@ class _FileScanner(FileImports):
             equivalent = target + note + (f" | {hint}" if hint else "")
         self.uses.append(Use(self.path, node.lineno, node.col_offset, category, what, equivalent, name, known))
 
-    def _call_arguments(self, func: ast.AST, call: Optional[ast.Call]) -> str:
+    def _call_arguments(self, func: ast.expr, call: ast.Call | None) -> str:
         """The ``(...)`` part of ``call`` as written."""
         if call is None:
             return "()"
-        start = self.index.offset(func.end_lineno, func.end_col_offset)
-        end = self.index.offset(call.end_lineno, call.end_col_offset)
+        start = self.index.end(func)
+        end = self.index.end(call)
         return self.source[start:end].strip() or "()"
 
     @staticmethod
@@ -176,10 +176,10 @@ class _FileScanner(FileImports):
         return callable(getattr(ps, name, None))
 
     # ---------------------------------------------------------------- imports
-    def _segment(self, node: ast.AST) -> tuple[int, int, str]:
+    def _segment(self, node: ast.expr | ast.stmt) -> tuple[int, int, str]:
         """(start offset, end offset, source text) of a node."""
-        start = self.index.offset(node.lineno, node.col_offset)
-        end = self.index.offset(node.end_lineno, node.end_col_offset)
+        start = self.index.start(node)
+        end = self.index.end(node)
         return start, end, self.source[start:end]
 
     def _joiner(self, node: ast.stmt) -> str:
@@ -187,7 +187,7 @@ class _FileScanner(FileImports):
         return "\n" + prefix if prefix.strip() == "" else "; "
 
     @staticmethod
-    def _alias_text(name: str, asname: Optional[str]) -> str:
+    def _alias_text(name: str, asname: str | None) -> str:
         return f"{name} as {asname}" if asname else name
 
     def _from_text(self, node: ast.ImportFrom, names: list[str]) -> str:
@@ -202,11 +202,12 @@ class _FileScanner(FileImports):
     def rewrite_imports(self) -> None:
         """Record the import uses and the edits switching them to compat."""
         plain_ps_import = any(
-            isinstance(n, ast.Import) and any(canonical_module(a.name) == PARALLEL_STATE and not a.asname for a in n.names)
+            isinstance(n, ast.Import)
+            and any(canonical_module(a.name) == PARALLEL_STATE and not a.asname for a in n.names)
             for n in self.imports
         )
         chain_roots = [root for _, root in self.chain_spans]
-        add_compat_to: Optional[ast.stmt] = None
+        add_compat_to: ast.Import | ast.ImportFrom | None = None
         if chain_roots and not plain_ps_import:
             add_compat_to = self._statement_binding(chain_roots[0])
         root_uses = self._root_name_uses()
@@ -233,7 +234,10 @@ class _FileScanner(FileImports):
             self.edits.append(_Edit(start, end, COMPAT_PARALLEL_STATE))
 
     def _flag_unknown_imported_names(self, node: ast.stmt) -> None:
-        if not isinstance(node, ast.ImportFrom) or canonical_module(from_import_module(node, self.package)) != PARALLEL_STATE:
+        if (
+            not isinstance(node, ast.ImportFrom)
+            or canonical_module(from_import_module(node, self.package)) != PARALLEL_STATE
+        ):
             return
         api = compat_api()
         for alias in node.names:
@@ -251,7 +255,7 @@ class _FileScanner(FileImports):
                     )
                 )
 
-    def _statement_binding(self, name: str) -> Optional[ast.stmt]:
+    def _statement_binding(self, name: str) -> ast.Import | ast.ImportFrom | None:
         for node in self.imports:
             for alias in node.names:
                 bound = alias.asname or (alias.name.split(".")[0] if isinstance(node, ast.Import) else alias.name)
@@ -268,7 +272,9 @@ class _FileScanner(FileImports):
                 counts[node.id] = counts.get(node.id, 0) + 1
         return counts
 
-    def _rewrite_statement(self, node: ast.stmt, root_uses: dict[str, int], add_compat: bool) -> Optional[str]:
+    def _rewrite_statement(
+        self, node: ast.Import | ast.ImportFrom, root_uses: dict[str, int], add_compat: bool
+    ) -> str | None:
         joiner = self._joiner(node)
         if isinstance(node, ast.Import):
             kept: list[str] = []
@@ -320,7 +326,11 @@ class _FileScanner(FileImports):
             if other is node or not isinstance(other, ast.Import):
                 continue
             for alias in other.names:
-                if not alias.asname and alias.name.split(".")[0] == root and canonical_module(alias.name) != PARALLEL_STATE:
+                if (
+                    not alias.asname
+                    and alias.name.split(".")[0] == root
+                    and canonical_module(alias.name) != PARALLEL_STATE
+                ):
                     return True
         return False
 
@@ -341,7 +351,7 @@ def _root(expr: ast.AST) -> ast.AST:
     return expr
 
 
-def scan_source(source: str, path: str = "<string>", package: Optional[str] = None) -> FileScan:
+def scan_source(source: str, path: str = "<string>", package: str | None = None) -> FileScan:
     """Scan Python ``source`` (``package``: its dotted package, for relative imports)."""
     result = FileScan(path=path, source=source)
     tree, result.error = parse_source(source, path)
@@ -415,7 +425,7 @@ def unified_diff(path: str, old: str, new: str) -> str:
 
 
 def _diff_lines(text: str) -> list[str]:
-    """Lines with their ``\\n`` (the last one may lack it); only ``\\n`` ends a line here."""
+    r"""Lines with their ``\n`` (the last one may lack it); only ``\n`` ends a line here."""
     return re.findall(r"[^\n]*\n|[^\n]+$", text)
 
 

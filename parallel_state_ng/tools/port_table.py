@@ -108,7 +108,12 @@ GETTER_VARIANTS: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
 }
 
 # Partial (per distributed-optimizer instance) kinds collapse to the full ones with one instance.
-_SINGLE_INSTANCE_KIND = {"intra_dp_cp": "dp_cp", "intra_dp_cp_gloo": "dp_cp_gloo", "intra_ep_dp": "ep_dp", "intra_ep_dp_gloo": "ep_dp_gloo"}
+_SINGLE_INSTANCE_KIND = {
+    "intra_dp_cp": "dp_cp",
+    "intra_dp_cp_gloo": "dp_cp_gloo",
+    "intra_ep_dp": "ep_dp",
+    "intra_ep_dp_gloo": "ep_dp_gloo",
+}
 
 _ACCESSOR = {
     "group": 'get_state().groups["{kind}"]',
@@ -129,7 +134,7 @@ _ACCESSOR_WORDS = {
 
 
 # --------------------------------------------------------------------------- compat's API
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compat_api() -> frozenset[str]:
     """Names of ``compat.parallel_state``: its public functions and classes and its ``_`` globals.
 
@@ -150,7 +155,7 @@ def compat_api() -> frozenset[str]:
     return frozenset(names)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _published_globals() -> dict[str, tuple[str, str]]:
     """Module globals of the served release that mirror one kind's group or rank list.
 

@@ -23,7 +23,7 @@ import os
 import re
 import tokenize
 from collections.abc import Iterator
-from typing import Optional, Protocol
+from typing import Protocol, cast
 
 from parallel_state_ng.tools.port_table import _MODULE_ALIASES, PARALLEL_STATE
 
@@ -51,7 +51,7 @@ def read_source(path: str) -> tuple[str, str]:
     return data.decode(encoding), encoding
 
 
-def parse_source(source: str, path: str) -> tuple[Optional[ast.Module], Optional[str]]:
+def parse_source(source: str, path: str) -> tuple[ast.Module | None, str | None]:
     """``(tree, None)`` for Python ``source``, or ``(None, message)`` when it does not parse."""
     try:
         return ast.parse(source, filename=path), None
@@ -59,7 +59,7 @@ def parse_source(source: str, path: str) -> tuple[Optional[ast.Module], Optional
         return None, f"{path}:{err.lineno or 0}: cannot parse ({err.msg}); skipped"
 
 
-def package_of(path: str) -> Optional[str]:
+def package_of(path: str) -> str | None:
     """Dotted package of a file, from the ``__init__.py`` files above it (None: not in a package)."""
     parts: list[str] = []
     directory = os.path.dirname(os.path.abspath(path))
@@ -76,7 +76,8 @@ def package_of(path: str) -> Optional[str]:
 
 def iter_python_files(path: str) -> Iterator[str]:
     """``path`` itself if it is a file, else the ``*.py`` files below it (sorted; hidden dirs,
-    ``__pycache__`` and virtual environments skipped)."""
+    ``__pycache__`` and virtual environments skipped).
+    """
     if os.path.isfile(path):
         yield path
         return
@@ -108,6 +109,15 @@ class LineIndex:
         line = self.lines[lineno - 1]
         return self.starts[lineno - 1] + len(line.encode("utf-8")[:col].decode("utf-8", errors="replace"))
 
+    def start(self, node: ast.expr | ast.stmt) -> int:
+        """Character offset where ``node`` starts."""
+        return self.offset(node.lineno, node.col_offset)
+
+    def end(self, node: ast.expr | ast.stmt) -> int:
+        """Character offset where ``node`` ends."""
+        # typeshed allows None for the end position; ast.parse always sets it
+        return self.offset(cast(int, node.end_lineno), cast(int, node.end_col_offset))
+
     def line_prefix(self, lineno: int, col: int) -> str:
         """The text of line ``lineno`` before byte column ``col``."""
         line = self.lines[lineno - 1]
@@ -121,9 +131,10 @@ def shorten(text: str, limit: int = 90) -> str:
 
 
 # --------------------------------------------------------------------------- imports
-def canonical_module(qualified: Optional[str]) -> Optional[str]:
+def canonical_module(qualified: str | None) -> str | None:
     """``qualified`` with a module alias of parallel_state (``megatron.core.mpu``) replaced by
-    the module's own name; other names unchanged."""
+    the module's own name; other names unchanged.
+    """
     if qualified is None:
         return None
     for alias, target in _MODULE_ALIASES.items():
@@ -132,9 +143,10 @@ def canonical_module(qualified: Optional[str]) -> Optional[str]:
     return qualified
 
 
-def from_import_module(node: ast.ImportFrom, package: Optional[str]) -> Optional[str]:
+def from_import_module(node: ast.ImportFrom, package: str | None) -> str | None:
     """Absolute module of a ``from X import ...`` (relative ones resolved against ``package``;
-    None when that is not possible)."""
+    None when that is not possible).
+    """
     if not node.level:
         return node.module
     if package is None:
@@ -158,14 +170,16 @@ class FileImports:
             (filled by :meth:`collect_bindings`).
     """
 
-    def __init__(self, path: str, source: str, tree: ast.Module, package: Optional[str]) -> None:
+    def __init__(self, path: str, source: str, tree: ast.Module, package: str | None) -> None:
         self.path = path
         self.source = source
         self.tree = tree
         self.package = package
         self.index = LineIndex(source)
         self.bindings: dict[str, str] = {}
-        self.imports: list[ast.stmt] = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        self.imports: list[ast.Import | ast.ImportFrom] = [
+            n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+        ]
         self.imports.sort(key=lambda n: (n.lineno, n.col_offset))
 
     def collect_bindings(self) -> None:
@@ -194,19 +208,21 @@ class MemberUseSink(Protocol):
 
     bindings: dict[str, str]
 
-    def add_member_use(self, node: ast.AST, name: str, category: str, call: Optional[ast.Call] = None) -> None:
+    def add_member_use(self, node: ast.expr, name: str, category: str, call: ast.Call | None = None) -> None:
         """Record a use of member ``name`` at ``node``: ``category`` is ``call`` (``call``
-        the call node), ``read``, ``write`` or ``delete``."""
+        the call node), ``read``, ``write`` or ``delete``.
+        """
 
 
 class MemberUseFinder(ast.NodeVisitor):
     """Finds uses of parallel_state's members (attribute chains and imported names) in a tree
-    and reports each to ``sink``."""
+    and reports each to ``sink``.
+    """
 
     def __init__(self, sink: MemberUseSink) -> None:
         self.sink = sink
 
-    def qualify(self, node: ast.AST) -> Optional[str]:
+    def qualify(self, node: ast.AST) -> str | None:
         """The qualified ``megatron`` name ``node`` (a name or attribute chain) stands for, or None."""
         if isinstance(node, ast.Name):
             return self.sink.bindings.get(node.id)
@@ -215,7 +231,7 @@ class MemberUseFinder(ast.NodeVisitor):
             return None if base is None else f"{base}.{node.attr}"
         return None
 
-    def member(self, node: ast.AST) -> Optional[str]:
+    def member(self, node: ast.AST) -> str | None:
         """The member name when ``node`` denotes ``parallel_state.<member>``."""
         if not isinstance(node, (ast.Name, ast.Attribute)):
             return None
@@ -226,13 +242,16 @@ class MemberUseFinder(ast.NodeVisitor):
                 return rest
         return None
 
-    def visit_Import(self, node: ast.Import) -> None:  # names there are not uses
+    def visit_Import(self, node: ast.Import) -> None:
+        """Skip: the names an import binds are not uses (:class:`FileImports` reads them)."""
         return
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        """Skip: the names an import binds are not uses (:class:`FileImports` reads them)."""
         return
 
     def visit_Call(self, node: ast.Call) -> None:
+        """Report a call of a member (then visit its arguments), else visit the call's parts."""
         name = self.member(node.func)
         if name is None:
             self.generic_visit(node)
@@ -242,6 +261,7 @@ class MemberUseFinder(ast.NodeVisitor):
             self.visit(child)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        """Report a member reached through a module (read, write or delete), else visit inside."""
         name = self.member(node)
         if name is None:
             self.generic_visit(node)
@@ -250,6 +270,7 @@ class MemberUseFinder(ast.NodeVisitor):
         self.sink.add_member_use(node, name, category)
 
     def visit_Name(self, node: ast.Name) -> None:
+        """Report a read of a name bound to a member (``from ... import name``)."""
         if isinstance(node.ctx, ast.Load):
             name = self.member(node)
             if name is not None:

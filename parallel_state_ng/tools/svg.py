@@ -12,7 +12,6 @@ from __future__ import annotations
 import colorsys
 import math
 from collections.abc import Sequence
-from typing import Optional
 from xml.sax.saxutils import escape
 
 __all__ = ["render_svg", "group_colour", "MAX_SVG_RANKS"]
@@ -34,7 +33,7 @@ def group_colour(index: int) -> str:
     hue = (index * 0.6180339887) % 1.0
     lightness = (0.70, 0.84, 0.60)[index % 3]
     r, g, b = colorsys.hls_to_rgb(hue, lightness, 0.62)
-    return "#{:02x}{:02x}{:02x}".format(round(r * 255), round(g * 255), round(b * 255))
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
 
 
 def _text_colour(fill: str) -> str:
@@ -59,8 +58,8 @@ def render_svg(
     groups: Sequence[Sequence[int]],
     kind: str,
     title: str,
-    group_labels: Optional[Sequence[str]] = None,
-    highlight_rank: Optional[int] = None,
+    group_labels: Sequence[str] | None = None,
+    highlight_rank: int | None = None,
 ) -> str:
     """The SVG document (a str) colouring the ``groups`` of ``kind`` over ``world_size`` ranks.
 
@@ -93,6 +92,10 @@ def render_svg(
     width = content_w + 2 * _MARGIN
     height = legend_top + legend_rows * _LEGEND_H + _MARGIN
 
+    subtitle = (
+        f"{len(groups)} {kind} groups, one colour each; {num_nodes} nodes of {gpus_per_node} GPUs "
+        f"(node = rank // {gpus_per_node})"
+    )
     out: list[str] = [
         '<?xml version="1.0" encoding="UTF-8"?>',
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -100,9 +103,7 @@ def render_svg(
         f"<title>{escape(title)}</title>",
         f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
         f'<text x="{_MARGIN}" y="{_MARGIN + 14}" font-size="15" font-weight="bold">{escape(title)}</text>',
-        f'<text x="{_MARGIN}" y="{_MARGIN + 32}" font-size="11" fill="#444444">'
-        f"{escape(f'{len(groups)} {kind} groups, one colour each; {num_nodes} nodes of {gpus_per_node} GPUs (node = rank // {gpus_per_node})')}"
-        "</text>",
+        f'<text x="{_MARGIN}" y="{_MARGIN + 32}" font-size="11" fill="#444444">{escape(subtitle)}</text>',
     ]
     top = _MARGIN + _TITLE_H
     for node in range(num_nodes):
@@ -124,7 +125,11 @@ def render_svg(
             tip = f"rank {rank}, node {node}: " + (
                 f"{kind} group {index} {labels[index]}" if index >= 0 else f"in no {kind} group"
             )
-            stroke = ' stroke="#000000" stroke-width="3"' if rank == highlight_rank else ' stroke="#888888" stroke-width="0.6"'
+            stroke = (
+                ' stroke="#000000" stroke-width="3"'
+                if rank == highlight_rank
+                else ' stroke="#888888" stroke-width="0.6"'
+            )
             out.append(
                 f'<rect x="{cx}" y="{cy}" width="{_CELL_W}" height="{_CELL_H}" rx="2" fill="{fill}"{stroke} '
                 f'data-rank="{rank}" data-node="{node}" data-group="{group_attr}"><title>{escape(tip)}</title></rect>'
@@ -156,4 +161,3 @@ def render_svg(
         )
     out.append("</svg>")
     return "\n".join(out) + "\n"
-

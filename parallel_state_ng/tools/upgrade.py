@@ -41,7 +41,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from parallel_state_ng.mcore.releases import KNOWN_SERIES, Release, parse_release
 from parallel_state_ng.mcore.releases import hyper_comm_grid as grid_facts
@@ -68,8 +68,14 @@ INIT = "initialize_model_parallel"
 NO_EQUIVALENT = "removed, no equivalent"
 #: Kinds of breaking findings, in the order the summary lists them.
 KINDS = (
-    "positional shift", "removed keyword", "removed init argument", "removed function", "removed global",
-    "changed default", "new required parameter", "HyperCommGrid",
+    "positional shift",
+    "removed keyword",
+    "removed init argument",
+    "removed function",
+    "removed global",
+    "changed default",
+    "new required parameter",
+    "HyperCommGrid",
 )
 
 
@@ -84,7 +90,7 @@ class Finding:
     use: str  # the use as written (shortened)
     change: str
     fix: str
-    fixed_call: Optional[str] = None  # the call as it should read for TO (keyword form, removed arguments dropped)
+    fixed_call: str | None = None  # the call as it should read for TO (keyword form, removed arguments dropped)
 
     def format(self) -> str:
         """``path:line: <use>: <change> -> <fix>``."""
@@ -100,7 +106,7 @@ class FileCheck:
     grid_uses: int = 0  # HyperCommGrid method calls / imports that a change between the releases concerns
     findings: list[Finding] | None = None
     uncovered: Counter | None = None
-    error: Optional[str] = None
+    error: str | None = None
 
 
 def parse_upgrade(text: str) -> tuple[Release, Release]:
@@ -117,7 +123,9 @@ def parse_upgrade(text: str) -> tuple[Release, Release]:
         try:
             release = parse_release(part)
         except ValueError:
-            raise UsageError(f"{part!r} is not a megatron-core release (expected e.g. 0.19 or 0.19.2)", "--upgrade")
+            raise UsageError(
+                f"{part!r} is not a megatron-core release (expected e.g. 0.19 or 0.19.2)", "--upgrade"
+            ) from None
         if release.series not in KNOWN_SERIES:
             raise UsageError(
                 f"megatron-core {part} is not a release the data knows ({', '.join(KNOWN_SERIES)})", "--upgrade"
@@ -165,19 +173,21 @@ class _Checker:
         self.grid_uses = 0
         self.bindings: dict[str, str] = {}  # the file's bindings (FileImports.collect_bindings)
 
-    def add(self, node: ast.AST, kind: str, use: str, change: str, fix: str, fixed_call: Optional[str] = None) -> None:
+    def add(
+        self, node: ast.expr | ast.stmt, kind: str, use: str, change: str, fix: str, fixed_call: str | None = None
+    ) -> None:
         self.findings.append(
             Finding(self.path, node.lineno, node.col_offset, kind, shorten(use), change, fix, fixed_call)
         )
 
-    def text(self, node: ast.AST) -> str:
+    def text(self, node: ast.expr | ast.stmt) -> str:
         """``node``'s source as written."""
-        start = self.index.offset(node.lineno, node.col_offset)
-        end = self.index.offset(node.end_lineno, node.end_col_offset)
+        start = self.index.start(node)
+        end = self.index.end(node)
         return self.source[start:end] or ast.unparse(node)
 
     # ------------------------------------------------------------ MemberUseFinder's callback
-    def add_member_use(self, node: ast.AST, name: str, category: str, call: Optional[ast.Call] = None) -> None:
+    def add_member_use(self, node: ast.expr, name: str, category: str, call: ast.Call | None = None) -> None:
         self.uses += 1
         if name in self.old_functions or name in self.new_functions:
             self.function_use(node, name, call)
@@ -191,24 +201,43 @@ class _Checker:
         self.uses += 1
         use = f"from {node.module or '.'} import {name}"
         if name in self.old_functions and name not in self.new_functions:
-            self.add(node, "removed function", use, f"{name} does not exist in {self.new} (ImportError)",
-                     _fix_removed(name, self.old, self.new))
+            self.add(
+                node,
+                "removed function",
+                use,
+                f"{name} does not exist in {self.new} (ImportError)",
+                _fix_removed(name, self.old, self.new),
+            )
         elif name in self.old_globals and name not in self.new_globals:
-            self.add(node, "removed global", use, f"{name} does not exist in {self.new} (ImportError)",
-                     _fix_removed(name, self.old, self.new))
-        elif name not in self.old_functions and name not in self.old_globals and name not in self.new_functions \
-                and name not in self.new_globals:
+            self.add(
+                node,
+                "removed global",
+                use,
+                f"{name} does not exist in {self.new} (ImportError)",
+                _fix_removed(name, self.old, self.new),
+            )
+        elif (
+            name not in self.old_functions
+            and name not in self.old_globals
+            and name not in self.new_functions
+            and name not in self.new_globals
+        ):
             self.uncovered[name] += 1
 
     # ------------------------------------------------------------ functions
-    def function_use(self, node: ast.AST, name: str, call: Optional[ast.Call]) -> None:
+    def function_use(self, node: ast.expr, name: str, call: ast.Call | None) -> None:
         before, after = self.old_functions.get(name), self.new_functions.get(name)
         use = self.text(call if call is not None else node)
         if before is None:
             return  # FROM lacks it: nothing of FROM's to preserve
         if after is None:
-            self.add(node, "removed function", use, f"{name} does not exist in {self.new}",
-                     _fix_removed(name, self.old, self.new))
+            self.add(
+                node,
+                "removed function",
+                use,
+                f"{name} does not exist in {self.new}",
+                _fix_removed(name, self.old, self.new),
+            )
             return
         if call is not None:
             self.call(name, call, before, after)
@@ -244,36 +273,56 @@ class _Checker:
         if starred is not None:
             hidden = facts.positional_changes(name, self.old, self.new) if name != "RankGenerator" else []
             if any(i >= len(positional) for i, _, _ in hidden):
-                shifted.append(f"*-arguments may land on other parameters in {self.new} (positions "
-                               f"{', '.join(str(i + 1) for i, _, _ in hidden if i >= len(positional))})")
+                shifted.append(
+                    f"*-arguments may land on other parameters in {self.new} (positions "
+                    f"{', '.join(str(i + 1) for i, _, _ in hidden if i >= len(positional))})"
+                )
         if shifted:
             self.add(call, "positional shift", use, "; ".join(shifted), fix, fix)
         for text, param in removed:
             key = f"{name}.{param}"
             replacement = facts.replacement(key, self.new)
-            self.add(call, kind_removed, use, text,
-                     f"use {replacement} instead of {param}= ({fix})" if replacement
-                     else f"{_no_equivalent(self.old, self.new)}: drop it ({fix})", fix)
+            self.add(
+                call,
+                kind_removed,
+                use,
+                text,
+                f"use {replacement} instead of {param}= ({fix})"
+                if replacement
+                else f"{_no_equivalent(self.old, self.new)}: drop it ({fix})",
+                fix,
+            )
         has_double_star = any(kw.arg is None for kw in call.keywords)
         if starred is None and not has_double_star:
             self.defaults(name, call, use, passed, before, after)
             missing = [n for n, d in after if d is facts.REQUIRED and n not in passed]
             if missing:
-                self.add(call, "new required parameter", use,
-                         f"{self.new} requires {', '.join(missing)}", f"pass {', '.join(m + '=...' for m in missing)}")
+                self.add(
+                    call,
+                    "new required parameter",
+                    use,
+                    f"{self.new} requires {', '.join(missing)}",
+                    f"pass {', '.join(m + '=...' for m in missing)}",
+                )
 
     def keyword_form(self, call: ast.Call, positional: list, old_names: list, new_names: list) -> str:
         """The call with every positional argument from the first moved one on passed by FROM's
-        parameter name, and the arguments whose parameter TO lacks dropped."""
-        moved = [i for i in range(len(positional))
-                 if (new_names[i] if i < len(new_names) else None) != old_names[i]]
+        parameter name, and the arguments whose parameter TO lacks dropped.
+        """
+        moved = [i for i in range(len(positional)) if (new_names[i] if i < len(new_names) else None) != old_names[i]]
         first = moved[0] if moved else len(positional)
         parts = [self.text(a) for a in positional[:first]]
-        parts += [f"{old_names[i]}={self.text(a)}" for i, a in enumerate(positional)
-                  if i >= first and old_names[i] in new_names]
-        parts += [self.text(a) for a in call.args[len(positional):]]
-        parts += [f"{kw.arg}={self.text(kw.value)}" if kw.arg else f"**{self.text(kw.value)}"
-                  for kw in call.keywords if kw.arg is None or kw.arg in new_names]
+        parts += [
+            f"{old_names[i]}={self.text(a)}"
+            for i, a in enumerate(positional)
+            if i >= first and old_names[i] in new_names
+        ]
+        parts += [self.text(a) for a in call.args[len(positional) :]]
+        parts += [
+            f"{kw.arg}={self.text(kw.value)}" if kw.arg else f"**{self.text(kw.value)}"
+            for kw in call.keywords
+            if kw.arg is None or kw.arg in new_names
+        ]
         return f"{self.text(call.func)}({', '.join(parts)})"
 
     def defaults(self, name: str, call: ast.Call, use: str, passed: dict, before: tuple, after: tuple) -> None:
@@ -282,25 +331,40 @@ class _Checker:
             if param in passed or param not in new_defaults or default is facts.REQUIRED:
                 continue
             if new_defaults[param] is not facts.REQUIRED and new_defaults[param] != default:
-                self.add(call, "changed default", use,
-                         f"{param} defaults to {_value(new_defaults[param])} in {self.new} (was {_value(default)})",
-                         f"pass {param}={default!r} to keep {self.old}'s meaning")
+                self.add(
+                    call,
+                    "changed default",
+                    use,
+                    f"{param} defaults to {_value(new_defaults[param])} in {self.new} (was {_value(default)})",
+                    f"pass {param}={default!r} to keep {self.old}'s meaning",
+                )
 
     # ------------------------------------------------------------ globals
-    def global_use(self, node: ast.AST, name: str, category: str) -> None:
+    def global_use(self, node: ast.expr, name: str, category: str) -> None:
         if name not in self.old_globals:
             return
         use = f"{category} {self.text(node)}"
         if name not in self.new_globals:
-            self.add(node, "removed global", use, f"{name} does not exist in {self.new}",
-                     _fix_removed(name, self.old, self.new))
+            self.add(
+                node,
+                "removed global",
+                use,
+                f"{name} does not exist in {self.new}",
+                _fix_removed(name, self.old, self.new),
+            )
         elif self.old_globals[name] is not self.new_globals[name] and category == "read":
+
             def show(v: Any) -> str:
                 return "None" if v is None else repr(v())
-            self.add(node, "changed default", use,
-                     f"{name} is {show(self.new_globals[name])} before initialization in {self.new} "
-                     f"(was {show(self.old_globals[name])})",
-                     "do not rely on its value before initialize_model_parallel")
+
+            self.add(
+                node,
+                "changed default",
+                use,
+                f"{name} is {show(self.new_globals[name])} before initialization in {self.new} "
+                f"(was {show(self.old_globals[name])})",
+                "do not rely on its value before initialize_model_parallel",
+            )
 
 
 # --------------------------------------------------------------------------- HyperCommGrid
@@ -315,10 +379,15 @@ def _grid_checks(checker: _Checker, tree: ast.Module, scanner: FileImports) -> N
     if not imports:
         return
     if not grid_facts.has_class(new) and grid_facts.has_class(old):
-        for node in imports:
+        for statement in imports:
             checker.grid_uses += 1
-            checker.add(node, "HyperCommGrid", ast.unparse(node), f"{HYPER_COMM_GRID} does not exist in {new}",
-                        _no_equivalent(old, new))
+            checker.add(
+                statement,
+                "HyperCommGrid",
+                ast.unparse(statement),
+                f"{HYPER_COMM_GRID} does not exist in {new}",
+                _no_equivalent(old, new),
+            )
         return
     if not grid_facts.has_class(old):
         return
@@ -350,27 +419,36 @@ def _grid_checks(checker: _Checker, tree: ast.Module, scanner: FileImports) -> N
             continue  # FROM lacks the method: not FROM's code
         checker.grid_uses += 1
         if after is None:
-            checker.add(node, "HyperCommGrid", use, f"HyperCommGrid.{method} does not exist in {new}",
-                        _no_equivalent(old, new))
+            checker.add(
+                node, "HyperCommGrid", use, f"HyperCommGrid.{method} does not exist in {new}", _no_equivalent(old, new)
+            )
             continue
+
         def positional(sig: inspect.Signature) -> list[str]:
             return [p.name for p in list(sig.parameters.values())[1:] if p.kind is p.POSITIONAL_OR_KEYWORD]
 
         a, b = positional(before), positional(after)
-        problems = [f"argument {i + 1} ({a[i]}) lands on {b[i] if i < len(b) else 'no parameter'} in {new}"
-                    for i in range(min(len(node.args), len(a))) if (b[i] if i < len(b) else None) != a[i]]
+        problems = [
+            f"argument {i + 1} ({a[i]}) lands on {b[i] if i < len(b) else 'no parameter'} in {new}"
+            for i in range(min(len(node.args), len(a)))
+            if (b[i] if i < len(b) else None) != a[i]
+        ]
         swallowed = any(p.kind is p.VAR_KEYWORD for p in after.parameters.values())
-        dropped = [kw.arg for kw in node.keywords
-                   if kw.arg and kw.arg not in after.parameters and kw.arg in before.parameters]
-        problems += [f"keyword {k} does not exist in {new}" + (" (it would go to **kwargs)" if swallowed else "")
-                     for k in dropped]
+        dropped = [
+            kw.arg for kw in node.keywords if kw.arg and kw.arg not in after.parameters and kw.arg in before.parameters
+        ]
+        problems += [
+            f"keyword {k} does not exist in {new}" + (" (it would go to **kwargs)" if swallowed else "")
+            for k in dropped
+        ]
         if problems:
             fixes = (["pass the arguments by keyword"] if len(problems) > len(dropped) else []) + [
-                f"drop {k}= ({_no_equivalent(old, new)})" for k in dropped]
+                f"drop {k}= ({_no_equivalent(old, new)})" for k in dropped
+            ]
             checker.add(node, "HyperCommGrid", use, "; ".join(problems), "; ".join(fixes))
 
 
-def _imports_grid(node: ast.stmt, package: Optional[str]) -> bool:
+def _imports_grid(node: ast.Import | ast.ImportFrom, package: str | None) -> bool:
     if isinstance(node, ast.Import):
         return any(a.name == HYPER_COMM_GRID for a in node.names)
     module = from_import_module(node, package)
@@ -379,7 +457,7 @@ def _imports_grid(node: ast.stmt, package: Optional[str]) -> bool:
     )
 
 
-def _qualify(expr: ast.expr, bindings: dict[str, str]) -> Optional[str]:
+def _qualify(expr: ast.expr, bindings: dict[str, str]) -> str | None:
     if isinstance(expr, ast.Name):
         return bindings.get(expr.id)
     if isinstance(expr, ast.Attribute):
@@ -389,8 +467,9 @@ def _qualify(expr: ast.expr, bindings: dict[str, str]) -> Optional[str]:
 
 
 # --------------------------------------------------------------------------- files
-def check_source(source: str, old: Release, new: Release, path: str = "<string>",
-                 package: Optional[str] = None) -> FileCheck:
+def check_source(
+    source: str, old: Release, new: Release, path: str = "<string>", package: str | None = None
+) -> FileCheck:
     """The findings for Python ``source`` moving from release ``old`` to ``new``."""
     result = FileCheck(path=path, findings=[], uncovered=Counter())
     tree, result.error = parse_source(source, path)
@@ -435,9 +514,11 @@ def summary(checks: list[FileCheck], old: Release, new: Release) -> str:
     for c in checks:
         uncovered.update(c.uncovered or {})
     direction = "upgrade" if new.key >= old.key else "downgrade"
-    text = (f"{direction} {old} -> {new}: scanned {_plural(len(checks), 'file')}, "
-            f"{_plural(sum(c.uses for c in checks), 'use')} of {PARALLEL_STATE} in "
-            f"{_plural(sum(1 for c in checks if c.uses), 'file')}")
+    text = (
+        f"{direction} {old} -> {new}: scanned {_plural(len(checks), 'file')}, "
+        f"{_plural(sum(c.uses for c in checks), 'use')} of {PARALLEL_STATE} in "
+        f"{_plural(sum(1 for c in checks if c.uses), 'file')}"
+    )
     grid_uses = sum(c.grid_uses for c in checks)
     if grid_uses:
         text += f" and {_plural(grid_uses, 'HyperCommGrid use')} concerned by a change"
@@ -448,8 +529,10 @@ def summary(checks: list[FileCheck], old: Release, new: Release) -> str:
         text += "nothing breaks"
     if uncovered:
         names = ", ".join(sorted(uncovered))
-        text += (f"; {_plural(sum(uncovered.values()), 'use')} of names the release data does not cover, "
-                 f"not checked ({names})")
+        text += (
+            f"; {_plural(sum(uncovered.values()), 'use')} of names the release data does not cover, "
+            f"not checked ({names})"
+        )
     errors = sum(1 for c in checks if c.error)
     if errors:
         text += f"; {_plural(errors, 'file')} could not be read or parsed"

@@ -1,1 +1,4 @@
-"""The compat facade (compat/) against the installed Megatron-Core: API, differential, install, scoping, atomicity, bad input."""
+"""The compat facade (compat/) against the installed Megatron-Core.
+
+API, differential, install, scoping, atomicity, bad input.
+"""

@@ -47,7 +47,9 @@ def _pristine_problems(pg_before: set) -> list[str]:
     if ps.get_state() is not None:
         problems.append("get_state() is not None")
     names = (*_published.state_globals(vars(ps)), *_published.OVERRIDE_GLOBALS, *_published.BUFFER_GLOBALS)
-    problems += [f"{name} is set" for name in names if name != "_HYBRID_DP_CP_GROUPS" and getattr(ps, name, None) is not None]
+    problems += [
+        f"{name} is set" for name in names if name != "_HYBRID_DP_CP_GROUPS" and getattr(ps, name, None) is not None
+    ]
     if ps._HYBRID_DP_CP_GROUPS != {}:
         problems.append("_HYBRID_DP_CP_GROUPS is not empty")
     extra = set(_WORLD.pg_map) - pg_before
@@ -266,7 +268,7 @@ def _gloo_cycles(cycles: int) -> dict:
     for _ in range(cycles):
         ps.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
         try:
-            ps.get_state().handle("tp").cpu_group  # a lazily created gloo companion, destroyed too
+            _ = ps.get_state().handle("tp").cpu_group  # a lazily created gloo companion, destroyed too
             live_during.append(_registries()["pg_map"])
             # No barrier before destroy: gloo groups are ready on every member once created.
         finally:

@@ -14,7 +14,7 @@ import math
 import signal
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -43,17 +43,18 @@ SIZES = (
 class BadInput:
     """One bad input: ``kwargs`` for initialize_model_parallel, the argument it is about, and,
     where megatron-core fails for a reason other than the value itself (or must not be run on
-    it), why its exception type is not compared."""
+    it), why its exception type is not compared.
+    """
 
     case_id: str
     argument: str
     kwargs: dict
-    mcore_fails_for_other_reason: Optional[str] = None
+    mcore_fails_for_other_reason: str | None = None
     run_mcore: bool = True
     # Bad only from this release series on: an older release accepts it and builds a layout from
     # it (0.12 builds the hierarchical context-parallel levels that fit), which compat then builds
     # too (the differential test compares them), so there it is no bad input.
-    first_series: Optional[str] = None
+    first_series: str | None = None
 
 
 NEEDS_CUDA = "MCore's SHARP path needs CUDA; on this CPU-only build it fails for that, not for the value"
@@ -67,7 +68,7 @@ def _ranks_outside_pipeline(pp_ranks, *args):
     return [pp_ranks[0], WORLD + 100]
 
 
-def _build_cases(parameters: Optional[set] = None, release: Optional[Release] = None) -> list[BadInput]:
+def _build_cases(parameters: set | None = None, release: Release | None = None) -> list[BadInput]:
     """Every bad input, for the ``initialize_model_parallel`` parameters given (default: compat's)
     of ``release`` (default: the one compat serves).
 
@@ -81,15 +82,23 @@ def _build_cases(parameters: Optional[set] = None, release: Optional[Release] = 
         release = ps.MEGATRON_RELEASE
     cases: list[BadInput] = []
 
-    def add(argument: str, label: str, kwargs: dict, other_reason: Optional[str] = None,
-            first_series: Optional[str] = None) -> None:
+    def add(
+        argument: str, label: str, kwargs: dict, other_reason: str | None = None, first_series: str | None = None
+    ) -> None:
         run_mcore = other_reason is not FILE_DESCRIPTOR
         cases.append(BadInput(f"{argument}:{label}", argument, kwargs, other_reason, run_mcore, first_series))
 
     for name in SIZES:
         # vpp needs pp > 1 to be meaningful; give it that so the value itself is what is wrong
         base = {"pipeline_model_parallel_size": 2} if name == "virtual_pipeline_model_parallel_size" else {}
-        for label, value in [("str", "2"), ("zero", 0), ("negative", -2), ("bool", True), ("float", 2.0), ("list", [2])]:
+        for label, value in [
+            ("str", "2"),
+            ("zero", 0),
+            ("negative", -2),
+            ("bool", True),
+            ("float", 2.0),
+            ("list", [2]),
+        ]:
             add(name, label, {**base, name: value})
         if name != "virtual_pipeline_model_parallel_size":  # any positive vpp is valid
             add(name, "huge", {name: 2**40})
@@ -111,7 +120,11 @@ def _build_cases(parameters: Optional[set] = None, release: Optional[Release] = 
         add(name, "str", {name: "yes"}, reason)
         add(name, "int", {name: 1}, reason)
         add(name, "none", {name: None})
-    add("hybrid_context_parallel", "odd_data_context_parallel", {"hybrid_context_parallel": True, "tensor_model_parallel_size": 8})
+    add(
+        "hybrid_context_parallel",
+        "odd_data_context_parallel",
+        {"hybrid_context_parallel": True, "tensor_model_parallel_size": 8},
+    )
     add("create_all_gather_group", "str", {"create_all_gather_group": "yes"})
     add("create_all_gather_group", "int", {"create_all_gather_group": 1})
 
@@ -178,18 +191,33 @@ def _build_cases(parameters: Optional[set] = None, release: Optional[Release] = 
     # 0.19: the GTP weight-rematerialization sizes
     for name in ("gtp_remat_size", "expert_gtp_remat_size"):
         base = {"expert_model_parallel_size": 2} if name == "expert_gtp_remat_size" else {}
-        for label, value in [("str", "2"), ("zero", 0), ("negative", -2), ("bool", True), ("float", 2.0),
-                             ("list", [2]), ("none", None), ("huge", 2**40), ("not_divisible", 3)]:
+        for label, value in [
+            ("str", "2"),
+            ("zero", 0),
+            ("negative", -2),
+            ("bool", True),
+            ("float", 2.0),
+            ("list", [2]),
+            ("none", None),
+            ("huge", 2**40),
+            ("not_divisible", 3),
+        ]:
             add(name, label, {**base, name: value})
         add(name, "with_two_optimizer_instances", {**base, name: 2, "num_distributed_optimizer_instances": 2})
     # 0.17+: a layout on part of the world
-    for label, value in [("str", "2"), ("negative", -1), ("bool", True), ("float", 2.0), ("none", None),
-                         ("list", [2])]:
+    for label, value in [("str", "2"), ("negative", -1), ("bool", True), ("float", 2.0), ("none", None), ("list", [2])]:
         add("rank_offset", label, {"rank_offset": value, "local_world_size": 4})
     add("rank_offset", "layout_beyond_world", {"rank_offset": 6, "local_world_size": 4})
     add("rank_offset", "without_local_world_size", {"rank_offset": 4})
-    for label, value in [("str", "4"), ("zero", 0), ("negative", -4), ("bool", True), ("float", 4.0),
-                         ("list", [4]), ("beyond_world", 16)]:
+    for label, value in [
+        ("str", "4"),
+        ("zero", 0),
+        ("negative", -4),
+        ("bool", True),
+        ("float", 4.0),
+        ("list", [4]),
+        ("beyond_world", 16),
+    ]:
         add("local_world_size", label, {"local_world_size": value})
     add("local_world_size", "not_divisible", {"local_world_size": 3, "tensor_model_parallel_size": 2})
     # 0.12/0.13: encoder sizes (an encoder block needs encoder pp > 0) and the pipeline split rank
@@ -200,17 +228,32 @@ def _build_cases(parameters: Optional[set] = None, release: Optional[Release] = 
     add(enc_tp, "negative_with_encoder", {enc_tp: -1, enc_pp: 1, "tensor_model_parallel_size": 2})
     add(enc_tp, "none", {enc_tp: None})
     add(enc_tp, "greater_than_tp", {enc_tp: 2})
-    for label, value in [("str", "1"), ("negative", -1), ("bool", True), ("float", 1.0), ("list", [1]),
-                         ("huge", 2**40)]:
+    for label, value in [
+        ("str", "1"),
+        ("negative", -1),
+        ("bool", True),
+        ("float", 1.0),
+        ("list", [1]),
+        ("huge", 2**40),
+    ]:
         add(enc_pp, label, {enc_pp: value})
     add(enc_pp, "not_divisible", {enc_pp: 1, enc_tp: 1, "tensor_model_parallel_size": 2})
     split = "pipeline_model_parallel_split_rank"
-    for label, value in [("str", "1"), ("bool", True), ("float", 1.0), ("list", [1]), ("beyond_pipeline", 2),
-                         ("negative_beyond_pipeline", -3)]:
+    for label, value in [
+        ("str", "1"),
+        ("bool", True),
+        ("float", 1.0),
+        ("list", [1]),
+        ("beyond_pipeline", 2),
+        ("negative_beyond_pipeline", -3),
+    ]:
         add(split, label, {split: value, "pipeline_model_parallel_size": 2})
     add(split, "str_one_stage", {split: "0"})
-    return [case for case in cases if set(case.kwargs) <= parameters
-            and (case.first_series is None or release.at_least(case.first_series))]
+    return [
+        case
+        for case in cases
+        if set(case.kwargs) <= parameters and (case.first_series is None or release.at_least(case.first_series))
+    ]
 
 
 CASES = _build_cases()
@@ -278,7 +321,7 @@ def _clear_einops_caches() -> None:
             value.cache_clear()
 
 
-def _mcore_outcome(megatron_ps, kwargs: dict) -> Optional[BaseException]:
+def _mcore_outcome(megatron_ps, kwargs: dict) -> BaseException | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

@@ -14,10 +14,10 @@ import os
 import subprocess
 import sys
 
+import megatron.core.parallel_state as mcore_ps
 import pytest
 
 import compat.parallel_state as compat_ps
-import megatron.core.parallel_state as mcore_ps
 from tests.support import differential as D
 from tests.support.paths import ROOT
 
@@ -47,7 +47,7 @@ def test_reference_api_is_not_empty():
 
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_function_exists_with_the_same_signature(name):
-    """compat defines ``name`` as a function with MCore's parameter names, kinds and defaults."""
+    """Compat defines ``name`` as a function with MCore's parameter names, kinds and defaults."""
     ours = getattr(compat_ps, name, None)
     assert ours is not None, f"compat.parallel_state lacks {name}"
     assert callable(ours) and not inspect.isclass(ours), f"compat.parallel_state.{name} is not a function"

@@ -1,8 +1,8 @@
 """Differential test: ``compat.parallel_state`` against Megatron-Core's ``parallel_state``.
 
 For each configuration (world size 1 ... 1024, every argument of the installed MCore's
-``initialize_model_parallel``; configurations in ``tests/support/diff_configs.py``) and several ranks of it (first, last, a few seeded random
-ones), in one process on the fake backend: init MCore on rank r, snapshot everything
+``initialize_model_parallel``; configurations in ``tests/support/diff_configs.py``) and several
+ranks of it (first, last, a few seeded random ones), in one process on the fake backend: init MCore on rank r, snapshot everything
 observable (``tests/support/differential.py``), destroy; do the same with compat; the two must match.
 A configuration MCore rejects must be rejected by compat with the same exception type (or a
 subclass), and compat must be atomic: after its failed init the state is what it was before.
@@ -14,11 +14,11 @@ import os
 import warnings
 from typing import Any
 
+import megatron.core.parallel_state as mcore_ps
 import pytest
 
 from tests.support import differential as D
 from tests.support import helper_cases as H
-import megatron.core.parallel_state as mcore_ps
 from tests.support.diff_configs import Config, emb_all
 from tests.support.diff_configs_plan import all_configs
 from tests.support.diff_run import Tally, compare_config, run_side
@@ -113,7 +113,8 @@ def test_harness_detects_a_swapped_group():
 
 def test_harness_detects_a_global_left_after_destroy():
     """A group left in a global after destroy (where MCore resets it) is reported; MCore's own
-    leftovers and import-time values are accepted."""
+    leftovers and import-time values are accepted.
+    """
     D.fake_world(5, 8)
     cfg = Config(8, {"tensor_model_parallel_size": 2, "create_gloo_process_groups": False})
     ref = D.observe(mcore_ps, 5, cfg.kwargs, setter_phase=False)
@@ -155,12 +156,28 @@ def test_harness_refuses_an_unknown_public_function(monkeypatch):
 # --------------------------------------------------------------------------- uninitialized state
 
 UNINIT_CONFIGS = [
-    Config(16, {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "context_parallel_size": 2,
-                "hierarchical_context_parallel_sizes": [2], "virtual_pipeline_model_parallel_size": 2,
-                "create_gloo_process_groups": False}),
-    Config(16, {"context_parallel_size": 2, "hybrid_context_parallel": True, "num_distributed_optimizer_instances": 2,
-                "expert_model_parallel_size": 2, "create_all_gather_group": True,
-                "create_gloo_process_groups": False}),
+    Config(
+        16,
+        {
+            "tensor_model_parallel_size": 2,
+            "pipeline_model_parallel_size": 2,
+            "context_parallel_size": 2,
+            "hierarchical_context_parallel_sizes": [2],
+            "virtual_pipeline_model_parallel_size": 2,
+            "create_gloo_process_groups": False,
+        },
+    ),
+    Config(
+        16,
+        {
+            "context_parallel_size": 2,
+            "hybrid_context_parallel": True,
+            "num_distributed_optimizer_instances": 2,
+            "expert_model_parallel_size": 2,
+            "create_all_gather_group": True,
+            "create_gloo_process_groups": False,
+        },
+    ),
     Config(8, {"pipeline_model_parallel_size": 4, "get_embedding_ranks": emb_all, "create_gloo_process_groups": False}),
 ]
 
@@ -213,11 +230,7 @@ def test_uninitialized_after_destroy(compat_ps, cfg: Config, tmp_path):
     D.reset_mcore()
     compat_after = _after_destroy(compat_ps, cfg, rank, tmp_path)
     mcore_leaks = [d.key for d in D.compare(pristine, mcore_after)]
-    bad = [
-        d
-        for d in D.compare(mcore_after, compat_after)
-        if not D.equivalent(pristine.get(d.key, D.ABSENT), d.other)
-    ]
+    bad = [d for d in D.compare(mcore_after, compat_after) if not D.equivalent(pristine.get(d.key, D.ABSENT), d.other)]
     compat_leaks = [k for k in mcore_leaks if D.equivalent(mcore_after.get(k), compat_after.get(k, D.ABSENT))]
     print(f"\nMCore leaks after destroy: {mcore_leaks}\ncompat leaks the same: {compat_leaks}")
     assert not bad, D.describe(bad)
@@ -264,7 +277,10 @@ def test_valid_init_after_failed_init(compat_ps, cfg: Config, tmp_path):
 
 SECOND_INITS = [
     ({"tensor_model_parallel_size": 2}, {"tensor_model_parallel_size": 2}),
-    ({"pipeline_model_parallel_size": 2}, {"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2}),
+    (
+        {"pipeline_model_parallel_size": 2},
+        {"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2},
+    ),
     ({"context_parallel_size": 2}, {"context_parallel_size": 2, "hybrid_context_parallel": True}),
     ({}, {"tensor_model_parallel_size": 3}),
 ]

@@ -194,7 +194,8 @@ def _reduce_over_every_getter(configs: list[dict]) -> list[dict]:
 # --------------------------------------------------------------------------- expected (MCore)
 def _hierarchical(ranks: list[int], sizes: list[int]) -> list[list[list[int]]]:
     """Per level, the sub-groups MCore's create_hierarchical_groups makes of ``ranks``:
-    level ``k`` groups ``sizes[k]`` members spaced ``prod(sizes[:k])`` apart."""
+    level ``k`` groups ``sizes[k]`` members spaced ``prod(sizes[:k])`` apart.
+    """
     levels = []
     for level, size in enumerate(sizes):
         stride = math.prod(sizes[:level])
@@ -234,7 +235,13 @@ def mcore_groups(world: int, kw: dict) -> dict[str, list[list[int]]]:
     g.update(
         {
             kind: expert.get_ranks(token)
-            for kind, token in [("ep", "ep"), ("etp", "tp"), ("tp_ep", "tp-ep"), ("tp_ep_pp", "tp-ep-pp"), ("edp", "dp")]
+            for kind, token in [
+                ("ep", "ep"),
+                ("etp", "tp"),
+                ("tp_ep", "tp-ep"),
+                ("tp_ep_pp", "tp-ep-pp"),
+                ("edp", "dp"),
+            ]
         }
     )
     n = d["n"]
@@ -324,7 +331,12 @@ WORLD_4 = [
     {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
     {"context_parallel_size": 4, "hierarchical_context_parallel_sizes": [2, 2], "create_all_gather_group": True},
     {"expert_model_parallel_size": 4, "hybrid_context_parallel": True},
-    {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2, "expert_tensor_parallel_size": 1, "order": "tp-ep-dp-pp"},
+    {
+        "tensor_model_parallel_size": 2,
+        "expert_model_parallel_size": 2,
+        "expert_tensor_parallel_size": 1,
+        "order": "tp-ep-dp-pp",
+    },
 ]
 WORLD_8 = [
     {

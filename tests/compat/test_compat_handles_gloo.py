@@ -33,8 +33,14 @@ def _handles_agree_with_getters():
         live_before_destroy = len(dist.distributed_c10d._world.pg_map)
     finally:
         ps.destroy_model_parallel()
-    return facts, total, sum(tp.ranks), obj["from"], dp.first_rank, live_before_destroy, len(
-        dist.distributed_c10d._world.pg_map
+    return (
+        facts,
+        total,
+        sum(tp.ranks),
+        obj["from"],
+        dp.first_rank,
+        live_before_destroy,
+        len(dist.distributed_c10d._world.pg_map),
     )
 
 

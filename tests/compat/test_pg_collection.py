@@ -202,7 +202,11 @@ def test_gloo_fields_are_compat_groups(gloo_world):
     pytest.importorskip("megatron.core.process_groups_config")
     configs = [
         {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
-        {"context_parallel_size": 2, "hierarchical_context_parallel_sizes": [2], "num_distributed_optimizer_instances": 2},
+        {
+            "context_parallel_size": 2,
+            "hierarchical_context_parallel_sizes": [2],
+            "num_distributed_optimizer_instances": 2,
+        },
     ]
     results = gloo_world(4).run(_export_on_gloo, configs, timeout=300)
     for rank, per_config in enumerate(results):

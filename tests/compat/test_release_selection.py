@@ -29,7 +29,6 @@ from parallel_state_ng.mcore.releases import parallel_state as api
 from tests.support.paths import ROOT
 
 
-
 def _run(code: str, env_version: str | None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     env.pop(ENV_VAR, None)
@@ -121,7 +120,9 @@ def test_module_serves_exactly_the_requested_release(requested):
         n: ["self", *(p for p, _ in params)] for n, params in api.rank_generator_methods(requested).items()
     }
     assert out["rank_generator_extra"] == []
-    assert out["type_error"] == "get_tensor_model_parallel_group() takes from 0 to 1 positional arguments but 2 were given"
+    assert (
+        out["type_error"] == "get_tensor_model_parallel_group() takes from 0 to 1 positional arguments but 2 were given"
+    )
 
 
 @pytest.mark.slow
@@ -216,8 +217,14 @@ def test_install_hyper_comm_grid_redirects_and_uninstall_restores():
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.split("@@")[-1])
     assert out == {
-        "bound_before": True, "module": True, "bridge": True, "imported_after": True, "parallel_state": True,
-        "restored": True, "ps_restored": True, "plain": True,
+        "bound_before": True,
+        "module": True,
+        "bridge": True,
+        "imported_after": True,
+        "parallel_state": True,
+        "restored": True,
+        "ps_restored": True,
+        "plain": True,
     }
 
 

@@ -78,7 +78,12 @@ CASES: list[tuple[str, int, int, dict[str, Any]]] = [
             "order": "tp-cp-ep-pp-dp",
         },
     ),
-    ("hybrid-cp-4096", 4096, 1234, {"tensor_model_parallel_size": 2, "context_parallel_size": 4, "hybrid_context_parallel": True}),
+    (
+        "hybrid-cp-4096",
+        4096,
+        1234,
+        {"tensor_model_parallel_size": 2, "context_parallel_size": 4, "hybrid_context_parallel": True},
+    ),
     ("pp1-world-1024", 1024, 511, {"tensor_model_parallel_size": 8}),
 ]
 
@@ -157,8 +162,7 @@ def test_one_new_group_call_per_group_of_the_rank(world, rank, kwargs, fake_worl
     ps.initialize_model_parallel(create_gloo_process_groups=False, **kwargs)
 
     assert len(new_group_calls) == len(expected), (
-        f"rank {rank} of {world}: {len(new_group_calls)} new_group calls, "
-        f"but it belongs to {len(expected)} groups"
+        f"rank {rank} of {world}: {len(new_group_calls)} new_group calls, but it belongs to {len(expected)} groups"
     )
     for call in new_group_calls:
         assert call.get("use_local_synchronization") is True, call.get("group_desc")
@@ -169,7 +173,7 @@ def test_one_new_group_call_per_group_of_the_rank(world, rank, kwargs, fake_worl
 
 @pytest.mark.parametrize("world", [4096, 65536, 1048576])
 def test_call_count_is_the_same_at_every_world_size(world, fake_world, compat_state, new_group_calls):
-    """tp 8 pp 4 cp 2 ep 8 on a middle rank: 15 groups at 4,096 ranks and at 1,048,576."""
+    """Tp 8 pp 4 cp 2 ep 8 on a middle rank: 15 groups at 4,096 ranks and at 1,048,576."""
     fake_world(world // 2 + 3, world)
     ps.initialize_model_parallel(create_gloo_process_groups=False, **BENCH)
     assert len(new_group_calls) == 15

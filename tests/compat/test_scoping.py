@@ -140,7 +140,9 @@ def test_overrides_missing_groups_and_errors(fake_world):
         with pytest.raises(AssertionError, match="not initialized"):
             ps.get_embedding_group()
         assert not ps.is_rank_in_embedding_group()
-        assert ps.get_data_parallel_group(with_context_parallel=True, independent_all_gather=True) is a.groups["dp_cp_ag"]
+        assert (
+            ps.get_data_parallel_group(with_context_parallel=True, independent_all_gather=True) is a.groups["dp_cp_ag"]
+        )
         with pytest.raises(AssertionError, match="not initialized"):
             ps.get_data_parallel_group_gloo()  # neither grid has gloo twins
     with ps.use_state(None):

@@ -207,7 +207,7 @@ def test_hyper_comm_grid_check_agreement(gloo_world):
     assert [o["error"] for o in outcomes] == ["ParallelConfigMismatchError"] * 4
     message = outcomes[0]["message"]
     assert message.startswith("HyperCommGrid:")
-    assert 'shape: [2, 2] on ranks 0, 2-3; [4] on rank 1' in message
+    assert "shape: [2, 2] on ranks 0, 2-3; [4] on rank 1" in message
     assert 'dim_names: ["tp", "dp"] on ranks 0, 2-3; ["tp"] on rank 1' in message
 
 
@@ -293,7 +293,11 @@ def test_protocol_reports_every_distinct_configuration():
     assert err.group_sizes == [7, 4, 1]
     assert err.rank_groups == [[(1, 2), (4, 4), (7, 8), (10, 11)], [(0, 0), (3, 3), (6, 6), (9, 9)], [(5, 5)]]
     assert err.differences["tp"] == [1, 2, 1]
-    assert err.differences["fn"] == [{"callable": "builtins.len"}, {"callable": "builtins.len"}, {"callable": "builtins.print"}]
+    assert err.differences["fn"] == [
+        {"callable": "builtins.len"},
+        {"callable": "builtins.len"},
+        {"callable": "builtins.print"},
+    ]
     assert "order" not in err.differences
 
 
@@ -320,7 +324,11 @@ def test_canonical_json_is_process_independent_and_type_exact():
 
 @pytest.mark.parametrize(
     "env, expected",
-    [({}, (True, 60.0)), ({"PSNG_AGREEMENT_CHECK": "0"}, (False, 60.0)), ({"PSNG_AGREEMENT_TIMEOUT": "7.5"}, (True, 7.5))],
+    [
+        ({}, (True, 60.0)),
+        ({"PSNG_AGREEMENT_CHECK": "0"}, (False, 60.0)),
+        ({"PSNG_AGREEMENT_TIMEOUT": "7.5"}, (True, 7.5)),
+    ],
 )
 def test_settings_from_environment(monkeypatch, env, expected):
     for name in (agreement.ENV_ENABLE, agreement.ENV_TIMEOUT):
@@ -336,7 +344,10 @@ def test_settings_from_environment(monkeypatch, env, expected):
     assert agreement.agreement_check_settings() == expected
 
 
-@pytest.mark.parametrize("name, value", [("PSNG_AGREEMENT_CHECK", "maybe"), ("PSNG_AGREEMENT_TIMEOUT", "-1"), ("PSNG_AGREEMENT_TIMEOUT", "soon")])
+@pytest.mark.parametrize(
+    "name, value",
+    [("PSNG_AGREEMENT_CHECK", "maybe"), ("PSNG_AGREEMENT_TIMEOUT", "-1"), ("PSNG_AGREEMENT_TIMEOUT", "soon")],
+)
 def test_bad_environment_values_name_the_variable(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):

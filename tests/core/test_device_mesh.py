@@ -19,7 +19,15 @@ def _pg_count() -> int:
 # ----------------------------------------------------------------- pure layout of the mesh
 @pytest.mark.parametrize(
     "dims",
-    [["tp"], ["tp", "dp"], ["dp", "tp"], ["pp", "tp", "dp"], [("tp", "dp")], [("dp", "tp"), "pp"], ["cp", ("pp", "tp")]],
+    [
+        ["tp"],
+        ["tp", "dp"],
+        ["dp", "tp"],
+        ["pp", "tp", "dp"],
+        [("tp", "dp")],
+        [("dp", "tp"), "pp"],
+        ["cp", ("pp", "tp")],
+    ],
 )
 def test_slice_mesh_ranks_matches_brute_force(dims):
     layout = Layout([2, 3, 2, 2], ["tp", "cp", "dp", "pp"], rank_offset=4)

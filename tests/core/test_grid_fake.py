@@ -273,21 +273,101 @@ def _view(shape, names, shared, name="expert", twice=False):
 
 BAD_INPUT = [
     # (ours, megatron or None, expected type, message pattern)
-    pytest.param(_grid([2, 2], ["tp"]), _mgrid([2, 2], ["tp"]), ValueError, r"len\(shape\) 2 != len\(dim_names\) 1", id="length-mismatch"),
-    pytest.param(_grid([2, 2], ["tp", "tp"]), _mgrid([2, 2], ["tp", "tp"], raises=False), ValueError, "duplicate name 'tp'", id="duplicate-names"),
-    pytest.param(_grid([2, 0], ["tp", "dp"]), _mgrid([2, 0], ["tp", "dp"], raises=False), ValueError, r"shape\[1\] \(dim 'dp'\) must be >= 1, got 0", id="size-zero"),
-    pytest.param(_grid([-2, 2], ["tp", "dp"]), _mgrid([-2, 2], ["tp", "dp"], raises=False), ValueError, r"shape\[0\] \(dim 'tp'\) must be >= 1, got -2", id="size-negative"),
-    pytest.param(_grid([True, 2], ["tp", "dp"]), _mgrid([True, 2], ["tp", "dp"], raises=False), TypeError, r"shape\[0\].*True \(bool\)", id="size-bool"),
-    pytest.param(_grid([2, 2.0], ["tp", "dp"]), _mgrid([2, 2.0], ["tp", "dp"], raises=False), TypeError, r"shape\[1\].*2\.0 \(float\)", id="size-float"),
-    pytest.param(_grid([2, "2"], ["tp", "dp"]), _mgrid([2, "2"], ["tp", "dp"]), TypeError, r"shape\[1\].*'2' \(str\)", id="size-str"),
-    pytest.param(_grid([8, 16], ["tp", "dp"]), _mgrid([8, 16], ["tp", "dp"]), RuntimeError, r"\[8, 16\] \(128 ranks\).*world size 64", id="larger-than-world"),
-    pytest.param(_grid([4, 8], ["tp", "dp"], 33), _mgrid([4, 8], ["tp", "dp"], 33), RuntimeError, "world size 64 with rank offset 33", id="larger-than-world-minus-offset"),
-    pytest.param(_grid([2, 2], ["tp", "dp"], -1), _mgrid([2, 2], ["tp", "dp"], -1), ValueError, "rank_offset must be >= 0, got -1", id="negative-offset"),
+    pytest.param(
+        _grid([2, 2], ["tp"]),
+        _mgrid([2, 2], ["tp"]),
+        ValueError,
+        r"len\(shape\) 2 != len\(dim_names\) 1",
+        id="length-mismatch",
+    ),
+    pytest.param(
+        _grid([2, 2], ["tp", "tp"]),
+        _mgrid([2, 2], ["tp", "tp"], raises=False),
+        ValueError,
+        "duplicate name 'tp'",
+        id="duplicate-names",
+    ),
+    pytest.param(
+        _grid([2, 0], ["tp", "dp"]),
+        _mgrid([2, 0], ["tp", "dp"], raises=False),
+        ValueError,
+        r"shape\[1\] \(dim 'dp'\) must be >= 1, got 0",
+        id="size-zero",
+    ),
+    pytest.param(
+        _grid([-2, 2], ["tp", "dp"]),
+        _mgrid([-2, 2], ["tp", "dp"], raises=False),
+        ValueError,
+        r"shape\[0\] \(dim 'tp'\) must be >= 1, got -2",
+        id="size-negative",
+    ),
+    pytest.param(
+        _grid([True, 2], ["tp", "dp"]),
+        _mgrid([True, 2], ["tp", "dp"], raises=False),
+        TypeError,
+        r"shape\[0\].*True \(bool\)",
+        id="size-bool",
+    ),
+    pytest.param(
+        _grid([2, 2.0], ["tp", "dp"]),
+        _mgrid([2, 2.0], ["tp", "dp"], raises=False),
+        TypeError,
+        r"shape\[1\].*2\.0 \(float\)",
+        id="size-float",
+    ),
+    pytest.param(
+        _grid([2, "2"], ["tp", "dp"]),
+        _mgrid([2, "2"], ["tp", "dp"]),
+        TypeError,
+        r"shape\[1\].*'2' \(str\)",
+        id="size-str",
+    ),
+    pytest.param(
+        _grid([8, 16], ["tp", "dp"]),
+        _mgrid([8, 16], ["tp", "dp"]),
+        RuntimeError,
+        r"\[8, 16\] \(128 ranks\).*world size 64",
+        id="larger-than-world",
+    ),
+    pytest.param(
+        _grid([4, 8], ["tp", "dp"], 33),
+        _mgrid([4, 8], ["tp", "dp"], 33),
+        RuntimeError,
+        "world size 64 with rank offset 33",
+        id="larger-than-world-minus-offset",
+    ),
+    pytest.param(
+        _grid([2, 2], ["tp", "dp"], -1),
+        _mgrid([2, 2], ["tp", "dp"], -1),
+        ValueError,
+        "rank_offset must be >= 0, got -1",
+        id="negative-offset",
+    ),
     *_unknown_dim_cases(),
-    pytest.param(_view([1, 4, 2, 2], ["etp", "ep", "pp", "edp"], ["pp"]), None, ValueError, "shared dim 'pp' of view 'expert'", id="view-shared-dim-differs"),
-    pytest.param(_view([2, 2, 2], ["etp", "ep", "pp"], ["pp"]), None, ValueError, r"view 'expert' has shape \[2, 2, 2\] \(8 ranks\) but the grid has 16", id="view-wrong-size"),
-    pytest.param(_view([2, 2, 4], ["etp", "pp", "ep"], ["pp"], twice=True), None, ValueError, "view 'expert' is already registered", id="view-duplicate-name"),
-    pytest.param(_view([2, 2, 4], ["etp", "pp", "ep"], ["zz"]), None, UnknownDimError, "'zz'", id="view-unknown-shared-dim"),
+    pytest.param(
+        _view([1, 4, 2, 2], ["etp", "ep", "pp", "edp"], ["pp"]),
+        None,
+        ValueError,
+        "shared dim 'pp' of view 'expert'",
+        id="view-shared-dim-differs",
+    ),
+    pytest.param(
+        _view([2, 2, 2], ["etp", "ep", "pp"], ["pp"]),
+        None,
+        ValueError,
+        r"view 'expert' has shape \[2, 2, 2\] \(8 ranks\) but the grid has 16",
+        id="view-wrong-size",
+    ),
+    pytest.param(
+        _view([2, 2, 4], ["etp", "pp", "ep"], ["pp"], twice=True),
+        None,
+        ValueError,
+        "view 'expert' is already registered",
+        id="view-duplicate-name",
+    ),
+    pytest.param(
+        _view([2, 2, 4], ["etp", "pp", "ep"], ["zz"]), None, UnknownDimError, "'zz'", id="view-unknown-shared-dim"
+    ),
 ]
 
 
@@ -309,7 +389,9 @@ def test_bad_input_raises_immediately_and_names_the_problem(
         megatron()
     # megatron may raise a library subclass (numpy, einops): ours must be catchable the same way
     base = _builtin_base(theirs_info.value)
-    assert isinstance(ours_info.value, base), f"megatron raises {base.__name__}, we raise {type(ours_info.value).__name__}"
+    assert isinstance(ours_info.value, base), (
+        f"megatron raises {base.__name__}, we raise {type(ours_info.value).__name__}"
+    )
 
 
 def test_unknown_view_is_a_keyerror(monkeypatch):

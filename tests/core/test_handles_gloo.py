@@ -144,7 +144,7 @@ def _expected(h_ranks: list[int], rank: int) -> dict:
 
 
 def _handles_world_of_4():
-    """tp and dp handles of a 2x2 grid, plus a handle over the world in reversed order."""
+    """Tp and dp handles of a 2x2 grid, plus a handle over the world in reversed order."""
     before = _pg_count()
     grid = HyperCommGrid([2, 2], ["tp", "dp"])
     handles = []
@@ -191,7 +191,8 @@ def test_every_helper_on_a_world_of_4(gloo_world):
 
 def _handles_world_of_8():
     """Handles of a 2x2x2 grid over one, two and three dims, and of a composed view whose
-    group order differs from the sorted order of its device group."""
+    group order differs from the sorted order of its device group.
+    """
     grid = HyperCommGrid([2, 2, 2], ["tp", "dp", "pp"])
     # x, y re-express (tp, pp); the group over (y, dp) lists ranks as y fastest, e.g.
     # [0, 4, 2, 6], while new_group sorts them

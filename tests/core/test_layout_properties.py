@@ -39,14 +39,19 @@ def mixed_digits(value: int, sizes: Sequence[int]) -> list[int]:
 
 
 def plain_coord_fn(sizes: Sequence[int], names: Sequence[str], offset: int) -> Callable[[int], dict[str, int]]:
-    """rank -> coordinates of a plain layout (first name fastest)."""
+    """Rank -> coordinates of a plain layout (first name fastest)."""
     return lambda rank: dict(zip(names, mixed_digits(rank - offset, sizes)))
 
 
 def split_coord_fn(
-    sizes: Sequence[int], names: Sequence[str], offset: int, merged: Sequence[str], sub_sizes: Sequence[int], sub_names: Sequence[str]
+    sizes: Sequence[int],
+    names: Sequence[str],
+    offset: int,
+    merged: Sequence[str],
+    sub_sizes: Sequence[int],
+    sub_names: Sequence[str],
 ) -> Callable[[int], dict[str, int]]:
-    """rank -> coordinates after re-expressing ``merged`` dims (layout order) as sub-dims."""
+    """Rank -> coordinates after re-expressing ``merged`` dims (layout order) as sub-dims."""
     parent = plain_coord_fn(sizes, names, offset)
     size_of = dict(zip(names, sizes))
 
@@ -61,11 +66,16 @@ def split_coord_fn(
 
 
 def brute_enum(
-    ranks: Sequence[int], coord_of: Callable[[int], dict[str, int]], names: Sequence[str], sizes: Sequence[int], dims: Sequence[str]
+    ranks: Sequence[int],
+    coord_of: Callable[[int], dict[str, int]],
+    names: Sequence[str],
+    sizes: Sequence[int],
+    dims: Sequence[str],
 ) -> list[list[int]]:
     """Groups over ``dims``: ranks agreeing outside ``dims``; numbered by the outside
     coordinates and ordered inside by the ``dims`` coordinates (both first-fastest, in
-    ``names`` order)."""
+    ``names`` order).
+    """
     inside = [n for n in names if n in set(dims)]
     outside = [n for n in names if n not in set(dims)]
     size_of = dict(zip(names, sizes))
@@ -115,7 +125,9 @@ def assert_partition(layout: Layout, dims: Sequence[str]) -> list[list[int]]:
 PLAIN_CASES = [random_plain_args(random.Random(seed)) for seed in range(40)]
 
 
-@pytest.mark.parametrize("args", PLAIN_CASES, ids=lambda a: "-".join(f"{n}{s}" for n, s in zip(a[1], a[0])) + f"-off{a[2]}")
+@pytest.mark.parametrize(
+    "args", PLAIN_CASES, ids=lambda a: "-".join(f"{n}{s}" for n, s in zip(a[1], a[0])) + f"-off{a[2]}"
+)
 def test_every_dim_subset_partitions_the_block(args):
     sizes, names, offset = args
     layout = Layout(sizes, names, offset)

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 import compat.parallel_state as ps
-from parallel_state_ng.core import naming, sharing
 from parallel_state_ng.__main__ import main as cli_main
+from parallel_state_ng.core import naming, sharing
 
 _WORLD = dist.distributed_c10d._world
 
@@ -183,8 +183,9 @@ def test_layout_tool_counts_match_a_real_init(fake_world, monkeypatch, capsys):
         fake_world(rank, 16)
         for share, key in ((False, "without_sharing"), (True, "with_sharing")):
             monkeypatch.setattr(sharing, "_override", share)
-            ps.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-                                         create_gloo_process_groups=False)
+            ps.initialize_model_parallel(
+                tensor_model_parallel_size=2, pipeline_model_parallel_size=2, create_gloo_process_groups=False
+            )
             assert len(ps.get_state().created) == info[str(rank)][key], (rank, key)
             ps.destroy_model_parallel()
     assert info["0"]["with_sharing"] < info["0"]["without_sharing"]
@@ -310,11 +311,13 @@ def test_ranks_disagreeing_on_sharing_fail_the_agreement_check(gloo_world):
 # --------------------------------------------------------------------------- early-destroy guard
 def _destroy_right_after_a_late_peer(late_rank: int) -> bool:
     """``late_rank`` marks its readiness late; the others destroy at once. True: when our
-    destroy returned, the late member's mark was in the store (the destroy waited for it)."""
+    destroy returned, the late member's mark was in the store (the destroy waited for it).
+    """
     import time
 
     real_mark = naming._mark_ready
     if dist.get_rank() == late_rank:
+
         def late(group, name, size):
             time.sleep(0.5)
             real_mark(group, name, size)

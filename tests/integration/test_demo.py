@@ -1,5 +1,6 @@
 """scripts/demo.py: the real 8-process run (default and a non-default order), its option
-errors, and its verdict when a rank sees the wrong members."""
+errors, and its verdict when a rank sees the wrong members.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 from tests.support.paths import ROOT
 
 DEMO = os.path.join(ROOT, "scripts", "demo.py")
-KIND_LINE = re.compile(r"^(?P<label>[^\[]+) \[(?P<dims>[a-z-]+)(?P<view> in the expert view)?\]: (?P<n>\d+) groups? of (?P<m>\d+)$")
+KIND_LINE = re.compile(
+    r"^(?P<label>[^\[]+) \[(?P<dims>[a-z-]+)(?P<view> in the expert view)?\]: (?P<n>\d+) groups? of (?P<m>\d+)$"
+)
 GROUP = re.compile(r"\[(\d+(?:, \d+)*)\]")
 
 
@@ -47,7 +50,8 @@ def _parse_groups(stdout: str) -> dict[tuple[bool, str], list[list[int]]]:
 
 def _assert_megatron_groups(parsed, *, tp, dp, pp, ep, etp, dense_order, expert_order, kinds):
     """Every printed kind equals megatron's RankGenerator groups (cp 1); ``kinds`` are the
-    expected (expert view?, dims) keys."""
+    expected (expert view?, dims) keys.
+    """
     megatron_ps = pytest.importorskip("megatron.core.parallel_state")
     world = tp * dp * pp
     dense = megatron_ps.RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order=dense_order)
@@ -79,15 +83,22 @@ def test_default_run_verifies_every_group():
     kinds = [(False, "tp"), (False, "dp"), (False, "pp"), (False, "tp-pp"), (False, "tp-dp")]
     kinds += [(True, "etp"), (True, "ep"), (True, "etp-ep"), (True, "etp-ep-pp")]
     _assert_megatron_groups(
-        _parse_groups(result.stdout), tp=2, dp=2, pp=2, ep=2, etp=2,
-        dense_order="tp-dp-pp", expert_order="tp-ep-dp-pp", kinds=kinds,
+        _parse_groups(result.stdout),
+        tp=2,
+        dp=2,
+        pp=2,
+        ep=2,
+        etp=2,
+        dense_order="tp-dp-pp",
+        expert_order="tp-ep-dp-pp",
+        kinds=kinds,
     )
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_non_default_options():
-    """tp 1 (left out of the order) and pipeline fastest: a world of 4 processes."""
+    """Tp 1 (left out of the order) and pipeline fastest: a world of 4 processes."""
     result = _run_demo("--tp", "1", "--order", "pp-dp")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -99,8 +110,15 @@ def test_non_default_options():
     assert lines[-1].startswith("all 7 groups verified")
     kinds = [(False, "dp"), (False, "pp"), (True, "ep"), (True, "ep-pp")]
     _assert_megatron_groups(
-        _parse_groups(result.stdout), tp=1, dp=2, pp=2, ep=2, etp=1,
-        dense_order="pp-dp", expert_order="pp-ep-dp", kinds=kinds,
+        _parse_groups(result.stdout),
+        tp=1,
+        dp=2,
+        pp=2,
+        ep=2,
+        etp=1,
+        dense_order="pp-dp",
+        expert_order="pp-ep-dp",
+        kinds=kinds,
     )
 
 
@@ -128,7 +146,9 @@ def test_orders_of_the_dense_and_expert_layouts(order, dense, expert, megatron_o
 
     layout = Layout(config.expert_shape, config.expert_order)
     for token in ("ep", "tp-ep", "dp", "pp"):
-        assert layout.rank_enum([{"tp": "etp", "dp": "edp"}.get(t, t) for t in token.split("-")]) == mcore.get_ranks(token)
+        assert layout.rank_enum([{"tp": "etp", "dp": "edp"}.get(t, t) for t in token.split("-")]) == mcore.get_ranks(
+            token
+        )
 
 
 @pytest.mark.multiprocess

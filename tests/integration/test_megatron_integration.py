@@ -167,6 +167,7 @@ def _collection_facts(cps) -> dict:
 def _run_with_compat(tp_sizes, mcore_ps) -> dict:
     """Initialize through megatron.core.parallel_state (compat installed) and compute."""
     import megatron.core
+
     import compat.parallel_state as cps
 
     results = {}
@@ -351,13 +352,16 @@ assert all(facts)
 
 def test_install_then_import_the_module_itself():
     """``compat.install()`` and then ``import megatron.core.parallel_state as ps`` (megatron not
-    imported before): the parent packages load, the name is bound, and it is compat."""
+    imported before): the parent packages load, the name is bound, and it is compat.
+    """
     import os
     import subprocess
 
     pytest.importorskip("megatron.core.tensor_parallel")
     root = ROOT
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    )
     proc = subprocess.run(
         [sys.executable, "-c", _FIRST_IMPORT_IS_THE_MODULE], capture_output=True, text=True, timeout=300, env=env
     )

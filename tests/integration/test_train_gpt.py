@@ -29,8 +29,8 @@ import subprocess
 import sys
 
 import pytest
-
 from gpt_config import TrainConfig, TrainOptionError, validate  # scripts/ (pythonpath in pyproject.toml)
+
 from tests.support.paths import ROOT, SCRIPTS
 
 if importlib.util.find_spec("megatron") is None:  # without importing it in the test process
@@ -111,16 +111,22 @@ def _script(*options: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return subprocess.run(
         [sys.executable, os.path.join(SCRIPTS, "train_gpt.py"), *options],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
     )
 
 
 @pytest.mark.slow
 def test_layouts_agree_on_the_same_global_model(gloo_world):
     """Same global weights and batch (8 microbatches of 2): the first step's loss and gradient
-    norm do not depend on the layout. tp 1 pp 1 runs through the script, the rest on 4 ranks."""
-    single = _script("--impl", "compat", "--tp", "1", "--pp", "1", "--microbatches", "8",
-                     "--steps", "1", "--init-from-names")
+    norm do not depend on the layout. tp 1 pp 1 runs through the script, the rest on 4 ranks.
+    """
+    single = _script(
+        "--impl", "compat", "--tp", "1", "--pp", "1", "--microbatches", "8", "--steps", "1", "--init-from-names"
+    )
     assert single.returncode == 0, single.stderr[-3000:]
     match = re.search(r"^losses: \[(.*)\]$", single.stdout, re.M)
     assert match and re.search(r"^step 1: loss ", single.stdout, re.M), single.stdout
@@ -181,6 +187,7 @@ def test_validate_accepts_the_tested_layouts():
 
 def test_global_names_of_a_pipeline_stage():
     """Local layer / expert indices map to the unsplit model's names."""
+
     class Layer:
         def __init__(self, number):
             self.layer_number = number
@@ -194,7 +201,9 @@ def test_global_names_of_a_pipeline_stage():
     chunk = Chunk()
     name = gpt_training.global_param_name
     assert name(chunk, "decoder.layers.1.mlp.linear_fc1.weight") == "decoder.layers.3.mlp.linear_fc1.weight"
-    assert name(chunk, "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight",
-                num_local_experts=2, ep_rank=1) == "decoder.layers.2.mlp.experts.local_experts.3.linear_fc2.weight"
+    assert (
+        name(chunk, "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight", num_local_experts=2, ep_rank=1)
+        == "decoder.layers.2.mlp.experts.local_experts.3.linear_fc2.weight"
+    )
     assert name(chunk, "output_layer.weight") == "embedding.word_embeddings.weight"
     assert name(chunk, "decoder.final_layernorm.weight") == "decoder.final_layernorm.weight"

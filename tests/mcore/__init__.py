@@ -1,1 +1,4 @@
-"""The Megatron part (parallel_state_ng.mcore): group kinds, the group plan, MegatronLayout vs the installed MCore, release data."""
+"""The Megatron part (parallel_state_ng.mcore).
+
+Group kinds, the group plan, MegatronLayout vs the installed MCore, release data.
+"""

@@ -54,7 +54,12 @@ def test_every_global_of_the_table_exists_in_a_release_and_fallbacks_are_globals
 def test_kind_existence_reads_release_facts():
     assert not kind_exists("gtp_remat", release_facts("0.18")) and kind_exists("gtp_remat", release_facts("0.19"))
     assert kind_exists("inter_dp_cp", release_facts("0.12")) and not kind_exists("inter_dp_cp", release_facts("0.13"))
-    assert [s for s in SUPPORTED_SERIES if kind_exists("dp_cp_ag", release_facts(s))] == ["0.16", "0.17", "0.18", "0.19"]
+    assert [s for s in SUPPORTED_SERIES if kind_exists("dp_cp_ag", release_facts(s))] == [
+        "0.16",
+        "0.17",
+        "0.18",
+        "0.19",
+    ]
     assert set(ALL_GATHER_KINDS) == {"dp_cp_ag", "ep_dp_ag"}
     for kind in GROUP_KINDS.values():
         assert set(kind.exists) <= set(FACT_RANGES), kind.name
@@ -67,14 +72,39 @@ def _layout(release: str, **sizes) -> MegatronLayout:
 
 
 def test_plan_tp2_pp2_cp2_ep2_on_019_rank0():
-    lay = _layout("0.19", tensor_model_parallel_size=2, pipeline_model_parallel_size=2, context_parallel_size=2,
-                  expert_model_parallel_size=2)
+    lay = _layout(
+        "0.19",
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        context_parallel_size=2,
+        expert_model_parallel_size=2,
+    )
     steps = group_plan(lay, 0, PlanOptions(create_gloo_process_groups=True))
     created = [s for s in steps if isinstance(s, CreateGroup)]
     assert [s.key for s in created] == [
-        "gtp_remat", "dp_cp", "dp_cp_gloo", "dp", "dp_gloo", "cp", "mp", "tp", "pp", "embd", "pos_embd",
-        "tp_dp_cp", "tp_dp", "tp_cp", "expt_gtp_remat", "ep", "ep_tp", "tp_ep_mp", "tp_ep_pp", "tp_ep_gtp_remat_pp",
-        "ep_dp", "ep_dp_gloo", "intra_dist_opt_instance",
+        "gtp_remat",
+        "dp_cp",
+        "dp_cp_gloo",
+        "dp",
+        "dp_gloo",
+        "cp",
+        "mp",
+        "tp",
+        "pp",
+        "embd",
+        "pos_embd",
+        "tp_dp_cp",
+        "tp_dp",
+        "tp_cp",
+        "expt_gtp_remat",
+        "ep",
+        "ep_tp",
+        "tp_ep_mp",
+        "tp_ep_pp",
+        "tp_ep_gtp_remat_pp",
+        "ep_dp",
+        "ep_dp_gloo",
+        "intra_dist_opt_instance",
     ]
     by_key = {s.key: s for s in created}
     # MCore's default order tp-cp-ep-dp-pp: tp fastest, then cp, then dp (the expert view: tp-ep-dp-pp)
@@ -88,21 +118,34 @@ def test_plan_tp2_pp2_cp2_ep2_on_019_rank0():
 
 
 def test_plan_release_differences_are_the_facts():
-    base = dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
-                num_distributed_optimizer_instances=2)
-    keys = {s: [st.key for st in group_plan(_layout(s, **base), 3) if isinstance(st, CreateGroup)] for s in ("0.12", "0.16")}
+    base = dict(
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        expert_model_parallel_size=2,
+        num_distributed_optimizer_instances=2,
+    )
+    keys = {
+        s: [st.key for st in group_plan(_layout(s, **base), 3) if isinstance(st, CreateGroup)] for s in ("0.12", "0.16")
+    }
     assert keys["0.12"].index("dp") < keys["0.12"].index("dp_cp") and "inter_dp_cp" in keys["0.12"]
     assert keys["0.16"].index("dp_cp") < keys["0.16"].index("dp") and "inter_dp_cp" not in keys["0.16"]
     assert "intra_ep_dp_gloo" in keys["0.16"] and "intra_ep_dp" not in keys["0.12"]
-    ep = {s: next(st for st in group_plan(_layout(s, **base), 3) if isinstance(st, CreateGroup) and st.key == "ep")
-          for s in ("0.15", "0.16")}
+    ep = {
+        s: next(st for st in group_plan(_layout(s, **base), 3) if isinstance(st, CreateGroup) and st.key == "ep")
+        for s in ("0.15", "0.16")
+    }
     assert ep["0.15"].timeout == "torch" and ep["0.16"].timeout == "init"
 
 
 def test_plan_sharp_steps_and_options():
     lay = _layout("0.16", tensor_model_parallel_size=2, num_distributed_optimizer_instances=2)
-    steps = group_plan(lay, 0, PlanOptions(sharp_enabled_group="dp_replica", hybrid_context_parallel=True,
-                                           pipeline_model_parallel_comm_backend="ucc"))
+    steps = group_plan(
+        lay,
+        0,
+        PlanOptions(
+            sharp_enabled_group="dp_replica", hybrid_context_parallel=True, pipeline_model_parallel_comm_backend="ucc"
+        ),
+    )
     kinds = [type(s).__name__ for s in steps]
     assert kinds.count("SetCollnet") == 1 and kinds.count("SharpBarrier") == 1
     collnet = kinds.index("SetCollnet")
@@ -113,7 +156,9 @@ def test_plan_sharp_steps_and_options():
     assert pp.backend == "ucc" and pp.nccl_key is None
     hybrid = [s for s in steps if isinstance(s, CreateGroup) and s.kind == "hybrid_dp_cp"]
     assert [s.slot for s in hybrid] == lay.hybrid_group_sizes() and all(s.timeout == "torch" for s in hybrid)
-    legacy = group_plan(_layout("0.13", num_distributed_optimizer_instances=2), 0, PlanOptions(sharp_enabled_group="dp"))
+    legacy = group_plan(
+        _layout("0.13", num_distributed_optimizer_instances=2), 0, PlanOptions(sharp_enabled_group="dp")
+    )
     assert not any(isinstance(s, SetCollnet) for s in legacy)
     assert [s for s in legacy if isinstance(s, SharpBarrier)] == [SharpBarrier("dp_cp", legacy=True)]
 

@@ -59,8 +59,13 @@ class Config:
     def rank_generator(self):
         s = self.size_of
         return megatron_ps.RankGenerator(
-            tp=s["tp"], ep=s["ep"], dp=s["dp"], pp=s["pp"], cp=s["cp"],
-            order="-".join(self.order), rank_offset=self.rank_offset,
+            tp=s["tp"],
+            ep=s["ep"],
+            dp=s["dp"],
+            pp=s["pp"],
+            cp=s["cp"],
+            order="-".join(self.order),
+            rank_offset=self.rank_offset,
         )
 
 

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_state_ng.mcore.releases.facts import release_facts
-
 from parallel_state_ng.mcore.releases import KNOWN_SERIES
 from parallel_state_ng.mcore.releases import parallel_state as api
 from parallel_state_ng.mcore.releases import process_groups_config as pgc
+from parallel_state_ng.mcore.releases.facts import release_facts
 
 
 @pytest.mark.parametrize(
     "series, functions, globals_, fields",
-    [("0.14", 79, 47, 0), ("0.15", 80, 48, 20), ("0.16", 86, 52, 20), ("0.17", 82, 51, 20), ("0.18", 82, 50, 22),
-     ("0.19", 90, 60, 27)],
+    [
+        ("0.14", 79, 47, 0),
+        ("0.15", 80, 48, 20),
+        ("0.16", 86, 52, 20),
+        ("0.17", 82, 51, 20),
+        ("0.18", 82, 50, 22),
+        ("0.19", 90, 60, 27),
+    ],
 )
 def test_counts_per_release(series, functions, globals_, fields):
     assert len(api.functions(series)) == functions

@@ -1,1 +1,4 @@
-"""Per-release checks: each supported megatron-core release in its own subprocess (wheels from tests.support.mcore_releases)."""
+"""Per-release checks.
+
+Each supported megatron-core release in its own subprocess (wheels from tests.support.mcore_releases).
+"""

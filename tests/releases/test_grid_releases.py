@@ -86,7 +86,14 @@ def test_release_surface_follows_the_data(monkeypatch):
     assert facts.differences("0.14", "0.14") == {} and not facts.has_class("0.13") and facts.has_class("0.14")
     changed = facts.differences("0.16", "0.19")
     assert changed["destroy"][0] is None and "view" in changed["create_pg"][1].parameters
-    assert set(changed) == {"create_pg", "get_pg", "get_rank_enum", "destroy", "is_current_rank_in_grid", "register_view"}
+    assert set(changed) == {
+        "create_pg",
+        "get_pg",
+        "get_rank_enum",
+        "destroy",
+        "is_current_rank_in_grid",
+        "register_view",
+    }
     # the superset engine has every release's methods
     assert all(hasattr(HyperCommGrid, name) for name in everything)
 

@@ -28,11 +28,11 @@ def check_install(version: str) -> dict:
     import sys
     import types
 
+    import megatron.core.parallel_state as theirs
+    import megatron.core.process_groups_config as pgc
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    import megatron.core.parallel_state as theirs
-    import megatron.core.process_groups_config as pgc
     from parallel_state_ng.mcore.releases import UnsupportedReleaseError
 
     try:
@@ -41,8 +41,11 @@ def check_install(version: str) -> dict:
         mgrid = None
 
     user = types.ModuleType("megatron.core.user_code")  # a module with MCore-style from-imports
-    exec("from megatron.core.parallel_state import get_data_parallel_group, get_tensor_model_parallel_rank\n"
-         + ("from megatron.core.hyper_comm_grid import HyperCommGrid\n" if mgrid else ""), user.__dict__)
+    exec(
+        "from megatron.core.parallel_state import get_data_parallel_group, get_tensor_model_parallel_rank\n"
+        + ("from megatron.core.hyper_comm_grid import HyperCommGrid\n" if mgrid else ""),
+        user.__dict__,
+    )
     sys.modules[user.__name__] = user
 
     import compat
@@ -75,7 +78,9 @@ def check_install(version: str) -> dict:
     dist.init_process_group("fake", rank=3, world_size=8, store=FakeStore())
     try:
         ps.initialize_model_parallel(
-            tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            expert_model_parallel_size=2,
             create_gloo_process_groups=False,
         )
         collection = getattr(pgc, "ProcessGroupCollection", None)

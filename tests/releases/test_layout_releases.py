@@ -17,18 +17,25 @@ import random
 
 import pytest
 
-from tests.support.mcore_releases import RELEASES, run_in_release
 from parallel_state_ng.mcore.layout import MegatronLayout
 from parallel_state_ng.mcore.releases import parse_release
+from tests.support.mcore_releases import RELEASES, run_in_release
 
 CONFIGS_PER_RELEASE = 24
 TOKENS = ("tp", "cp", "ep", "dp", "pp")
 # Orders ending in pp that interleave tp, cp and dp (groups differ from the default order's),
 # orders with size-1 tokens left out, an upper-case one and permutations not ending in pp.
-ORDERS = ["tp-cp-ep-dp-pp", "cp-tp-ep-dp-pp", "dp-tp-cp-ep-pp", "cp-dp-tp-ep-pp", "tp-dp-cp-ep-pp",
-          "ep-tp-dp-cp-pp", "tp-dp-pp", "tp-pp-dp", "TP-CP-EP-DP-PP"] + [
-    "-".join(p) for p in itertools.permutations(TOKENS)
-][::23]
+ORDERS = [
+    "tp-cp-ep-dp-pp",
+    "cp-tp-ep-dp-pp",
+    "dp-tp-cp-ep-pp",
+    "cp-dp-tp-ep-pp",
+    "tp-dp-cp-ep-pp",
+    "ep-tp-dp-cp-pp",
+    "tp-dp-pp",
+    "tp-pp-dp",
+    "TP-CP-EP-DP-PP",
+] + ["-".join(p) for p in itertools.permutations(TOKENS)][::23]
 
 
 def _draw(rng: random.Random, series: str, big: bool) -> dict:
@@ -48,8 +55,11 @@ def _draw(rng: random.Random, series: str, big: bool) -> dict:
     pp_last = [o for o in ORDERS if o.endswith("pp") and len(o.split("-")) == 5]
     instances = 2 if (gtp, egtp) == (1, 1) and (dp * cp) % 2 == 0 and edp % 2 == 0 and rng.random() < 0.4 else 1
     cfg = {
-        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "context_parallel_size": cp,
-        "expert_model_parallel_size": ep, "expert_tensor_parallel_size": etp,
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "context_parallel_size": cp,
+        "expert_model_parallel_size": ep,
+        "expert_tensor_parallel_size": etp,
         "order": rng.choice(ORDERS if rng.random() < 0.25 else pp_last),
         "num_distributed_optimizer_instances": instances,
         "world_size": local,
@@ -86,9 +96,16 @@ def configs_for(series: str, seed: int = 10) -> list[dict]:
     rng = random.Random(f"{seed}-{series}")
     out = [_draw(rng, series, big=i < 3) for i in range(CONFIGS_PER_RELEASE)]
     out.append({"world_size": 8, "order": "tp-cp-ep-dp-pp"})  # every default
-    big = {"world_size": 1024, "tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 4,
-           "context_parallel_size": 2, "expert_model_parallel_size": 8, "expert_tensor_parallel_size": 2,
-           "order": "tp-cp-ep-dp-pp", "num_distributed_optimizer_instances": 2}
+    big = {
+        "world_size": 1024,
+        "tensor_model_parallel_size": 4,
+        "pipeline_model_parallel_size": 4,
+        "context_parallel_size": 2,
+        "expert_model_parallel_size": 8,
+        "expert_tensor_parallel_size": 2,
+        "order": "tp-cp-ep-dp-pp",
+        "num_distributed_optimizer_instances": 2,
+    }
     if parse_release(series).at_least("0.17"):
         big.update(rank_offset=8, local_world_size=1024, world_size=1032)
     if parse_release(series).at_least("0.19"):
@@ -99,19 +116,55 @@ def configs_for(series: str, seed: int = 10) -> list[dict]:
         # MCore's own example (6 ranks, tp-dp-pp), with expert tp 1: the distributed-optimizer
         # instance groups (0.13) then take encoder and decoder tp-ep-pp groups together.
         out.append({"world_size": 6, "order": "tp-dp-pp", "tensor_model_parallel_size": 2, **enc})
-        out.append({"world_size": 6, "order": "tp-dp-pp", "tensor_model_parallel_size": 2,
-                    "expert_tensor_parallel_size": 1, **enc})
+        out.append(
+            {
+                "world_size": 6,
+                "order": "tp-dp-pp",
+                "tensor_model_parallel_size": 2,
+                "expert_tensor_parallel_size": 1,
+                **enc,
+            }
+        )
         # decoder tp not a multiple of the encoder's: uneven stitching of pipelines
-        out.append({"world_size": 20, "tensor_model_parallel_size": 3, "pipeline_model_parallel_size": 2,
-                    "encoder_tensor_model_parallel_size": 2, "encoder_pipeline_model_parallel_size": 2})
-        out.append({"world_size": 40, "tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 2,
-                    "context_parallel_size": 2, "encoder_tensor_model_parallel_size": 2,
-                    "encoder_pipeline_model_parallel_size": 1, "expert_model_parallel_size": 2,
-                    "hierarchical_context_parallel_sizes": [2, 1], "pipeline_model_parallel_split_rank": 1})
-        out.append({"world_size": 20, "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
-                    "num_distributed_optimizer_instances": 2, **enc})
-        out.append({"world_size": 8, "tensor_model_parallel_size": 1, "encoder_tensor_model_parallel_size": 2,
-                    "encoder_pipeline_model_parallel_size": 1})  # encoder tp > tp: AssertionError
+        out.append(
+            {
+                "world_size": 20,
+                "tensor_model_parallel_size": 3,
+                "pipeline_model_parallel_size": 2,
+                "encoder_tensor_model_parallel_size": 2,
+                "encoder_pipeline_model_parallel_size": 2,
+            }
+        )
+        out.append(
+            {
+                "world_size": 40,
+                "tensor_model_parallel_size": 4,
+                "pipeline_model_parallel_size": 2,
+                "context_parallel_size": 2,
+                "encoder_tensor_model_parallel_size": 2,
+                "encoder_pipeline_model_parallel_size": 1,
+                "expert_model_parallel_size": 2,
+                "hierarchical_context_parallel_sizes": [2, 1],
+                "pipeline_model_parallel_split_rank": 1,
+            }
+        )
+        out.append(
+            {
+                "world_size": 20,
+                "tensor_model_parallel_size": 2,
+                "pipeline_model_parallel_size": 2,
+                "num_distributed_optimizer_instances": 2,
+                **enc,
+            }
+        )
+        out.append(
+            {
+                "world_size": 8,
+                "tensor_model_parallel_size": 1,
+                "encoder_tensor_model_parallel_size": 2,
+                "encoder_pipeline_model_parallel_size": 1,
+            }
+        )  # encoder tp > tp: AssertionError
         out.append({"world_size": 16, "context_parallel_size": 4, "hierarchical_context_parallel_sizes": [3]})
     if parse_release(series).at_least("0.19"):
         # 0.19 quirks: an order without "tp" (ValueError / AssertionError), an upper-case order
@@ -119,13 +172,29 @@ def configs_for(series: str, seed: int = 10) -> list[dict]:
         # the data-parallel sizes agree), GTP with two optimizer instances (AssertionError).
         out.append({"world_size": 8, "order": "cp-ep-dp-pp", "pipeline_model_parallel_size": 2})
         out.append({"world_size": 16, "order": "cp-ep-dp-pp", "tensor_model_parallel_size": 2})
-        out.append({"world_size": 16, "order": "TP-CP-EP-DP-PP", "tensor_model_parallel_size": 2, "gtp_remat_size": 2,
-                    "expert_model_parallel_size": 2, "expert_gtp_remat_size": 2})
+        out.append(
+            {
+                "world_size": 16,
+                "order": "TP-CP-EP-DP-PP",
+                "tensor_model_parallel_size": 2,
+                "gtp_remat_size": 2,
+                "expert_model_parallel_size": 2,
+                "expert_gtp_remat_size": 2,
+            }
+        )
         out.append({"world_size": 16, "gtp_remat_size": 2, "num_distributed_optimizer_instances": 2})
         # gtp_remat placed by the user: kept where it is in both generators.
-        out.append({"world_size": 32, "order": "gtp_remat-tp-cp-ep-dp-pp", "tensor_model_parallel_size": 2,
-                    "gtp_remat_size": 2, "expert_model_parallel_size": 2, "expert_gtp_remat_size": 2,
-                    "pipeline_model_parallel_size": 2})
+        out.append(
+            {
+                "world_size": 32,
+                "order": "gtp_remat-tp-cp-ep-dp-pp",
+                "tensor_model_parallel_size": 2,
+                "gtp_remat_size": 2,
+                "expert_model_parallel_size": 2,
+                "expert_gtp_remat_size": 2,
+                "pipeline_model_parallel_size": 2,
+            }
+        )
     return out
 
 
@@ -136,7 +205,9 @@ def configs_for(series: str, seed: int = 10) -> list[dict]:
 def test_layout_matches_release(series: str) -> None:
     configs = configs_for(series)
     assert max(c.get("local_world_size") or c["world_size"] for c in configs) >= 1024
-    result = run_in_release(RELEASES[series], "tests.support.layout_release_checks", "check_release", series, configs, 10)
+    result = run_in_release(
+        RELEASES[series], "tests.support.layout_release_checks", "check_release", series, configs, 10
+    )
     stats = result["stats"]
     assert result["mismatch_count"] == 0, "\n".join(result["mismatches"])
     # Every configuration was either compared or rejected by both sides; most are compared.
@@ -175,16 +246,42 @@ def test_gtp_sizes_one_equal_018() -> None:
 def test_layout_tool_release_and_gtp(capsys) -> None:
     from parallel_state_ng.__main__ import main
 
-    args = ["layout", "--world-size", "32", "--tp", "2", "--pp", "2", "--ep", "2", "--gtp-remat-size", "2",
-            "--expert-gtp-remat-size", "2", "--release", "0.19", "--format", "json"]
+    args = [
+        "layout",
+        "--world-size",
+        "32",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--ep",
+        "2",
+        "--gtp-remat-size",
+        "2",
+        "--expert-gtp-remat-size",
+        "2",
+        "--release",
+        "0.19",
+        "--format",
+        "json",
+    ]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
-    lay = MegatronLayout(world_size=32, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
-                         expert_model_parallel_size=2, gtp_remat_size=2, expert_gtp_remat_size=2, release="0.19")
+    lay = MegatronLayout(
+        world_size=32,
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        expert_model_parallel_size=2,
+        gtp_remat_size=2,
+        expert_gtp_remat_size=2,
+        release="0.19",
+    )
     assert list(report["kinds"]) == lay.kinds()
-    assert report["kinds"]["gtp_remat"]["groups"] == lay.enumerate("gtp_remat") == [
-        [r, r + 2] for base in range(0, 32, 4) for r in (base, base + 1)
-    ]
+    assert (
+        report["kinds"]["gtp_remat"]["groups"]
+        == lay.enumerate("gtp_remat")
+        == [[r, r + 2] for base in range(0, 32, 4) for r in (base, base + 1)]
+    )
     assert report["config"]["expert_dims"] == {"etp": 2, "ep": 2, "egtp_remat": 2, "edp": 2, "pp": 2}
     assert main(["layout", "--world-size", "32", "--gtp-remat-size", "2", "--release", "0.18"]) == 2
     assert "--gtp-remat-size" in capsys.readouterr().err

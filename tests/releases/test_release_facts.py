@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import mcore_releases
 from parallel_state_ng.mcore.releases import KNOWN_SERIES, SUPPORTED_SERIES, parse_release
+from tests.support import mcore_releases
 
 
 def test_legacy_series_are_supported():

@@ -23,10 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import differential as D
-from tests.support import mcore_releases
-from tests.support import release_checks
 from parallel_state_ng.mcore.releases import ENV_VAR, installed_megatron_version
+from tests.support import differential as D
+from tests.support import mcore_releases, release_checks
 
 VERSIONS = list(mcore_releases.RELEASES.values())
 INSTALLED = installed_megatron_version()
@@ -45,8 +44,10 @@ MIN_FEATURE_CONFIGS = 10
 
 
 def _summary(version: str, result: dict, wall: float) -> str:
-    parts = [f"megatron-core {version}: {wall:.1f} s wall (child {result.get('seconds')} s, "
-             f"{result.get('cpu_seconds')} s CPU)"]
+    parts = [
+        f"megatron-core {version}: {wall:.1f} s wall (child {result.get('seconds')} s, "
+        f"{result.get('cpu_seconds')} s CPU)"
+    ]
     for section in ("api", "differential", "helpers", "bad_input"):
         info = {k: v for k, v in result.get(section, {}).items() if k != "problems"}
         parts.append(f"  {section}: {json.dumps(info)}; problems: {len(result.get(section, {}).get('problems', []))}")
@@ -74,7 +75,12 @@ def test_compat_serves_release(version):
     full = version != INSTALLED
     start = time.perf_counter()
     result = mcore_releases.run_in_release(
-        version, "tests.support.release_checks", "run", version, release_checks.RELEASE_PLAN, True,
+        version,
+        "tests.support.release_checks",
+        "run",
+        version,
+        release_checks.RELEASE_PLAN,
+        True,
         10_000 if full else INSTALLED_SAMPLE,
         env={ENV_VAR: ""},  # compat must pick the release from importlib.metadata, not an override
     )
@@ -85,17 +91,21 @@ def test_compat_serves_release(version):
     api, diff, bad, helpers = result["api"], result["differential"], result["bad_input"], result["helpers"]
     counts = []
     if "helper_cases" in helpers:
-        counts += [("RankGenerator cases", helpers["rank_generator_cases"], MIN_RANK_GENERATOR_CASES),
-                   ("helper cases", helpers["helper_cases"], MIN_HELPER_CASES)]
+        counts += [
+            ("RankGenerator cases", helpers["rank_generator_cases"], MIN_RANK_GENERATOR_CASES),
+            ("helper cases", helpers["helper_cases"], MIN_HELPER_CASES),
+        ]
     if "functions" in api:
         counts += [("api functions", api["functions"], MIN_FUNCTIONS), ("api globals", api["globals"], MIN_GLOBALS)]
     if "cases" in bad:
         counts.append(("bad-input cases", bad["cases"], MIN_BAD_INPUTS))
     if "configs" in diff:
         if full:
-            counts += [("differential configs", diff["configs"], MIN_CONFIGS),
-                       ("differential runs", diff["runs"], MIN_RANKS_PER_CONFIG * MIN_CONFIGS),
-                       ("largest world", diff["max_world"], 1024)]
+            counts += [
+                ("differential configs", diff["configs"], MIN_CONFIGS),
+                ("differential runs", diff["runs"], MIN_RANKS_PER_CONFIG * MIN_CONFIGS),
+                ("largest world", diff["max_world"], 1024),
+            ]
             for feature, present in diff["features"].items():
                 if present:
                     counts.append((f"configs with {feature}", diff[f"with_{feature}"], MIN_FEATURE_CONFIGS))

@@ -1,1 +1,4 @@
-"""Helpers for the tests (not collected): gloo worlds, the differential library and configurations, per-release harnesses."""
+"""Helpers for the tests (not collected).
+
+Gloo worlds, the differential library and configurations, per-release harnesses.
+"""

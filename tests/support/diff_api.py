@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import megatron.core.parallel_state as mcore_ps
 
@@ -154,7 +155,7 @@ def classify_functions() -> tuple[list[str], list[str]]:
     return getters, setters
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def getter_calls(world_size: int) -> tuple[Call, ...]:
     """Every getter call :func:`snapshot` makes: the no-argument call and every combination."""
     getters, _ = classify_functions()
@@ -177,4 +178,3 @@ def getter_calls(world_size: int) -> tuple[Call, ...]:
             if names:
                 calls.append(Call(name, dict(zip(names, combo))))
     return tuple(calls)
-

@@ -25,12 +25,14 @@ import inspect
 import itertools
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
-from tests.support import differential as D
 import megatron.core.parallel_state as mcore_ps
+
 from parallel_state_ng.mcore.releases import Release, parse_release
+from tests.support import differential as D
 
 # --------------------------------------------------------------------------- embedding callables
 # MCore calls get_embedding_ranks(ranks) with one list of python ints per pipeline group. These
@@ -91,15 +93,15 @@ class Config:
     kwargs: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)
     cuda_stub: bool = False
-    yaml: Optional[str] = None  # key of YAMLS: written to tmp_path, passed as the config path
+    yaml: str | None = None  # key of YAMLS: written to tmp_path, passed as the config path
     tag: str = ""  # extra id text for hand-written configs
     invalid: bool = False  # MCore is known to reject it on this CPU build
-    invalid_since: Optional[str] = None  # ... from this release series on (e.g. "0.19")
+    invalid_since: str | None = None  # ... from this release series on (e.g. "0.19")
     hand_written: bool = False  # then ``invalid`` is checked against MCore
     # A documented deliberate difference (README, "Compatibility notes"): "rejects" — MCore
     # accepts it but compat refuses with a ValueError naming ``deliberate_arg``; "barrier-once"
     # — compat runs the SHARP dp_replica barrier once where MCore repeats it.
-    deliberate: Optional[str] = None
+    deliberate: str | None = None
     deliberate_arg: str = ""
     after_init: tuple = ()  # differential.Call's made after a good init (0.18+ all-gather groups)
 
@@ -124,8 +126,12 @@ class Config:
         for name, short in _releases().ID_PARTS:  # 0.12/0.13: encoder sizes, split rank
             if name in k:
                 parts.append(f"{short}{k[name]}")
-        for name, short in (("gtp_remat_size", "gtp"), ("expert_gtp_remat_size", "egtp"),
-                            ("rank_offset", "off"), ("local_world_size", "lws")):
+        for name, short in (
+            ("gtp_remat_size", "gtp"),
+            ("expert_gtp_remat_size", "egtp"),
+            ("rank_offset", "off"),
+            ("local_world_size", "lws"),
+        ):
             if name in k:
                 parts.append(f"{short}{k[name]}")
         if k.get("virtual_pipeline_model_parallel_size") is not None:
@@ -193,12 +199,27 @@ ALL_ORDERS = ["-".join(p) for p in itertools.permutations(TOKENS)]
 
 # world size -> number of random configurations
 WORLD_PLAN = {
-    1: 3, 2: 8, 3: 3, 4: 16, 6: 8, 8: 36, 12: 10, 16: 36, 24: 8, 32: 28, 48: 6,
-    64: 28, 96: 4, 128: 16, 256: 10, 512: 6, 1024: 5,
+    1: 3,
+    2: 8,
+    3: 3,
+    4: 16,
+    6: 8,
+    8: 36,
+    12: 10,
+    16: 36,
+    24: 8,
+    32: 28,
+    48: 6,
+    64: 28,
+    96: 4,
+    128: 16,
+    256: 10,
+    512: 6,
+    1024: 5,
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def init_parameters() -> tuple[str, ...]:
     """Parameter names of the reference's ``initialize_model_parallel``, in order.
 
@@ -217,19 +238,38 @@ def init_parameters() -> tuple[str, ...]:
 
 # Every initialize_model_parallel parameter of a supported release; the sampler or the
 # hand-written list varies each one the reference has.
-KNOWN_INIT_PARAMETERS = frozenset({
-    "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-    "pipeline_model_parallel_comm_backend", "use_sharp", "context_parallel_size",
-    "hierarchical_context_parallel_sizes", "hybrid_context_parallel", "expert_model_parallel_size",
-    "gtp_remat_size", "expert_gtp_remat_size", "num_distributed_optimizer_instances",
-    "expert_tensor_parallel_size", "nccl_communicator_config_path", "distributed_timeout_minutes", "order",
-    "get_embedding_ranks", "get_position_embedding_ranks", "create_gloo_process_groups",
-    "high_priority_stream_groups", "sharp_enabled_group", "create_all_gather_group", "rank_offset",
-    "local_world_size",
-    # 0.12/0.13 (tests/support/diff_configs_releases.py)
-    "pipeline_model_parallel_split_rank", "encoder_tensor_model_parallel_size", "encoder_pipeline_model_parallel_size",
-})
-
+KNOWN_INIT_PARAMETERS = frozenset(
+    {
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "virtual_pipeline_model_parallel_size",
+        "pipeline_model_parallel_comm_backend",
+        "use_sharp",
+        "context_parallel_size",
+        "hierarchical_context_parallel_sizes",
+        "hybrid_context_parallel",
+        "expert_model_parallel_size",
+        "gtp_remat_size",
+        "expert_gtp_remat_size",
+        "num_distributed_optimizer_instances",
+        "expert_tensor_parallel_size",
+        "nccl_communicator_config_path",
+        "distributed_timeout_minutes",
+        "order",
+        "get_embedding_ranks",
+        "get_position_embedding_ranks",
+        "create_gloo_process_groups",
+        "high_priority_stream_groups",
+        "sharp_enabled_group",
+        "create_all_gather_group",
+        "rank_offset",
+        "local_world_size",
+        # 0.12/0.13 (tests/support/diff_configs_releases.py)
+        "pipeline_model_parallel_split_rank",
+        "encoder_tensor_model_parallel_size",
+        "encoder_pipeline_model_parallel_size",
+    }
+)
 
 
 def _releases():
@@ -239,7 +279,7 @@ def _releases():
     return diff_configs_releases
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_release() -> Release:
     """The reference's release (the megatron-core distribution this process sees)."""
     return parse_release(importlib.metadata.version("megatron-core"))

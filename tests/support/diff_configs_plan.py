@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any
 
 from tests.support import diff_configs_releases as CR
 from tests.support import differential as D
@@ -129,7 +129,9 @@ def _random_config(rng: random.Random, w: int) -> Config:
     if has("create_all_gather_group") and rng.random() < 0.15:
         kw["create_all_gather_group"] = True
     if rng.random() < 0.1:
-        kw["get_embedding_ranks"] = EMBEDDING_CALLABLES[rng.choice(["last", "all", "even", "middle", "first_and_second"])]
+        kw["get_embedding_ranks"] = EMBEDDING_CALLABLES[
+            rng.choice(["last", "all", "even", "middle", "first_and_second"])
+        ]
     if rng.random() < 0.08:
         kw["get_position_embedding_ranks"] = EMBEDDING_CALLABLES[rng.choice(["last", "all", "even", "middle"])]
     if rng.random() < 0.04:
@@ -140,8 +142,10 @@ def _random_config(rng: random.Random, w: int) -> Config:
         CR.random_legacy_extras(rng, kw)
     after: tuple[D.Call, ...] = ()
     if has_function("create_all_gather_groups") and rng.random() < 0.3:
-        after = tuple(D.Call("create_all_gather_groups", dict(rng.choice(AFTER_INIT_CHOICES)))
-                      for _ in range(1 if rng.random() < 0.85 else 2))
+        after = tuple(
+            D.Call("create_all_gather_groups", dict(rng.choice(AFTER_INIT_CHOICES)))
+            for _ in range(1 if rng.random() < 0.85 else 2)
+        )
     return Config(w, kw, after_init=after)
 
 
@@ -149,11 +153,33 @@ def _hand_written() -> list[Config]:
     """Edge cases and every invalid configuration class, written out."""
     base = {"create_gloo_process_groups": False}
 
-    def c(w, tag="", env=None, cuda_stub=False, yaml=None, invalid=False, deliberate=None, deliberate_arg="",
-          after=(), invalid_since=None, **kw):
-        return Config(w, {**base, **kw}, env=env or {}, cuda_stub=cuda_stub, yaml=yaml, tag=tag, invalid=invalid,
-                      hand_written=True, deliberate=deliberate, deliberate_arg=deliberate_arg, after_init=after,
-                      invalid_since=invalid_since)
+    def c(
+        w,
+        tag="",
+        env=None,
+        cuda_stub=False,
+        yaml=None,
+        invalid=False,
+        deliberate=None,
+        deliberate_arg="",
+        after=(),
+        invalid_since=None,
+        **kw,
+    ):
+        return Config(
+            w,
+            {**base, **kw},
+            env=env or {},
+            cuda_stub=cuda_stub,
+            yaml=yaml,
+            tag=tag,
+            invalid=invalid,
+            hand_written=True,
+            deliberate=deliberate,
+            deliberate_arg=deliberate_arg,
+            after_init=after,
+            invalid_since=invalid_since,
+        )
 
     def ag(**kw):
         return D.Call("create_all_gather_groups", kw)
@@ -163,12 +189,34 @@ def _hand_written() -> list[Config]:
 
     cfgs = [
         # defaults and big worlds
-        c(1), c(2), c(8), c(1024), c(1024, tensor_model_parallel_size=8, pipeline_model_parallel_size=8,
-                                     context_parallel_size=2, expert_model_parallel_size=16),
-        c(1024, tensor_model_parallel_size=4, pipeline_model_parallel_size=4, expert_model_parallel_size=8,
-          expert_tensor_parallel_size=1, num_distributed_optimizer_instances=4, order="tp-cp-ep-dp-pp"),
-        c(512, tensor_model_parallel_size=2, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 2],
-          virtual_pipeline_model_parallel_size=2, pipeline_model_parallel_size=4),
+        c(1),
+        c(2),
+        c(8),
+        c(1024),
+        c(
+            1024,
+            tensor_model_parallel_size=8,
+            pipeline_model_parallel_size=8,
+            context_parallel_size=2,
+            expert_model_parallel_size=16,
+        ),
+        c(
+            1024,
+            tensor_model_parallel_size=4,
+            pipeline_model_parallel_size=4,
+            expert_model_parallel_size=8,
+            expert_tensor_parallel_size=1,
+            num_distributed_optimizer_instances=4,
+            order="tp-cp-ep-dp-pp",
+        ),
+        c(
+            512,
+            tensor_model_parallel_size=2,
+            context_parallel_size=4,
+            hierarchical_context_parallel_sizes=[2, 2],
+            virtual_pipeline_model_parallel_size=2,
+            pipeline_model_parallel_size=4,
+        ),
         c(256, context_parallel_size=8, hierarchical_context_parallel_sizes=[2, 2, 2], tensor_model_parallel_size=2),
         # hierarchical CP: empty list (falsy: ignored), [1] with cp 1, three levels
         c(8, hierarchical_context_parallel_sizes=[]),
@@ -176,62 +224,113 @@ def _hand_written() -> list[Config]:
         c(16, context_parallel_size=8, hierarchical_context_parallel_sizes=[2, 2, 2]),
         c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[4, 1]),
         # hybrid CP with DPxCP sizes that are not powers of two, and odd (invalid)
-        c(6, hybrid_context_parallel=True), c(10, hybrid_context_parallel=True),
+        c(6, hybrid_context_parallel=True),
+        c(10, hybrid_context_parallel=True),
         c(12, context_parallel_size=2, hybrid_context_parallel=True),
         c(20, tensor_model_parallel_size=2, hybrid_context_parallel=True),
-        c(2, hybrid_context_parallel=True), bad(3, hybrid_context_parallel=True), bad(1, hybrid_context_parallel=True),
+        c(2, hybrid_context_parallel=True),
+        bad(3, hybrid_context_parallel=True),
+        bad(1, hybrid_context_parallel=True),
         c(32, context_parallel_size=4, hybrid_context_parallel=True, num_distributed_optimizer_instances=2),
         # virtual pipeline
         c(8, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=1),
         c(8, pipeline_model_parallel_size=8, virtual_pipeline_model_parallel_size=4),
         bad(8, virtual_pipeline_model_parallel_size=2),  # invalid: pp 1
         # embedding callables, including an empty embedding group (invalid on torch)
-        *[c(8, pipeline_model_parallel_size=4, get_embedding_ranks=f, invalid=f is emb_empty)
-          for f in EMBEDDING_CALLABLES.values()],
-        *[c(8, pipeline_model_parallel_size=4, get_position_embedding_ranks=f, invalid=f is emb_empty)
-          for f in EMBEDDING_CALLABLES.values()],
-        c(16, pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
-          get_embedding_ranks=emb_middle, get_position_embedding_ranks=emb_last),
+        *[
+            c(8, pipeline_model_parallel_size=4, get_embedding_ranks=f, invalid=f is emb_empty)
+            for f in EMBEDDING_CALLABLES.values()
+        ],
+        *[
+            c(8, pipeline_model_parallel_size=4, get_position_embedding_ranks=f, invalid=f is emb_empty)
+            for f in EMBEDDING_CALLABLES.values()
+        ],
+        c(
+            16,
+            pipeline_model_parallel_size=4,
+            virtual_pipeline_model_parallel_size=2,
+            get_embedding_ranks=emb_middle,
+            get_position_embedding_ranks=emb_last,
+        ),
         c(16, pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2, get_embedding_ranks=emb_all),
         # orders MCore accepts or rejects
         c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="TP-DP-PP"),
-        c(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-cp-ep-dp-pp-pp",
-          deliberate="rejects", deliberate_arg="order"),
+        c(
+            8,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            order="tp-cp-ep-dp-pp-pp",
+            deliberate="rejects",
+            deliberate_arg="order",
+        ),
         bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-tp-dp-pp"),
         bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp-xx-dp-pp"),
         bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp - dp-pp"),
         bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="tp_dp_pp"),
         bad(8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, order="dp"),
-        bad(8, order=""), bad(1, order=""),
+        bad(8, order=""),
+        bad(1, order=""),
         # 0.19 injects its GTP axis next to 'tp' and then needs 'tp' in the order
-        c(1, order="dp", invalid_since="0.19"), c(8, order="dp", invalid_since="0.19"),
-        bad(16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=4,
-            expert_tensor_parallel_size=1, order="tp-cp-ep-pp-dp"),  # pp not last, edp != dp
-        c(16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
-          expert_tensor_parallel_size=1, order="tp-cp-ep-pp-dp"),  # pp not last, edp == dp
+        c(1, order="dp", invalid_since="0.19"),
+        c(8, order="dp", invalid_since="0.19"),
+        bad(
+            16,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            expert_model_parallel_size=4,
+            expert_tensor_parallel_size=1,
+            order="tp-cp-ep-pp-dp",
+        ),  # pp not last, edp != dp
+        c(
+            16,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            expert_model_parallel_size=2,
+            expert_tensor_parallel_size=1,
+            order="tp-cp-ep-pp-dp",
+        ),  # pp not last, edp == dp
         # indivisible worlds and bad sizes
-        bad(8, tensor_model_parallel_size=3), bad(12, pipeline_model_parallel_size=8),
-        bad(8, expert_tensor_parallel_size=3), bad(8, expert_model_parallel_size=3),
-        bad(8, tensor_model_parallel_size=16), bad(8, tensor_model_parallel_size=0),
+        bad(8, tensor_model_parallel_size=3),
+        bad(12, pipeline_model_parallel_size=8),
+        bad(8, expert_tensor_parallel_size=3),
+        bad(8, expert_model_parallel_size=3),
+        bad(8, tensor_model_parallel_size=16),
+        bad(8, tensor_model_parallel_size=0),
         c(16, expert_model_parallel_size=2, context_parallel_size=2),
         # distributed optimizer instances
-        bad(8, num_distributed_optimizer_instances=3), bad(8, num_distributed_optimizer_instances=0),
+        bad(8, num_distributed_optimizer_instances=3),
+        bad(8, num_distributed_optimizer_instances=0),
         c(8, num_distributed_optimizer_instances=8),
-        c(8, expert_model_parallel_size=8, num_distributed_optimizer_instances=2,
-          invalid_since="0.13"),  # 0.12 has no expert partial data-parallel groups to check
+        c(
+            8, expert_model_parallel_size=8, num_distributed_optimizer_instances=2, invalid_since="0.13"
+        ),  # 0.12 has no expert partial data-parallel groups to check
         c(16, expert_model_parallel_size=4, expert_tensor_parallel_size=2, num_distributed_optimizer_instances=2),
         # hierarchical sizes whose product is not cp (0.12 does not check: it builds the levels that fit)
         c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 3], invalid_since="0.13"),
         c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[8], invalid_since="0.13"),
         # SHARP: on a CPU build MCore's barrier needs torch.cuda; with the stub it runs
         # (0.19 asserts its GTP-remat data-parallel group exists before creating it)
-        bad(8, use_sharp=True), c(8, use_sharp=True, cuda_stub=True, invalid_since="0.19"),
+        bad(8, use_sharp=True),
+        c(8, use_sharp=True, cuda_stub=True, invalid_since="0.19"),
         c(8, use_sharp=True, sharp_enabled_group="dp", cuda_stub=True, invalid_since="0.19"),
         bad(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2),
-        c(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2, cuda_stub=True,
-          deliberate="barrier-once"),
-        c(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=4,
-          expert_model_parallel_size=2, cuda_stub=True, deliberate="barrier-once"),
+        c(
+            16,
+            use_sharp=True,
+            sharp_enabled_group="dp_replica",
+            num_distributed_optimizer_instances=2,
+            cuda_stub=True,
+            deliberate="barrier-once",
+        ),
+        c(
+            16,
+            use_sharp=True,
+            sharp_enabled_group="dp_replica",
+            num_distributed_optimizer_instances=4,
+            expert_model_parallel_size=2,
+            cuda_stub=True,
+            deliberate="barrier-once",
+        ),
         bad(8, use_sharp=True, sharp_enabled_group="dp_replica"),  # invalid: needs dopt > 1
         bad(8, use_sharp=True, sharp_enabled_group="tp"),  # invalid: unknown group
         bad(8, sharp_enabled_group="dp"),  # invalid: without use_sharp
@@ -239,17 +338,29 @@ def _hand_written() -> list[Config]:
         # pipeline communication backend
         bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="nccl"),
         bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc"),
-        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc",
-            env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
-        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc",
-            env={"CUDA_DEVICE_MAX_CONNECTIONS": "8", "UCX_TLS": "tcp"}),
+        bad(
+            8,
+            pipeline_model_parallel_size=2,
+            pipeline_model_parallel_comm_backend="ucc",
+            env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+        ),
+        bad(
+            8,
+            pipeline_model_parallel_size=2,
+            pipeline_model_parallel_comm_backend="ucc",
+            env={"CUDA_DEVICE_MAX_CONNECTIONS": "8", "UCX_TLS": "tcp"},
+        ),
         # (backend "gloo" is left out: the fake world cannot create a gloo group, so MCore fails in
         # torch before its own backend assertion, which "bogus" reaches)
         bad(8, pipeline_model_parallel_comm_backend="bogus"),
         # NCCL communicator configs and high-priority streams
-        c(8, yaml="other"), bad(8, yaml="tp"), bad(8, yaml="empty"), bad(8, yaml="absent"),
+        c(8, yaml="other"),
+        bad(8, yaml="tp"),
+        bad(8, yaml="empty"),
+        bad(8, yaml="absent"),
         c(8, yaml="other", high_priority_stream_groups=["zz"]),
-        bad(8, high_priority_stream_groups=["dp_cp"]), c(8, high_priority_stream_groups=[]),
+        bad(8, high_priority_stream_groups=["dp_cp"]),
+        c(8, high_priority_stream_groups=[]),
         # timeouts, all-gather group, gloo on the fake backend
         c(8, distributed_timeout_minutes=1, create_all_gather_group=True, context_parallel_size=2),
         c(8, distributed_timeout_minutes=0, deliberate="rejects", deliberate_arg="distributed_timeout_minutes"),
@@ -264,7 +375,7 @@ def _hand_written() -> list[Config]:
     return [cfg for cfg in cfgs if applies(cfg)]
 
 
-def all_configs(plan: Optional[dict[int, int]] = None, hand_written: bool = True, seed: int = 3) -> list[Config]:
+def all_configs(plan: dict[int, int] | None = None, hand_written: bool = True, seed: int = 3) -> list[Config]:
     """Hand-written configurations (if asked), then seeded random ones per ``plan``; ids are unique.
 
     ``plan`` maps a world size to the number of random configurations (default

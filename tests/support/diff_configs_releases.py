@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any
 
 from tests.support import diff_configs as C
 
@@ -34,12 +35,15 @@ SPLIT = "pipeline_model_parallel_split_rank"
 ID_PARTS = ((ENC_TP, "enctp"), (ENC_PP, "encpp"), (SPLIT, "split"))
 
 
-def encoder_block(kwargs: dict[str, Any], world: int) -> Optional[tuple[int, int]]:
+def encoder_block(kwargs: dict[str, Any], world: int) -> tuple[int, int] | None:
     """``(encoder world size, data-parallel size)`` as MCore derives them, when ``kwargs`` has an
-    encoder block (encoder pp > 0) in a world it divides; else ``None``."""
+    encoder block (encoder pp > 0) in a world it divides; else ``None``.
+    """
     enc_pp = kwargs.get(ENC_PP) or 0
-    sizes = [kwargs.get(n, 1) for n in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                        "context_parallel_size")]
+    sizes = [
+        kwargs.get(n, 1)
+        for n in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+    ]
     enc_tp = kwargs.get(ENC_TP, 0)
     if not all(type(v) is int for v in (enc_pp, enc_tp, *sizes)) or enc_pp <= 0:
         return None
@@ -79,7 +83,8 @@ def _split_choices(rng: random.Random, stages: int) -> int:
 
 def random_legacy_extras(rng: random.Random, kw: dict[str, Any]) -> None:
     """Legacy arguments without an encoder block, added to an ordinary random configuration:
-    encoder pp ``None``, an encoder tp with encoder pp 0 (no block; still at most tp), a split rank."""
+    encoder pp ``None``, an encoder tp with encoder pp 0 (no block; still at most tp), a split rank.
+    """
     tp, pp = kw["tensor_model_parallel_size"], kw["pipeline_model_parallel_size"]
     if rng.random() < 0.15:
         r = rng.random()
@@ -111,7 +116,7 @@ def _encoder_candidates(w: int) -> list[tuple[int, int, int, int, int]]:
     return out
 
 
-def random_encoder_config(rng: random.Random, w: int) -> Optional[C.Config]:
+def random_encoder_config(rng: random.Random, w: int) -> C.Config | None:
     """A seeded random configuration with an encoder block on ``w`` ranks (``None``: none fits)."""
     candidates = _encoder_candidates(w)
     if not candidates:
@@ -137,8 +142,17 @@ def random_encoder_config(rng: random.Random, w: int) -> Optional[C.Config]:
         kw["expert_tensor_parallel_size"] = etp
     # an order naming every size > 1 (now and then any order: MCore rejects a missing token), pp
     # last where expert and dense data-parallel sizes differ (MCore asserts that, mostly)
-    needed = {t for t, size in (("tp", max(tp, etp or 1)), ("cp", cp), ("ep", ep), ("dp", max(dp, edp)),
-                                ("pp", max(pp, enc_pp))) if size > 1}
+    needed = {
+        t
+        for t, size in (
+            ("tp", max(tp, etp or 1)),
+            ("cp", cp),
+            ("ep", ep),
+            ("dp", max(dp, edp)),
+            ("pp", max(pp, enc_pp)),
+        )
+        if size > 1
+    }
     orders = C.COMMON_ORDERS if rng.random() < 0.7 else C.ALL_ORDERS
     if rng.random() < 0.95:
         orders = [o for o in orders if needed <= set(o.split("-"))] or C.ALL_ORDERS
@@ -158,8 +172,9 @@ def random_encoder_config(rng: random.Random, w: int) -> Optional[C.Config]:
     if rng.random() < 0.25:
         kw[SPLIT] = _split_choices(rng, enc_pp + pp)
     if rng.random() < 0.15:
-        kw["get_embedding_ranks"] = C.EMBEDDING_CALLABLES[rng.choice(["last", "all", "even", "middle",
-                                                                       "first_and_second"])]
+        kw["get_embedding_ranks"] = C.EMBEDDING_CALLABLES[
+            rng.choice(["last", "all", "even", "middle", "first_and_second"])
+        ]
     if rng.random() < 0.1:
         kw["get_position_embedding_ranks"] = C.EMBEDDING_CALLABLES[rng.choice(["last", "all", "middle"])]
     if rng.random() < 0.1:
@@ -169,25 +184,47 @@ def random_encoder_config(rng: random.Random, w: int) -> Optional[C.Config]:
     return C.Config(w, kw)
 
 
-def hand_written_recent(c: Callable[..., C.Config], bad: Callable[..., C.Config],
-                        ag: Callable[..., Any]) -> list[C.Config]:
+def hand_written_recent(
+    c: Callable[..., C.Config], bad: Callable[..., C.Config], ag: Callable[..., Any]
+) -> list[C.Config]:
     """0.17-0.19 edge cases (``c``/``bad``/``ag`` are :func:`diff_configs_plan._hand_written`'s factories)."""
     return [
         # 0.19: the GTP weight-rematerialization axis (dense after tp, expert after ep)
-        c(8, gtp_remat_size=2), c(8, expert_gtp_remat_size=2, expert_model_parallel_size=2),
-        c(16, tensor_model_parallel_size=2, gtp_remat_size=2, pipeline_model_parallel_size=2,
-          virtual_pipeline_model_parallel_size=2),
-        c(32, tensor_model_parallel_size=2, gtp_remat_size=2, context_parallel_size=2, expert_model_parallel_size=4,
-          expert_tensor_parallel_size=1, expert_gtp_remat_size=2),
+        c(8, gtp_remat_size=2),
+        c(8, expert_gtp_remat_size=2, expert_model_parallel_size=2),
+        c(
+            16,
+            tensor_model_parallel_size=2,
+            gtp_remat_size=2,
+            pipeline_model_parallel_size=2,
+            virtual_pipeline_model_parallel_size=2,
+        ),
+        c(
+            32,
+            tensor_model_parallel_size=2,
+            gtp_remat_size=2,
+            context_parallel_size=2,
+            expert_model_parallel_size=4,
+            expert_tensor_parallel_size=1,
+            expert_gtp_remat_size=2,
+        ),
         c(16, gtp_remat_size=4, expert_gtp_remat_size=2, expert_model_parallel_size=2, order="tp-cp-ep-pp-dp"),
         c(16, gtp_remat_size=2, tensor_model_parallel_size=2, order="tp-cp-ep-gtp_remat-dp-pp"),
         c(8, gtp_remat_size=2, order="TP-CP-EP-DP-PP"),
         c(8, gtp_remat_size=2, expert_gtp_remat_size=2, create_gloo_process_groups=True, tag="gloo-forced-off"),
-        c(1024, tensor_model_parallel_size=4, gtp_remat_size=2, pipeline_model_parallel_size=4,
-          expert_model_parallel_size=8, expert_tensor_parallel_size=1, expert_gtp_remat_size=2),
+        c(
+            1024,
+            tensor_model_parallel_size=4,
+            gtp_remat_size=2,
+            pipeline_model_parallel_size=4,
+            expert_model_parallel_size=8,
+            expert_tensor_parallel_size=1,
+            expert_gtp_remat_size=2,
+        ),
         bad(16, gtp_remat_size=2, num_distributed_optimizer_instances=2),
         bad(16, expert_gtp_remat_size=2, num_distributed_optimizer_instances=2),
-        bad(8, gtp_remat_size=3), bad(8, expert_gtp_remat_size=16),
+        bad(8, gtp_remat_size=3),
+        bad(8, expert_gtp_remat_size=16),
         c(8, gtp_remat_size=1, expert_gtp_remat_size=1, num_distributed_optimizer_instances=2),
         # 0.17+: a layout on part of the world (both generators offset)
         c(16, local_world_size=8, rank_offset=8, tensor_model_parallel_size=2),
@@ -195,22 +232,51 @@ def hand_written_recent(c: Callable[..., C.Config], bad: Callable[..., C.Config]
         c(16, local_world_size=8, rank_offset=5, tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
         c(16, local_world_size=16, rank_offset=0, tensor_model_parallel_size=4),
         c(12, local_world_size=4, rank_offset=6, tensor_model_parallel_size=2, context_parallel_size=2),
-        c(1024, local_world_size=512, rank_offset=512, tensor_model_parallel_size=8, pipeline_model_parallel_size=4,
-          expert_model_parallel_size=4),
-        c(16, local_world_size=8, rank_offset=8, gtp_remat_size=2, expert_gtp_remat_size=2,
-          expert_model_parallel_size=2),
+        c(
+            1024,
+            local_world_size=512,
+            rank_offset=512,
+            tensor_model_parallel_size=8,
+            pipeline_model_parallel_size=4,
+            expert_model_parallel_size=4,
+        ),
+        c(
+            16,
+            local_world_size=8,
+            rank_offset=8,
+            gtp_remat_size=2,
+            expert_gtp_remat_size=2,
+            expert_model_parallel_size=2,
+        ),
         bad(8, rank_offset=4, tag="offset-without-local-world"),
         bad(8, local_world_size=16, tag="local-world-beyond-world"),
         c(8, local_world_size=3, tensor_model_parallel_size=2, invalid=True),
         # 0.18+: all-gather groups made after init
         c(8, tensor_model_parallel_size=2, after=(ag(),)),
         c(16, expert_model_parallel_size=4, after=(ag(for_expert_parallelism=True),)),
-        c(16, context_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=2,
-          pipeline_model_parallel_size=2, after=(ag(for_expert_parallelism=True, timeout=timedelta(minutes=3)),)),
+        c(
+            16,
+            context_parallel_size=2,
+            expert_model_parallel_size=2,
+            expert_tensor_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            after=(ag(for_expert_parallelism=True, timeout=timedelta(minutes=3)),),
+        ),
         c(8, after=(ag(for_expert_parallelism=True), ag())),
-        c(16, local_world_size=8, rank_offset=8, expert_model_parallel_size=2, after=(ag(for_expert_parallelism=True),)),
-        c(16, gtp_remat_size=2, expert_gtp_remat_size=2, expert_model_parallel_size=2,
-          after=(ag(for_expert_parallelism=True),)),
+        c(
+            16,
+            local_world_size=8,
+            rank_offset=8,
+            expert_model_parallel_size=2,
+            after=(ag(for_expert_parallelism=True),),
+        ),
+        c(
+            16,
+            gtp_remat_size=2,
+            expert_gtp_remat_size=2,
+            expert_model_parallel_size=2,
+            after=(ag(for_expert_parallelism=True),),
+        ),
         c(8, tensor_model_parallel_size=2, after=(ag(nccl_comm_cfgs={"dp_cp": {"max_ctas": 2}}),)),
     ]
 
@@ -225,8 +291,12 @@ def hand_written_legacy(c: Callable[..., C.Config], bad: Callable[..., C.Config]
         c(6, tensor_model_parallel_size=2, order="tp-dp-pp", pipeline_model_parallel_split_rank=1, **enc),
         # encoder tp 0 means the decoder's; encoder pp None means 0; explicit zeros; tp only
         c(8, tensor_model_parallel_size=2, encoder_pipeline_model_parallel_size=1),
-        c(8, pipeline_model_parallel_size=2, encoder_tensor_model_parallel_size=0,
-          encoder_pipeline_model_parallel_size=2),
+        c(
+            8,
+            pipeline_model_parallel_size=2,
+            encoder_tensor_model_parallel_size=0,
+            encoder_pipeline_model_parallel_size=2,
+        ),
         c(8, tensor_model_parallel_size=2, encoder_pipeline_model_parallel_size=None),
         c(8, encoder_tensor_model_parallel_size=0, encoder_pipeline_model_parallel_size=0),
         c(8, tensor_model_parallel_size=2, encoder_tensor_model_parallel_size=2),
@@ -238,45 +308,110 @@ def hand_written_legacy(c: Callable[..., C.Config], bad: Callable[..., C.Config]
         bad(8, tensor_model_parallel_size=2, **enc),
         bad(12, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, encoder_pipeline_model_parallel_size=2),
         # tp not a multiple of the encoder tp: the pipeline stitching has a remainder
-        c(24, tensor_model_parallel_size=3, pipeline_model_parallel_size=2, encoder_tensor_model_parallel_size=2,
-          encoder_pipeline_model_parallel_size=1),
-        c(20, tensor_model_parallel_size=3, encoder_tensor_model_parallel_size=2,
-          encoder_pipeline_model_parallel_size=1),
-        c(22, tensor_model_parallel_size=4, pipeline_model_parallel_size=2, encoder_tensor_model_parallel_size=3,
-          encoder_pipeline_model_parallel_size=1, order="tp-pp-dp"),
+        c(
+            24,
+            tensor_model_parallel_size=3,
+            pipeline_model_parallel_size=2,
+            encoder_tensor_model_parallel_size=2,
+            encoder_pipeline_model_parallel_size=1,
+        ),
+        c(
+            20,
+            tensor_model_parallel_size=3,
+            encoder_tensor_model_parallel_size=2,
+            encoder_pipeline_model_parallel_size=1,
+        ),
+        c(
+            22,
+            tensor_model_parallel_size=4,
+            pipeline_model_parallel_size=2,
+            encoder_tensor_model_parallel_size=3,
+            encoder_pipeline_model_parallel_size=1,
+            order="tp-pp-dp",
+        ),
         # distributed optimizer instances with an encoder: the instance groups are chunks of the
         # tp-ep-pp enumeration, which runs over the encoder block and then the decoder block
         c(12, pipeline_model_parallel_size=2, num_distributed_optimizer_instances=2, **enc),
-        c(24, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
-          expert_tensor_parallel_size=1, encoder_tensor_model_parallel_size=1, encoder_pipeline_model_parallel_size=2,
-          num_distributed_optimizer_instances=2),
-        c(12, num_distributed_optimizer_instances=2, pipeline_model_parallel_size=2, tensor_model_parallel_size=2,
-          encoder_pipeline_model_parallel_size=2, encoder_tensor_model_parallel_size=1, order="tp-cp-ep-pp-dp"),
+        c(
+            24,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            expert_model_parallel_size=2,
+            expert_tensor_parallel_size=1,
+            encoder_tensor_model_parallel_size=1,
+            encoder_pipeline_model_parallel_size=2,
+            num_distributed_optimizer_instances=2,
+        ),
+        c(
+            12,
+            num_distributed_optimizer_instances=2,
+            pipeline_model_parallel_size=2,
+            tensor_model_parallel_size=2,
+            encoder_pipeline_model_parallel_size=2,
+            encoder_tensor_model_parallel_size=1,
+            order="tp-cp-ep-pp-dp",
+        ),
         # ... 0.13 splits the encoder's dp groups with the expert data-parallel sizes: einops fails
         # where edp != dp (edp includes cp, dp does not)
         c(16, expert_model_parallel_size=2, num_distributed_optimizer_instances=2, invalid_since="0.13", **enc),
         c(16, num_distributed_optimizer_instances=4, context_parallel_size=2, invalid_since="0.13", **enc),
         # hierarchical context parallelism with an encoder
         c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 2], **enc),
-        c(24, tensor_model_parallel_size=2, context_parallel_size=2, hierarchical_context_parallel_sizes=[2],
-          encoder_pipeline_model_parallel_size=1),
+        c(
+            24,
+            tensor_model_parallel_size=2,
+            context_parallel_size=2,
+            hierarchical_context_parallel_sizes=[2],
+            encoder_pipeline_model_parallel_size=1,
+        ),
         # expert parallelism with an encoder (expert layout over the decoder block only)
         c(12, tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1, **enc),
         c(16, expert_model_parallel_size=4, **enc),
-        c(24, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=2,
-          expert_tensor_parallel_size=1, order="tp-cp-ep-pp-dp", encoder_pipeline_model_parallel_size=2),
-        bad(20, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, expert_model_parallel_size=4,
-            expert_tensor_parallel_size=1, order="tp-cp-ep-pp-dp", **enc),  # pp not last, edp != dp
-        c(1024, tensor_model_parallel_size=8, pipeline_model_parallel_size=4, expert_model_parallel_size=8,
-          encoder_tensor_model_parallel_size=4, encoder_pipeline_model_parallel_size=8),
+        c(
+            24,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            expert_model_parallel_size=2,
+            expert_tensor_parallel_size=1,
+            order="tp-cp-ep-pp-dp",
+            encoder_pipeline_model_parallel_size=2,
+        ),
+        bad(
+            20,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            expert_model_parallel_size=4,
+            expert_tensor_parallel_size=1,
+            order="tp-cp-ep-pp-dp",
+            **enc,
+        ),  # pp not last, edp != dp
+        c(
+            1024,
+            tensor_model_parallel_size=8,
+            pipeline_model_parallel_size=4,
+            expert_model_parallel_size=8,
+            encoder_tensor_model_parallel_size=4,
+            encoder_pipeline_model_parallel_size=8,
+        ),
         # virtual pipeline with an encoder
         c(12, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2, **enc),
-        c(16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=3,
-          encoder_tensor_model_parallel_size=2, encoder_pipeline_model_parallel_size=2),
+        c(
+            16,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            virtual_pipeline_model_parallel_size=3,
+            encoder_tensor_model_parallel_size=2,
+            encoder_pipeline_model_parallel_size=2,
+        ),
         # embedding callables and options with an encoder (stitched pipelines)
         c(8, pipeline_model_parallel_size=2, encoder_pipeline_model_parallel_size=2, get_embedding_ranks=emb["all"]),
-        c(12, pipeline_model_parallel_size=2, get_embedding_ranks=emb["middle"],
-          get_position_embedding_ranks=emb["last"], **enc),
+        c(
+            12,
+            pipeline_model_parallel_size=2,
+            get_embedding_ranks=emb["middle"],
+            get_position_embedding_ranks=emb["last"],
+            **enc,
+        ),
         c(12, context_parallel_size=2, tensor_model_parallel_size=2, distributed_timeout_minutes=5, **enc),
         c(12, pipeline_model_parallel_size=2, order="tp-pp-dp", yaml="other", **enc),
         c(8, use_sharp=True, cuda_stub=True, **enc),
@@ -284,22 +419,45 @@ def hand_written_legacy(c: Callable[..., C.Config], bad: Callable[..., C.Config]
         # split rank: default embedding ranks gain the split stage; custom callables ignore it
         c(8, pipeline_model_parallel_size=4, pipeline_model_parallel_split_rank=2),
         c(8, pipeline_model_parallel_size=4, pipeline_model_parallel_split_rank=1, get_embedding_ranks=emb["last"]),
-        c(8, pipeline_model_parallel_size=4, pipeline_model_parallel_split_rank=2,
-          get_position_embedding_ranks=emb["all"]),
+        c(
+            8,
+            pipeline_model_parallel_size=4,
+            pipeline_model_parallel_split_rank=2,
+            get_position_embedding_ranks=emb["all"],
+        ),
         c(8, pipeline_model_parallel_size=4, pipeline_model_parallel_split_rank=0),
         c(8, pipeline_model_parallel_size=4, pipeline_model_parallel_split_rank=3),
         c(8, pipeline_model_parallel_size=4, pipeline_model_parallel_split_rank=-1),
         bad(8, pipeline_model_parallel_size=4, pipeline_model_parallel_split_rank=4),  # IndexError
-        c(8, pipeline_model_parallel_size=4, pipeline_model_parallel_split_rank=4, get_embedding_ranks=emb["last"],
-          get_position_embedding_ranks=emb["last"]),
-        c(8, pipeline_model_parallel_split_rank=0), bad(8, pipeline_model_parallel_split_rank=1),
+        c(
+            8,
+            pipeline_model_parallel_size=4,
+            pipeline_model_parallel_split_rank=4,
+            get_embedding_ranks=emb["last"],
+            get_position_embedding_ranks=emb["last"],
+        ),
+        c(8, pipeline_model_parallel_split_rank=0),
+        bad(8, pipeline_model_parallel_split_rank=1),
         c(8, pipeline_model_parallel_split_rank=None),
-        c(16, pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
-          pipeline_model_parallel_split_rank=2),
+        c(
+            16,
+            pipeline_model_parallel_size=4,
+            virtual_pipeline_model_parallel_size=2,
+            pipeline_model_parallel_split_rank=2,
+        ),
         # split rank with an encoder (pipelines of encoder pp + pp stages)
-        c(8, pipeline_model_parallel_size=2, encoder_pipeline_model_parallel_size=2,
-          pipeline_model_parallel_split_rank=2),
-        c(12, pipeline_model_parallel_size=2, pipeline_model_parallel_split_rank=1, get_embedding_ranks=emb["even"],
-          **enc),
+        c(
+            8,
+            pipeline_model_parallel_size=2,
+            encoder_pipeline_model_parallel_size=2,
+            pipeline_model_parallel_split_rank=2,
+        ),
+        c(
+            12,
+            pipeline_model_parallel_size=2,
+            pipeline_model_parallel_split_rank=1,
+            get_embedding_ranks=emb["even"],
+            **enc,
+        ),
         bad(12, pipeline_model_parallel_size=2, pipeline_model_parallel_split_rank=3, **enc),  # IndexError
     ]

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
-
-import torch.distributed as dist
+from typing import Any
 
 import megatron.core.parallel_state as mcore_ps
+import torch.distributed as dist
+
 from tests.support.diff_api import (
     ABSENT,
     MISSING,
@@ -40,7 +41,7 @@ from tests.support.diff_snapshot import (
 # --------------------------------------------------------------------------- a full run
 
 
-_PRISTINE: Optional[dict[str, Any]] = None
+_PRISTINE: dict[str, Any] | None = None
 
 
 def _capture_pristine() -> dict[str, Any]:
@@ -171,7 +172,7 @@ def observe(
     rank: int,
     kwargs: dict[str, Any],
     *,
-    env: Optional[dict[str, str]] = None,
+    env: dict[str, str] | None = None,
     cuda_stub: bool = False,
     setter_phase: bool = True,
     snapshot_before: bool = False,
@@ -218,8 +219,21 @@ def observe(
         if ps is mcore_ps:
             reset_mcore()
         forget_recorded_groups()
-    return Observation(outcome, state, setters, buffers, env_changes, barriers, cuda_calls, destroy, message, before,
-                       later, after_destroy, init_warnings)
+    return Observation(
+        outcome,
+        state,
+        setters,
+        buffers,
+        env_changes,
+        barriers,
+        cuda_calls,
+        destroy,
+        message,
+        before,
+        later,
+        after_destroy,
+        init_warnings,
+    )
 
 
 def globals_after_destroy(ps: Any) -> dict[str, Any]:
@@ -229,8 +243,10 @@ def globals_after_destroy(ps: Any) -> dict[str, Any]:
 
 def pristine_globals() -> dict[str, Any]:
     """``global:<name>`` -> encoded import-time value of every reference global."""
-    return {f"global:{name}": encode(value() if isinstance(value, type) else value)
-            for name, value in _capture_pristine().items()}
+    return {
+        f"global:{name}": encode(value() if isinstance(value, type) else value)
+        for name, value in _capture_pristine().items()
+    }
 
 
 def destroy_differences(reference: dict[str, Any], other: dict[str, Any]) -> list[Difference]:
@@ -239,8 +255,11 @@ def destroy_differences(reference: dict[str, Any], other: dict[str, Any]) -> lis
     MCore's destroy leaves some globals set; compat may leave the same or reset them.
     """
     pristine = pristine_globals()
-    return [Difference(key, value, other.get(key, ABSENT)) for key, value in reference.items()
-            if other.get(key, ABSENT) not in (value, pristine.get(key, ABSENT))]
+    return [
+        Difference(key, value, other.get(key, ABSENT))
+        for key, value in reference.items()
+        if other.get(key, ABSENT) not in (value, pristine.get(key, ABSENT))
+    ]
 
 
 def _after_init_phase(ps: Any, rank: int, calls: tuple[Call, ...]) -> dict[str, Any]:
@@ -268,7 +287,6 @@ def _after_init_phase(ps: Any, rank: int, calls: tuple[Call, ...]) -> dict[str, 
         out[f"held_by:{path}"] = tuple(holders.get(id(group), ()))
     out.update({f"after_init_state:{k}": v for k, v in snapshot(ps, rank).items()})
     return out
-
 
 
 def fake_world(rank: int, world_size: int) -> None:

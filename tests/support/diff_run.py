@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support import differential as D
 import megatron.core.parallel_state as mcore_ps
+
+from tests.support import differential as D
 from tests.support.diff_configs import YAMLS, Config, reference_release
 
 # --------------------------------------------------------------------------- running
@@ -33,8 +34,9 @@ def init_kwargs(cfg: Config, tmp_path: Path) -> dict[str, Any]:
 def run_side(ps: Any, cfg: Config, rank: int, tmp_path: Path, **options) -> D.Observation:
     """Fresh fake world of ``cfg.world`` ranks as ``rank``; observe one init of ``ps``."""
     D.fake_world(rank, cfg.world)
-    return D.observe(ps, rank, init_kwargs(cfg, tmp_path), env=cfg.env, cuda_stub=cfg.cuda_stub,
-                     after_init=cfg.after_init, **options)
+    return D.observe(
+        ps, rank, init_kwargs(cfg, tmp_path), env=cfg.env, cuda_stub=cfg.cuda_stub, after_init=cfg.after_init, **options
+    )
 
 
 @dataclass
@@ -50,7 +52,7 @@ class Tally:
 
 
 def _left_set(state: dict[str, Any]) -> set:
-    return {k[len("global:"):] for k, v in state.items() if k.startswith("global:") and v not in (None, ("dict", ()))}
+    return {k[len("global:") :] for k, v in state.items() if k.startswith("global:") and v not in (None, ("dict", ()))}
 
 
 def compare_config(compat_ps: Any, cfg: Config, tmp_path: Path, tally: Tally) -> list[str]:
@@ -70,15 +72,19 @@ def compare_config(compat_ps: Any, cfg: Config, tmp_path: Path, tally: Tally) ->
             if ref.outcome != "ok":
                 failures.append(f"rank {rank}: MCore was expected to accept it: {ref.error_message}")
             elif got.outcome == "ok" or got.outcome[1] != "ValueError" or cfg.deliberate_arg not in got.error_message:
-                failures.append(f"rank {rank}: compat should refuse with a ValueError naming {cfg.deliberate_arg}, "
-                                f"got {got.error_message or 'ok'}")
+                failures.append(
+                    f"rank {rank}: compat should refuse with a ValueError naming {cfg.deliberate_arg}, "
+                    f"got {got.error_message or 'ok'}"
+                )
             elif D.compare(got.before, got.state):
                 failures.append(f"rank {rank}: compat must stay untouched when it refuses")
             continue
         if D.equivalent(ref.outcome, got.outcome):
             diffs = D.compare(ref.comparable(), got.comparable())
             if cfg.deliberate == "barrier-once":
-                diffs = [d for d in diffs if not d.key.startswith("init:barriers") and not d.key.startswith("init:cuda")]
+                diffs = [
+                    d for d in diffs if not d.key.startswith("init:barriers") and not d.key.startswith("init:cuda")
+                ]
                 if not (len(set(got.barriers)) == len(got.barriers) <= 1 and set(got.barriers) == set(ref.barriers)):
                     failures.append(f"rank {rank}: barriers MCore {ref.barriers}, compat {got.barriers}")
         else:  # one side raised (or raised another type): the outcome is the difference
@@ -101,8 +107,9 @@ def compare_config(compat_ps: Any, cfg: Config, tmp_path: Path, tally: Tally) ->
             if got.outcome != "ok":  # compat failed too: it must not have changed its state
                 atomic = D.compare(got.before, got.state)
                 if atomic:
-                    failures.append(f"rank {rank}: compat is not atomic after {got.error_message!r}:\n"
-                                    + D.describe(atomic))
+                    failures.append(
+                        f"rank {rank}: compat is not atomic after {got.error_message!r}:\n" + D.describe(atomic)
+                    )
         else:
             tally.valid_runs += 1
         if diffs:
@@ -113,5 +120,3 @@ def compare_config(compat_ps: Any, cfg: Config, tmp_path: Path, tally: Tally) ->
     if failures:
         tally.mismatches.append(cfg.id)
     return failures
-
-

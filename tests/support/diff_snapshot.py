@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -157,7 +158,7 @@ def _group_metadata(enc: _Encoder) -> dict[str, Any]:
     first_key: dict[int, str] = {}
     for path, group in enc.groups:
         record = _CREATED.get(id(group))
-        rec = (None if record is None or record[0] is not group else record[1])
+        rec = None if record is None or record[0] is not group else record[1]
         desc = getattr(group, "group_desc", None)
         out[f"meta:{path}"] = (
             desc,
@@ -178,7 +179,7 @@ def _getattr(ps: Any, name: str) -> Any:
         return MISSING
 
 
-def snapshot(ps: Any, rank: Optional[int] = None) -> dict[str, Any]:
+def snapshot(ps: Any, rank: int | None = None) -> dict[str, Any]:
     """Everything observable about ``ps`` on this rank, as a flat dict.
 
     Covers every getter of the reference (with every argument combination), the warnings each
@@ -238,7 +239,8 @@ THIRD_PARTY_ERRORS = {"EinopsError": "RuntimeError"}
 
 def equivalent(reference: Any, other: Any) -> bool:
     """``other`` matches ``reference``: equal, or both raise and ``other``'s type is a subclass
-    (of the builtin base of a third-party type, :data:`THIRD_PARTY_ERRORS`)."""
+    (of the builtin base of a third-party type, :data:`THIRD_PARTY_ERRORS`).
+    """
     if reference == other:
         return True
     return (
@@ -294,4 +296,3 @@ def describe(diffs: list[Difference], limit: int = 12) -> str:
     body = "\n".join(str(d) for d in diffs[:limit])
     more = f"\n... and {len(diffs) - limit} more" if len(diffs) > limit else ""
     return f"{head}\nfirst differing key: {diffs[0].key}\n{body}{more}"
-

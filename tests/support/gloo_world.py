@@ -27,7 +27,8 @@ import queue
 import shutil
 import tempfile
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class WorkerError(RuntimeError):
@@ -104,7 +105,9 @@ class GlooWorld:
             except queue.Empty:
                 missing = sorted(set(range(self.world_size)) - set(results) - set(errors))
                 self.close()
-                raise TimeoutError(f"ranks {missing} did not finish {getattr(fn, '__name__', fn)} in {timeout} s")
+                raise TimeoutError(
+                    f"ranks {missing} did not finish {getattr(fn, '__name__', fn)} in {timeout} s"
+                ) from None
             if ok:
                 results[rank] = value
             else:

@@ -15,9 +15,11 @@ import itertools
 import os
 import random
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
+
 
 def _params(fn: Callable[..., Any]) -> list[tuple]:
     return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
@@ -79,20 +81,30 @@ def _fake(rank: int, world: int) -> None:
 
 
 def _check_surface(report: _Report, theirs: type, ours: type, engine: type, facts: Any) -> None:
-    names = {n for n, v in vars(theirs).items() if callable(v) and (not n.startswith("_") or n in ("__init__", "_gen_rank_enum"))}
-    report.true("surface", f"data lists {sorted(facts.method_names())}, release has {sorted(names)}", names == set(facts.method_names()))
+    names = {
+        n
+        for n, v in vars(theirs).items()
+        if callable(v) and (not n.startswith("_") or n in ("__init__", "_gen_rank_enum"))
+    }
+    report.true(
+        "surface",
+        f"data lists {sorted(facts.method_names())}, release has {sorted(names)}",
+        names == set(facts.method_names()),
+    )
     for name in sorted(names):
-        report.true("surface", f"{name}: ours {_params(getattr(ours, name))} != {_params(getattr(theirs, name))}",
-                    _params(getattr(ours, name)) == _params(getattr(theirs, name)))
+        report.true(
+            "surface",
+            f"{name}: ours {_params(getattr(ours, name))} != {_params(getattr(theirs, name))}",
+            _params(getattr(ours, name)) == _params(getattr(theirs, name)),
+        )
         # the superset engine accepts every call the release accepts, with the same meaning:
         # the release's parameters unchanged, extras keyword-only with a default
         release_params = _params(getattr(theirs, name))
         engine_params = _params(getattr(engine, name))
         known = {p[0] for p in release_params}
         extras = [p for p in engine_params if p[0] not in known]
-        ok = (
-            [p for p in engine_params if p[0] in known] == release_params
-            and all(p[1] == inspect.Parameter.KEYWORD_ONLY and p[2] is not inspect.Parameter.empty for p in extras)
+        ok = [p for p in engine_params if p[0] in known] == release_params and all(
+            p[1] == inspect.Parameter.KEYWORD_ONLY and p[2] is not inspect.Parameter.empty for p in extras
         )
         report.true("surface", f"engine {name} {engine_params} is not a superset of {release_params}", ok)
     os.environ["WORLD_SIZE"] = "8"
@@ -100,8 +112,11 @@ def _check_surface(report: _Report, theirs: type, ours: type, engine: type, fact
     del os.environ["WORLD_SIZE"]
     for name in facts.all_method_names():
         if name not in names:
-            report.true("surface", f"{name} should be absent",
-                        not hasattr(ours, name) and not hasattr(instance, name) and name not in dir(instance))
+            report.true(
+                "surface",
+                f"{name} should be absent",
+                not hasattr(ours, name) and not hasattr(instance, name) and name not in dir(instance),
+            )
 
 
 def _random_shapes(rng: random.Random, count: int) -> list[tuple[list[int], list[str], int]]:
@@ -125,11 +140,17 @@ def _check_enumerations(report: _Report, theirs: type, ours: type, seed: int) ->
             for subset in itertools.combinations(names, k):
                 dims = rng.sample(list(subset), k)  # any order: megatron orders within the group by it
                 what = f"{shape} {names} +{offset} {dims}"
-                report.same("_gen_rank_enum", what, lambda: t._gen_rank_enum(list(dims)), lambda: o._gen_rank_enum(list(dims)))
+                report.same(
+                    "_gen_rank_enum", what, lambda: t._gen_rank_enum(list(dims)), lambda: o._gen_rank_enum(list(dims))
+                )
                 if has_enum:
-                    report.same("get_rank_enum", what, lambda: t.get_rank_enum(list(dims)), lambda: o.get_rank_enum(list(dims)))
+                    report.same(
+                        "get_rank_enum", what, lambda: t.get_rank_enum(list(dims)), lambda: o.get_rank_enum(list(dims))
+                    )
                     if k == 1:
-                        report.same("get_rank_enum", what, lambda: t.get_rank_enum(dims[0]), lambda: o.get_rank_enum(dims[0]))
+                        report.same(
+                            "get_rank_enum", what, lambda: t.get_rank_enum(dims[0]), lambda: o.get_rank_enum(dims[0])
+                        )
     del os.environ["WORLD_SIZE"]
 
 
@@ -151,16 +172,33 @@ def _check_membership(report: _Report, theirs: type, ours: type) -> None:
             made = []
             for dims in subsets:
                 what = f"rank {rank} {names} +{offset} {dims}"
-                tpg, opg = report.same("create_pg", what, lambda: t.create_pg(list(reversed(dims))), lambda: o.create_pg(list(reversed(dims))))
-                report.true("get_pg", what, _returns(lambda: t.get_pg(dims), tpg) and _returns(lambda: o.get_pg(dims), opg))
+                tpg, opg = report.same(
+                    "create_pg",
+                    what,
+                    lambda: t.create_pg(list(reversed(dims))),
+                    lambda: o.create_pg(list(reversed(dims))),
+                )
+                report.true(
+                    "get_pg", what, _returns(lambda: t.get_pg(dims), tpg) and _returns(lambda: o.get_pg(dims), opg)
+                )
                 made.append(opg)
             if lifecycle:
-                report.same("is_current_rank_in_grid", f"rank {rank} +{offset}", t.is_current_rank_in_grid, o.is_current_rank_in_grid)
+                report.same(
+                    "is_current_rank_in_grid",
+                    f"rank {rank} +{offset}",
+                    t.is_current_rank_in_grid,
+                    o.is_current_rank_in_grid,
+                )
                 t.destroy()
                 o.destroy()
                 alive = dist.distributed_c10d._world.pg_map
                 report.true("destroy", f"rank {rank} {names}", not any(pg in alive for pg in made if pg is not None))
-                report.same("destroy", f"get_pg after destroy, rank {rank}", lambda: t.get_pg(names[0]), lambda: o.get_pg(names[0]))
+                report.same(
+                    "destroy",
+                    f"get_pg after destroy, rank {rank}",
+                    lambda: t.get_pg(names[0]),
+                    lambda: o.get_pg(names[0]),
+                )
 
 
 VIEWS = [  # (base shape, base names, view name, view shape, view names, shared dims), 16 ranks
@@ -174,29 +212,59 @@ def _check_views(report: _Report, theirs: type, ours: type) -> None:
         _fake(rank, 16)
         for shape, names, view, vshape, vnames, shared in VIEWS:
             t, o = theirs(shape, names), ours(shape, names)
-            report.same("register_view", view, lambda: t.register_view(view, vshape, vnames, shared_dims=shared),
-                        lambda: o.register_view(view, vshape, vnames, shared_dims=shared) and None)
+            report.same(
+                "register_view",
+                view,
+                lambda: t.register_view(view, vshape, vnames, shared_dims=shared),
+                lambda: o.register_view(view, vshape, vnames, shared_dims=shared) and None,
+            )
             for k in range(1, len(vnames) + 1):
                 for dims in map(list, itertools.combinations(vnames, k)):
                     what = f"rank {rank} {view} {dims}"
-                    report.same("view get_rank_enum", what, lambda: t.get_rank_enum(dims, view=view), lambda: o.get_rank_enum(dims, view=view))
-                    report.same("view create_pg", what, lambda: t.create_pg(dims, view=view), lambda: o.create_pg(dims, view=view))
+                    report.same(
+                        "view get_rank_enum",
+                        what,
+                        lambda: t.get_rank_enum(dims, view=view),
+                        lambda: o.get_rank_enum(dims, view=view),
+                    )
+                    report.same(
+                        "view create_pg",
+                        what,
+                        lambda: t.create_pg(dims, view=view),
+                        lambda: o.create_pg(dims, view=view),
+                    )
             # dims all shared: the view's group is the base group, created once
             for dims in [[d] for d in shared] + ([shared] if len(shared) > 1 else []):
                 what = f"rank {rank} {view} shared {dims}"
-                report.same("shared reuse", what, lambda: t.get_pg(dims, view=view) is t.get_pg(dims), lambda: o.get_pg(dims, view=view) is o.get_pg(dims))
+                report.same(
+                    "shared reuse",
+                    what,
+                    lambda: t.get_pg(dims, view=view) is t.get_pg(dims),
+                    lambda: o.get_pg(dims, view=view) is o.get_pg(dims),
+                )
                 report.same("shared reuse", what, lambda: t.create_pg(dims), lambda: o.create_pg(dims))
             report.same("view keyword-only", view, lambda: t.get_pg(vnames[0], view), lambda: o.get_pg(vnames[0], view))
-            report.same("view keyword-only", view, lambda: t.create_pg(vnames[0], view), lambda: o.create_pg(vnames[0], view))
-            report.same("view keyword-only", view, lambda: t.get_rank_enum(vnames[0], view), lambda: o.get_rank_enum(vnames[0], view))
+            report.same(
+                "view keyword-only", view, lambda: t.create_pg(vnames[0], view), lambda: o.create_pg(vnames[0], view)
+            )
+            report.same(
+                "view keyword-only",
+                view,
+                lambda: t.get_rank_enum(vnames[0], view),
+                lambda: o.get_rank_enum(vnames[0], view),
+            )
             t.destroy()
             o.destroy()
         # created through the view first, then found in the base view
         t, o = theirs([2, 4, 2], ["tp", "dp", "pp"]), ours([2, 4, 2], ["tp", "dp", "pp"])
         for g in (t, o):
             g.register_view("expert", [4, 2, 2], ["ep", "edp", "pp"], shared_dims=["pp"])
-        report.same("shared reuse", f"rank {rank} view first", lambda: t.create_pg("pp", view="expert") is t.get_pg("pp"),
-                    lambda: o.create_pg("pp", view="expert") is o.get_pg("pp"))
+        report.same(
+            "shared reuse",
+            f"rank {rank} view first",
+            lambda: t.create_pg("pp", view="expert") is t.get_pg("pp"),
+            lambda: o.create_pg("pp", view="expert") is o.get_pg("pp"),
+        )
         report.same("shared reuse", f"rank {rank} view first", lambda: t.create_pg("pp"), lambda: o.create_pg("pp"))
         t.destroy()
         o.destroy()
@@ -212,7 +280,8 @@ BRIDGE_GRIDS = [  # (shape, dim_names, rank_offset) over 32 ranks; bridge code n
 
 def _bridge_module() -> Any:
     """Megatron's ``bridge_communicator`` of this release, loaded without its package's
-    ``__init__`` (which imports the whole pipeline stack); ``None`` before 0.15."""
+    ``__init__`` (which imports the whole pipeline stack); ``None`` before 0.15.
+    """
     import importlib
     import sys
     import types
@@ -245,10 +314,18 @@ def _check_megatron_callers(report: _Report, theirs: type, ours: type) -> None:
             me = SimpleNamespace(current_rank=rank)
             for is_src in (True, False):
                 what = f"{names} {shape} +{offset} rank {rank} src={is_src}"
-                report.same("bridge_communicator", what, lambda: comm.get_leader_rank(me, t, is_src),
-                            lambda: comm.get_leader_rank(me, o, is_src))
-                report.same("bridge_communicator", what, lambda: comm.get_boundary_pp_stage_ranks(me, t, is_src),
-                            lambda: comm.get_boundary_pp_stage_ranks(me, o, is_src))
+                report.same(
+                    "bridge_communicator",
+                    what,
+                    lambda: comm.get_leader_rank(me, t, is_src),
+                    lambda: comm.get_leader_rank(me, o, is_src),
+                )
+                report.same(
+                    "bridge_communicator",
+                    what,
+                    lambda: comm.get_boundary_pp_stage_ranks(me, t, is_src),
+                    lambda: comm.get_boundary_pp_stage_ranks(me, o, is_src),
+                )
     del os.environ["WORLD_SIZE"]
 
 
@@ -306,7 +383,15 @@ def _bad_inputs(has: set[str]) -> list[tuple[str, Callable[[type], Any]]]:
             ("view shared membership differs", lambda c: view(c, "expert", [2, 2, 4], ["ep", "edp", "pp"], ["pp"])),
             ("unknown view get_pg", lambda c: grid(c).get_pg("tp", view="nope")),
             ("unknown view create_pg", lambda c: grid(c).create_pg("tp", view="nope")),
-            ("dim not in view", lambda c: (lambda g: (g.register_view("e", [4, 2, 2], ["ep", "pp", "edp"], ["pp"]), g.create_pg("tp", view="e")))(grid(c))),
+            (
+                "dim not in view",
+                lambda c: (
+                    lambda g: (
+                        g.register_view("e", [4, 2, 2], ["ep", "pp", "edp"], ["pp"]),
+                        g.create_pg("tp", view="e"),
+                    )
+                )(grid(c)),
+            ),
         ]
     return cases
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
+
+import megatron.core.parallel_state as mcore_ps
 
 from tests.support import differential as D
-import megatron.core.parallel_state as mcore_ps
 
 # --------------------------------------------------------------------------- RankGenerator
 
@@ -28,7 +30,8 @@ def _outcome(fn: Callable[[], Any]) -> Any:
 
 def rank_generator_facts(ps: Any, kwargs: dict, attributes: list[str], tokens: list[str]) -> dict[str, Any]:
     """Attributes of ``ps.RankGenerator(**kwargs)``, ``get_ranks`` / ``get_mask`` for token
-    combinations (and ``get_gtp_ranks`` where the reference has it)."""
+    combinations (and ``get_gtp_ranks`` where the reference has it).
+    """
     gen = ps.RankGenerator(**kwargs)
     facts = {a: D.encode(getattr(gen, a, D.MISSING)) for a in attributes}
     for n in (1, 2, 3):
@@ -46,16 +49,32 @@ def rank_generator_facts(ps: Any, kwargs: dict, attributes: list[str], tokens: l
 RANK_GENERATOR_CASES: list[dict[str, Any]] = [
     dict(zip(("tp", "ep", "dp", "pp", "cp", "order", "rank_offset"), args))
     for args in [
-        (2, 1, 4, 2, 1, "tp-cp-ep-dp-pp"), (2, 1, 2, 2, 2, "tp-cp-ep-dp-pp"), (1, 4, 2, 2, 1, "tp-cp-ep-dp-pp"),
-        (2, 2, 2, 2, 1, "tp-pp-dp"), (2, 1, 2, 2, 2, "cp-tp-dp-pp"), (3, 1, 2, 1, 1, "TP-DP"),
-        (2, 2, 1, 1, 2, "tp-cp-ep-dp-pp"), (2, 1, 2, 1, 1, "dp"), (2, 1, 2, 2, 1, "tp-dp-pp", 16),
-        (1, 1, 1, 1, 1, ""), (2, 1, 2, 1, 1, "tp-tp-dp"), (4, 2, 2, 2, 1, "pp-ep-dp-tp"),
+        (2, 1, 4, 2, 1, "tp-cp-ep-dp-pp"),
+        (2, 1, 2, 2, 2, "tp-cp-ep-dp-pp"),
+        (1, 4, 2, 2, 1, "tp-cp-ep-dp-pp"),
+        (2, 2, 2, 2, 1, "tp-pp-dp"),
+        (2, 1, 2, 2, 2, "cp-tp-dp-pp"),
+        (3, 1, 2, 1, 1, "TP-DP"),
+        (2, 2, 1, 1, 2, "tp-cp-ep-dp-pp"),
+        (2, 1, 2, 1, 1, "dp"),
+        (2, 1, 2, 2, 1, "tp-dp-pp", 16),
+        (1, 1, 1, 1, 1, ""),
+        (2, 1, 2, 1, 1, "tp-tp-dp"),
+        (4, 2, 2, 2, 1, "pp-ep-dp-tp"),
     ]
 ] + [  # 0.19: the GTP axis (kept where the reference's constructor takes gtp_remat)
     {"tp": 2, "ep": 1, "dp": 2, "pp": 2, "cp": 1, "order": "tp-gtp_remat-cp-ep-dp-pp", "gtp_remat": 2},
     {"tp": 1, "ep": 2, "dp": 2, "pp": 1, "cp": 1, "order": "tp-cp-ep-gtp_remat-dp-pp", "gtp_remat": 2},
-    {"tp": 2, "ep": 1, "dp": 1, "pp": 2, "cp": 2, "order": "tp-gtp_remat-cp-ep-dp-pp", "gtp_remat": 4,
-     "rank_offset": 8},
+    {
+        "tp": 2,
+        "ep": 1,
+        "dp": 1,
+        "pp": 2,
+        "cp": 2,
+        "order": "tp-gtp_remat-cp-ep-dp-pp",
+        "gtp_remat": 4,
+        "rank_offset": 8,
+    },
     {"tp": 2, "ep": 1, "dp": 2, "pp": 1, "cp": 1, "order": "tp-cp-ep-dp-pp", "gtp_remat": 1},
     {"tp": 2, "ep": 1, "dp": 2, "pp": 1, "cp": 1, "order": "tp-cp-ep-dp-pp", "gtp_remat": 2},
 ]
@@ -103,7 +122,8 @@ def compare_rank_generator(compat_ps: Any, case: dict[str, Any]) -> list[str]:
 
 def with_world(ps: Any, fn: Callable[[Any], Any], rank: int = 1, world: int = 8, cuda_stub: bool = False) -> dict:
     """Run ``fn(ps)`` in a fresh fake world; return its encoded result, created-group metadata
-    and the module's ``_global_process_group_list`` (where the reference has it) afterwards."""
+    and the module's ``_global_process_group_list`` (where the reference has it) afterwards.
+    """
     D.fake_world(rank, world)
     D.forget_recorded_groups()
     enc = D._Encoder()
@@ -129,12 +149,27 @@ def _timeout_then_update(ps):
 
 # name -> (call on a module, with_world options); the first function each calls is named by HELPER_FUNCTION.
 HELPER_CASES: dict[str, tuple[Callable, dict]] = {
-    "masked_groups_tp_dp": (lambda ps: ps.generate_masked_orthogonal_rank_groups(8, [2, 2, 2], [True, True, False]), {}),
-    "masked_groups_none": (lambda ps: ps.generate_masked_orthogonal_rank_groups(12, [2, 3, 2], [False, False, False]), {}),
+    "masked_groups_tp_dp": (
+        lambda ps: ps.generate_masked_orthogonal_rank_groups(8, [2, 2, 2], [True, True, False]),
+        {},
+    ),
+    "masked_groups_none": (
+        lambda ps: ps.generate_masked_orthogonal_rank_groups(12, [2, 3, 2], [False, False, False]),
+        {},
+    ),
     "masked_groups_all": (lambda ps: ps.generate_masked_orthogonal_rank_groups(12, [2, 3, 2], [True, True, True]), {}),
-    "masked_groups_middle": (lambda ps: ps.generate_masked_orthogonal_rank_groups(24, [2, 3, 4], [False, True, False]), {}),
-    "masked_groups_small_world": (lambda ps: ps.generate_masked_orthogonal_rank_groups(4, [2, 2, 2], [True, False, False]), {}),
-    "masked_groups_big_world": (lambda ps: ps.generate_masked_orthogonal_rank_groups(16, [2, 2, 2], [True, False, False]), {}),
+    "masked_groups_middle": (
+        lambda ps: ps.generate_masked_orthogonal_rank_groups(24, [2, 3, 4], [False, True, False]),
+        {},
+    ),
+    "masked_groups_small_world": (
+        lambda ps: ps.generate_masked_orthogonal_rank_groups(4, [2, 2, 2], [True, False, False]),
+        {},
+    ),
+    "masked_groups_big_world": (
+        lambda ps: ps.generate_masked_orthogonal_rank_groups(16, [2, 2, 2], [True, False, False]),
+        {},
+    ),
     "default_embedding_1": (lambda ps: ps.default_embedding_ranks([5]), {}),
     "default_embedding_3": (lambda ps: ps.default_embedding_ranks([1, 3, 5]), {}),
     "default_embedding_empty": (lambda ps: ps.default_embedding_ranks([]), {}),
@@ -142,7 +177,9 @@ HELPER_CASES: dict[str, tuple[Callable, dict]] = {
     "default_position_embedding_empty": (lambda ps: ps.default_position_embedding_ranks([]), {}),
     "overwrite_cfgs_new": (lambda ps: (lambda d: (ps.overwrite_nccl_comm_cfgs(d, "tp", ("max_ctas", 4)), d))({}), {}),
     "overwrite_cfgs_existing": (
-        lambda ps: (lambda d: (ps.overwrite_nccl_comm_cfgs(d, "tp", ("max_ctas", 4)), d))({"tp": {"min_ctas": 1}}), {}),
+        lambda ps: (lambda d: (ps.overwrite_nccl_comm_cfgs(d, "tp", ("max_ctas", 4)), d))({"tp": {"min_ctas": 1}}),
+        {},
+    ),
     "nccl_options_absent": (lambda ps: ps.get_nccl_options("dp", {"tp": {}}), {}),
     "nccl_options_present": (lambda ps: ps.get_nccl_options("tp", {"tp": {"max_ctas": 2}}), {}),
     "nccl_options_none_cfg": (lambda ps: ps.get_nccl_options("tp", None), {}),
@@ -150,8 +187,14 @@ HELPER_CASES: dict[str, tuple[Callable, dict]] = {
     "create_group_not_member": (lambda ps: ps.create_group([2, 3], group_desc="OTHER"), {}),
     "create_group_ranks_none": (lambda ps: ps.create_group(group_desc="ALL"), {}),
     "create_group_local_sync": (lambda ps: ps.create_group([1, 2], use_local_synchronization=True), {}),
-    "hierarchical_member": (lambda ps: ps.create_hierarchical_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], [2, 2, 2], group_desc="H"), {}),
-    "hierarchical_two_levels": (lambda ps: ps.create_hierarchical_groups(1, [7, 5, 3, 1], [2, 2], pg_options=[None, None]), {}),
+    "hierarchical_member": (
+        lambda ps: ps.create_hierarchical_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], [2, 2, 2], group_desc="H"),
+        {},
+    ),
+    "hierarchical_two_levels": (
+        lambda ps: ps.create_hierarchical_groups(1, [7, 5, 3, 1], [2, 2], pg_options=[None, None]),
+        {},
+    ),
     "hierarchical_not_member": (lambda ps: ps.create_hierarchical_groups(1, [0, 2, 4, 6], [2, 2]), {}),
     "hierarchical_bad_sizes": (lambda ps: ps.create_hierarchical_groups(1, [0, 1, 2, 3], [2, 3]), {}),
     "hybrid_member_8": (lambda ps: ps.create_hybrid_dp_cp_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], None), {}),
@@ -168,32 +211,55 @@ HELPER_CASES: dict[str, tuple[Callable, dict]] = {
     "default_embedding_split_one_stage": (lambda ps: ps.default_embedding_ranks([5], split_rank=3), {}),
     "default_embedding_split_none": (lambda ps: ps.default_embedding_ranks([1, 3], split_rank=None), {}),
     "default_position_embedding_split_middle": (
-        lambda ps: ps.default_position_embedding_ranks([1, 3, 5, 7], split_rank=2), {}),
+        lambda ps: ps.default_position_embedding_ranks([1, 3, 5, 7], split_rank=2),
+        {},
+    ),
     "default_position_embedding_split_first": (
-        lambda ps: ps.default_position_embedding_ranks([1, 3, 5, 7], split_rank=0), {}),
+        lambda ps: ps.default_position_embedding_ranks([1, 3, 5, 7], split_rank=0),
+        {},
+    ),
     "default_position_embedding_split_beyond": (
-        lambda ps: ps.default_position_embedding_ranks([1, 3], split_rank=2), {}),
+        lambda ps: ps.default_position_embedding_ranks([1, 3], split_rank=2),
+        {},
+    ),
     "default_position_embedding_split_one_stage": (
-        lambda ps: ps.default_position_embedding_ranks([5], split_rank=0), {}),
+        lambda ps: ps.default_position_embedding_ranks([5], split_rank=0),
+        {},
+    ),
     # 0.12: hierarchical groups by index arithmetic (group_size, levels that fit; no einops)
     "hierarchical_parallel_member": (
-        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], 8, [2, 2, 2], None), {}),
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], 8, [2, 2, 2], None),
+        {},
+    ),
     "hierarchical_parallel_two_levels": (
-        lambda ps: ps.create_hierarchical_parallel_groups(1, [7, 5, 3, 1], 4, [2, 2], None), {}),
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [7, 5, 3, 1], 4, [2, 2], None),
+        {},
+    ),
     "hierarchical_parallel_one_level": (
-        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3], 4, [4], None), {}),
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3], 4, [4], None),
+        {},
+    ),
     "hierarchical_parallel_not_member": (
-        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 2, 4, 6], 4, [2, 2], None), {}),
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 2, 4, 6], 4, [2, 2], None),
+        {},
+    ),
     "hierarchical_parallel_sizes_not_multiplying": (
-        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3], 4, [2, 3], None), {}),
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3], 4, [2, 3], None),
+        {},
+    ),
     "hierarchical_parallel_size_beyond_group": (
-        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3], 4, [8], None), {}),
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3], 4, [8], None),
+        {},
+    ),
     "hierarchical_parallel_group_size_below_ranks": (
-        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], 4, [2, 2], None), {}),
+        lambda ps: ps.create_hierarchical_parallel_groups(1, [0, 1, 2, 3, 4, 5, 6, 7], 4, [2, 2], None),
+        {},
+    ),
 }
 # Cases that need a parameter some releases' function lacks: case -> parameter.
 HELPER_CASE_PARAMETERS: dict[str, str] = {
-    case: "split_rank" for case in HELPER_CASES
+    case: "split_rank"
+    for case in HELPER_CASES
     if case.startswith(("default_embedding_split", "default_position_embedding_split"))
 }
 
@@ -201,11 +267,16 @@ HELPER_CASE_PARAMETERS: dict[str, str] = {
 def helper_function(case: str) -> str:
     """The public function a helper case exercises (``create_group`` for the timeout update)."""
     prefixes = {
-        "masked_groups": "generate_masked_orthogonal_rank_groups", "default_embedding": "default_embedding_ranks",
-        "default_position_embedding": "default_position_embedding_ranks", "overwrite_cfgs": "overwrite_nccl_comm_cfgs",
-        "nccl_options": "get_nccl_options", "create_group": "create_group", "hierarchical": "create_hierarchical_groups",
+        "masked_groups": "generate_masked_orthogonal_rank_groups",
+        "default_embedding": "default_embedding_ranks",
+        "default_position_embedding": "default_position_embedding_ranks",
+        "overwrite_cfgs": "overwrite_nccl_comm_cfgs",
+        "nccl_options": "get_nccl_options",
+        "create_group": "create_group",
+        "hierarchical": "create_hierarchical_groups",
         "hierarchical_parallel": "create_hierarchical_parallel_groups",
-        "hybrid": "create_hybrid_dp_cp_groups", "update_pg_timeout": "update_pg_timeout",
+        "hybrid": "create_hybrid_dp_cp_groups",
+        "update_pg_timeout": "update_pg_timeout",
     }
     return next(fn for prefix, fn in sorted(prefixes.items(), key=lambda kv: -len(kv[0])) if case.startswith(prefix))
 

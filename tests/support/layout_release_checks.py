@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import random
-from typing import Any, Optional
+from typing import Any
 
 _CURRENT = [0]  # the rank the recorded init runs as
 _INIT_GROUPS = [0]  # how many recorded groups initialize_model_parallel itself created
@@ -30,7 +30,7 @@ class _Group:
 
     __slots__ = ("ranks", "desc", "timeout", "backend")
 
-    def __init__(self, ranks: list[int], desc: Optional[str], timeout: Any = None, backend: Any = None) -> None:
+    def __init__(self, ranks: list[int], desc: str | None, timeout: Any = None, backend: Any = None) -> None:
         self.ranks = ranks
         self.desc = desc
         self.timeout = timeout
@@ -46,8 +46,9 @@ class _Group:
 def _install_fakes(ps: Any, world: int, created: list[_Group]) -> None:
     dist = ps.torch.distributed
 
-    def create_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False,
-                     group_desc=None):
+    def create_group(
+        ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False, group_desc=None
+    ):
         group = _Group(list(ranks), group_desc, timeout, backend)
         created.append(group)
         return group
@@ -59,7 +60,7 @@ def _install_fakes(ps: Any, world: int, created: list[_Group]) -> None:
     dist.get_rank = lambda group=None: _CURRENT[0] if group is None else group.rank()
 
 
-def _run_mcore(ps: Any, cfg: dict, rank: int) -> tuple[list[_Group], Optional[str], Optional[BaseException]]:
+def _run_mcore(ps: Any, cfg: dict, rank: int) -> tuple[list[_Group], str | None, BaseException | None]:
     """Run the release's init (+ all-gather groups) as ``rank``; return groups, get_all_ranks(), error."""
     created: list[_Group] = []
     _install_fakes(ps, cfg["world_size"], created)
@@ -85,17 +86,28 @@ def _run_mcore(ps: Any, cfg: dict, rank: int) -> tuple[list[_Group], Optional[st
 def _layout(cfg: dict, series: str):
     from parallel_state_ng.mcore.layout import MegatronLayout
 
-    keys = ["world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-            "expert_model_parallel_size", "expert_tensor_parallel_size", "order", "num_distributed_optimizer_instances",
-            "hierarchical_context_parallel_sizes", "rank_offset", "local_world_size", "gtp_remat_size",
-            "expert_gtp_remat_size", "encoder_tensor_model_parallel_size", "encoder_pipeline_model_parallel_size",
-            "pipeline_model_parallel_split_rank"]
+    keys = [
+        "world_size",
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "order",
+        "num_distributed_optimizer_instances",
+        "hierarchical_context_parallel_sizes",
+        "rank_offset",
+        "local_world_size",
+        "gtp_remat_size",
+        "expert_gtp_remat_size",
+        "encoder_tensor_model_parallel_size",
+        "encoder_pipeline_model_parallel_size",
+        "pipeline_model_parallel_split_rank",
+    ]
     return MegatronLayout(release=series, **{k: cfg[k] for k in keys if k in cfg})
 
 
-def _check_plan(
-    lay: Any, cfg: dict, rank: int, init_groups: list[_Group], gloo: bool, tag: str, out: list[str]
-) -> int:
+def _check_plan(lay: Any, cfg: dict, rank: int, init_groups: list[_Group], gloo: bool, tag: str, out: list[str]) -> int:
     """The group plan of ``rank`` vs the release's own creation sequence, as seen by ``rank``.
 
     Every group the release created during init that holds ``rank`` must be a step of
@@ -113,16 +125,18 @@ def _check_plan(
     ours = [(s.desc, list(s.ranks), s.timeout) for s in group_plan(lay, rank, options) if isinstance(s, CreateGroup)]
     if ours != release:
         first = next((i for i, (a, b) in enumerate(zip(ours, release)) if a != b), min(len(ours), len(release)))
-        out.append(f"{tag}: rank {rank} plan step {first}: ours {ours[first:first + 2]}, release {release[first:first + 2]}")
+        out.append(
+            f"{tag}: rank {rank} plan step {first}: ours {ours[first : first + 2]}, release {release[first : first + 2]}"
+        )
     return len(release)
 
 
-def _desc_to_kind(desc: str) -> Optional[str]:
+def _desc_to_kind(desc: str) -> str | None:
     from parallel_state_ng.mcore.kinds import GROUP_KINDS
 
     prefix = "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L"
     if desc.startswith(prefix):
-        return f"hcp{desc[len(prefix):]}"
+        return f"hcp{desc[len(prefix) :]}"
     for name, kind in GROUP_KINDS.items():
         if kind.desc == desc:
             return name
@@ -139,8 +153,15 @@ def _check_generator(ps: Any, lay: Any, series: str, out: list[str]) -> int:
     for view, layout in views:
         sizes = dict(zip(layout.dim_names, layout.shape))
         order = "-".join(layout.dim_names)
-        kwargs = dict(tp=sizes["tp"], ep=sizes["ep"], dp=sizes["dp"], pp=sizes["pp"], cp=sizes["cp"], order=order,
-                      rank_offset=layout.rank_offset)
+        kwargs = dict(
+            tp=sizes["tp"],
+            ep=sizes["ep"],
+            dp=sizes["dp"],
+            pp=sizes["pp"],
+            cp=sizes["cp"],
+            order=order,
+            rank_offset=layout.rank_offset,
+        )
         if gtp:
             kwargs["gtp_remat"] = sizes["gtp_remat"]
         gen = ps.RankGenerator(**kwargs)
@@ -236,7 +257,9 @@ def check_release(series: str, configs: list[dict], seed: int) -> dict:
                     stats["rank_checks"] += 1
                     expected = next(g for g in groups if rank in g)
                     if lay.hybrid_group(rank, size) != expected:
-                        mismatches.append(f"{tag}: rank {rank} hybrid {size}: {lay.hybrid_group(rank, size)} vs {expected}")
+                        mismatches.append(
+                            f"{tag}: rank {rank} hybrid {size}: {lay.hybrid_group(rank, size)} vs {expected}"
+                        )
         stats["plan_steps"] = stats.get("plan_steps", 0) + _check_plan(
             lay, cfg, current, created[: _INIT_GROUPS[0]], _GLOO_ALWAYS[0], tag, mismatches
         )

@@ -34,8 +34,9 @@ import sys
 import tempfile
 import types
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root: tests.support imports from there
 
@@ -81,8 +82,18 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _download(version: str, into: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
-           f"megatron-core=={version}", "-d", str(into)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--disable-pip-version-check",
+        f"megatron-core=={version}",
+        "-d",
+        str(into),
+    ]
     if _series(version) in _CP312_ONLY:
         cmd[4:4] = ["--python-version", "3.12", "--only-binary=:all:"]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -132,8 +143,9 @@ def activate(dest: str | os.PathLike) -> None:
     sys.modules["megatron"].core = sys.modules["megatron.core"]
 
 
-def run_in_release(version: str, module: str, function: str, *args: Any, timeout: float = 600,
-                   env: dict[str, str] | None = None) -> Any:
+def run_in_release(
+    version: str, module: str, function: str, *args: Any, timeout: float = 600, env: dict[str, str] | None = None
+) -> Any:
     """Run ``module.function(*args)`` in a new process bound to megatron-core ``version``.
 
     ``module`` is a fully qualified name (``tests.support.release_checks``,
@@ -149,11 +161,16 @@ def run_in_release(version: str, module: str, function: str, *args: Any, timeout
     child_env.setdefault("OMP_NUM_THREADS", "1")
     done = subprocess.run(
         [sys.executable, "-c", "import tests.support.mcore_releases as m; m._child_main()"],
-        input=payload, capture_output=True, text=True, timeout=timeout, env=child_env, cwd=str(ROOT),
+        input=payload,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env,
+        cwd=str(ROOT),
     )
     for line in done.stdout.splitlines():
         if line.startswith(_RESULT_MARK):
-            return json.loads(line[len(_RESULT_MARK):])
+            return json.loads(line[len(_RESULT_MARK) :])
     raise RuntimeError(
         f"{module}.{function} on megatron-core {version} failed (exit {done.returncode}):\n"
         f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-8000:]}"

@@ -31,8 +31,9 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from parallel_state_ng.mcore.releases import parse_release
 
@@ -46,7 +47,19 @@ VERSION_ATTRIBUTE = "MEGATRON_VERSION"
 # Default differential plan for one release: hand-written configurations plus random ones per
 # world size (world size -> count). Sized for ~2 minutes of the whole suite under -n 2.
 RELEASE_PLAN: dict[int, int] = {
-    2: 2, 4: 3, 8: 6, 12: 2, 16: 6, 24: 2, 32: 4, 64: 4, 96: 1, 128: 2, 256: 2, 512: 1, 1024: 1,
+    2: 2,
+    4: 3,
+    8: 6,
+    12: 2,
+    16: 6,
+    24: 2,
+    32: 4,
+    64: 4,
+    96: 1,
+    128: 2,
+    256: 2,
+    512: 1,
+    1024: 1,
 }
 ALARM_S = 60
 
@@ -81,7 +94,9 @@ def _release_names(path: Path) -> tuple[set, set]:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
             functions.add(node.name)
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         for target in targets:
             if isinstance(target, ast.Name) and target.id.startswith("_") and not target.id.startswith("__"):
                 state.add(target.id)
@@ -101,7 +116,7 @@ def known_release_names() -> tuple[set, set]:
 
 
 def _compat_functions(ps: Any) -> dict[str, Callable]:
-    """compat's public callables that are ours (not classes, not imported library helpers)."""
+    """Compat's public callables that are ours (not classes, not imported library helpers)."""
     out = {}
     for name, obj in vars(ps).items():
         if name.startswith("_") or inspect.isclass(obj) or inspect.ismodule(obj) or not callable(obj):
@@ -117,9 +132,10 @@ def _compat_functions(ps: Any) -> dict[str, Callable]:
 
 def api_report(version: str) -> dict:
     """Names, signatures, globals and ``RankGenerator`` of compat vs the release, both directions."""
+    import megatron.core.parallel_state as ref
+
     import compat.parallel_state as ps
     from tests.support import differential as D
-    import megatron.core.parallel_state as ref
 
     problems: list[str] = []
     served = getattr(ps, VERSION_ATTRIBUTE, None)
@@ -153,8 +169,11 @@ def api_report(version: str) -> dict:
         if hasattr(ps, name):
             problems.append(f"compat has {name}, which {version} lacks (another release has it): hasattr must be False")
 
-    methods = {n for n, o in vars(ref.RankGenerator).items()
-               if inspect.isfunction(o) and (not n.startswith("_") or n == "__init__")}
+    methods = {
+        n
+        for n, o in vars(ref.RankGenerator).items()
+        if inspect.isfunction(o) and (not n.startswith("_") or n == "__init__")
+    }
     rg = getattr(ps, "RankGenerator", None)
     if not inspect.isclass(rg):
         problems.append("compat.parallel_state.RankGenerator is not a class")
@@ -165,13 +184,18 @@ def api_report(version: str) -> dict:
         if name not in mine_methods:
             problems.append(f"RankGenerator lacks {name}")
         elif _shape(getattr(rg, name)) != _shape(getattr(ref.RankGenerator, name)):
-            problems.append(f"RankGenerator.{name}: release {inspect.signature(getattr(ref.RankGenerator, name))} "
-                            f"!= compat {inspect.signature(getattr(rg, name))}")
+            problems.append(
+                f"RankGenerator.{name}: release {inspect.signature(getattr(ref.RankGenerator, name))} "
+                f"!= compat {inspect.signature(getattr(rg, name))}"
+            )
     for name in sorted(mine_methods - methods):
         problems.append(f"compat RankGenerator has {name}, which {version}'s lacks")
     return {
-        "functions": len(theirs), "globals": len(globals_), "rank_generator_methods": len(methods),
-        "compat_functions": len(ours), "problems": problems,
+        "functions": len(theirs),
+        "globals": len(globals_),
+        "rank_generator_methods": len(methods),
+        "compat_functions": len(ours),
+        "problems": problems,
     }
 
 
@@ -180,10 +204,10 @@ def api_report(version: str) -> dict:
 
 def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dict:
     """The differential harness over this release's configurations; mismatches as text."""
+    import megatron.core.parallel_state as ref
     import torch.distributed as dist
 
     import compat.parallel_state as ps
-    import megatron.core.parallel_state as ref
     from tests.support import diff_configs as C
     from tests.support import diff_configs_plan as plans
     from tests.support import diff_configs_releases as CR
@@ -212,17 +236,24 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
         "encoder": CR.has_encoder,  # 0.12/0.13: an encoder block
         "split_rank": CR.has_split_rank,  # 0.12/0.13: a pipeline split rank
     }
-    present = {"gtp": C.has("gtp_remat_size"), "sub_world": C.has("local_world_size"),
-               "after_init": C.has_function("create_all_gather_groups"),
-               "encoder": C.has(CR.ENC_PP), "split_rank": C.has(CR.SPLIT)}
+    present = {
+        "gtp": C.has("gtp_remat_size"),
+        "sub_world": C.has("local_world_size"),
+        "after_init": C.has_function("create_all_gather_groups"),
+        "encoder": C.has(CR.ENC_PP),
+        "split_rank": C.has(CR.SPLIT),
+    }
     tally = diff_run.Tally()
     worlds = set()
     with tempfile.TemporaryDirectory() as tmp:
         # the harness against itself: the release compared with itself shows no difference, on
         # the first configuration and the first valid one of each feature the release has (on its
         # first and last compared rank)
-        sample = configs[:1] + [next((c for c in configs if is_feature(c) and not c.expected_invalid), None)
-                                for name, is_feature in features.items() if present[name]]
+        sample = configs[:1] + [
+            next((c for c in configs if is_feature(c) and not c.expected_invalid), None)
+            for name, is_feature in features.items()
+            if present[name]
+        ]
         for cfg in filter(None, sample):
             for rank in sorted({cfg.ranks()[0], cfg.ranks()[-1]}):  # e.g. an encoder rank and a decoder rank
                 first, second = (diff_run.run_side(ref, cfg, rank, Path(tmp)) for _ in range(2))
@@ -237,7 +268,9 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
     if dist.is_initialized():
         dist.destroy_process_group()
     return {
-        "configs": tally.configs, "runs": tally.runs, "valid_runs": tally.valid_runs,
+        "configs": tally.configs,
+        "runs": tally.runs,
+        "valid_runs": tally.valid_runs,
         "max_world": max(worlds, default=0),
         "getter_calls": len(D.getter_calls(8)),
         "features": present,
@@ -252,7 +285,8 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
 
 def helpers_report() -> dict:
     """``RankGenerator`` (attributes, every token combination, ``get_gtp_ranks``) and the public
-    helpers (``create_group``, ``update_pg_timeout``, ...) of compat against the release's."""
+    helpers (``create_group``, ``update_pg_timeout``, ...) of compat against the release's.
+    """
     import torch.distributed as dist
 
     import compat.parallel_state as ps
@@ -293,12 +327,12 @@ class _Alarm:
 
 def bad_input_report() -> dict:
     """Each bad input of the release: compat's error (type, argument named, atomic) vs the release's."""
+    import megatron.core.parallel_state as ref
     import torch.distributed as dist
 
     import compat.parallel_state as ps
-    from tests.support import differential as D
-    import megatron.core.parallel_state as ref
     from tests.compat import test_bad_input as B
+    from tests.support import differential as D
 
     parameters = set(inspect.signature(ref.initialize_model_parallel).parameters)
     cases = B._build_cases(parameters, parse_release(importlib.metadata.version("megatron-core")))
@@ -324,8 +358,9 @@ def bad_input_report() -> dict:
                     problems.append(f"{case.case_id}: compat accepts it")
                     continue
                 if case.argument not in str(ours):
-                    problems.append(f"{case.case_id}: message does not name {case.argument}: "
-                                    f"{type(ours).__name__}: {ours}")
+                    problems.append(
+                        f"{case.case_id}: message does not name {case.argument}: {type(ours).__name__}: {ours}"
+                    )
                 left = D.compare(before, D.snapshot(ps, B.RANK))
                 if left or set(dist.distributed_c10d._world.pg_map) != pg_before:
                     problems.append(f"{case.case_id}: compat not untouched after its error: " + D.describe(left, 4))
@@ -343,8 +378,10 @@ def bad_input_report() -> dict:
                 if theirs is not None and case.mcore_fails_for_other_reason is None:
                     expected = B._builtin_type(type(theirs))
                     if not isinstance(ours, expected):
-                        problems.append(f"{case.case_id}: the release raises {type(theirs).__name__} ({theirs}); "
-                                        f"compat raises {type(ours).__name__} ({ours})")
+                        problems.append(
+                            f"{case.case_id}: the release raises {type(theirs).__name__} ({theirs}); "
+                            f"compat raises {type(ours).__name__} ({ours})"
+                        )
         except Exception:
             problems.append(f"{case.case_id} crashed:\n{traceback.format_exc()[-2000:]}")
     extra = 0

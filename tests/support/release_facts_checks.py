@@ -12,7 +12,8 @@ the data knows but compat does not serve (0.12, 0.13), for the upgrade check.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD.name
 
@@ -42,7 +43,8 @@ def facts_report(version: str) -> dict:
 
     problems: list[str] = []
     theirs = {
-        n: o for n, o in vars(ref).items()
+        n: o
+        for n, o in vars(ref).items()
         if inspect.isfunction(o) and o.__module__ == ref.__name__ and not n.startswith("_")
     }
     ours = data.functions(version)
@@ -57,9 +59,14 @@ def facts_report(version: str) -> dict:
         problems.append("functions are not in the release's module order")
 
     state = {
-        n: o for n, o in vars(ref).items()
-        if n.startswith("_") and not n.startswith("__") and not inspect.isroutine(o)
-        and not inspect.isclass(o) and not inspect.ismodule(o) and type(o).__module__ != "typing"
+        n: o
+        for n, o in vars(ref).items()
+        if n.startswith("_")
+        and not n.startswith("__")
+        and not inspect.isroutine(o)
+        and not inspect.isclass(o)
+        and not inspect.ismodule(o)
+        and type(o).__module__ != "typing"
     }
     values = data.globals_of(version)
     for name, value in state.items():
@@ -70,7 +77,8 @@ def facts_report(version: str) -> dict:
     problems += [f"data has global {n}, which {version} lacks" for n in values if n not in state]
 
     methods = {
-        n: o for n, o in vars(ref.RankGenerator).items()
+        n: o
+        for n, o in vars(ref.RankGenerator).items()
         if inspect.isfunction(o) and (not n.startswith("_") or n == "__init__")
     }
     rg = data.rank_generator_methods(version)
@@ -80,5 +88,9 @@ def facts_report(version: str) -> dict:
         elif _shape(fn)[1:] != _data_shape(rg[name]):
             problems.append(f"RankGenerator.{name}: release {inspect.signature(fn)} != data {rg[name]}")
     problems += [f"data has RankGenerator.{n}, which {version} lacks" for n in rg if n not in methods]
-    return {"functions": len(theirs), "globals": len(state), "rank_generator_methods": len(methods),
-            "problems": problems}
+    return {
+        "functions": len(theirs),
+        "globals": len(state),
+        "rank_generator_methods": len(methods),
+        "problems": problems,
+    }

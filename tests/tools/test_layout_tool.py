@@ -22,20 +22,36 @@ from tests.support.paths import ROOT
 CONFIGS = [
     (
         ["--world-size", "64", "--tp", "4", "--pp", "2", "--cp", "2", "--ep", "2"],
-        dict(world_size=64, tensor_model_parallel_size=4, pipeline_model_parallel_size=2,
-             context_parallel_size=2, expert_model_parallel_size=2),
+        dict(
+            world_size=64,
+            tensor_model_parallel_size=4,
+            pipeline_model_parallel_size=2,
+            context_parallel_size=2,
+            expert_model_parallel_size=2,
+        ),
         8,
     ),
     (
         ["--world-size", "48", "--tp", "2", "--pp", "3", "--ep", "2", "--etp", "1", "--order", "tp-ep-pp-dp"],
-        dict(world_size=48, tensor_model_parallel_size=2, pipeline_model_parallel_size=3,
-             expert_model_parallel_size=2, expert_tensor_parallel_size=1, order="tp-ep-pp-dp"),
+        dict(
+            world_size=48,
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=3,
+            expert_model_parallel_size=2,
+            expert_tensor_parallel_size=1,
+            order="tp-ep-pp-dp",
+        ),
         4,
     ),
     (
         ["--world-size", "32", "--tp", "2", "--cp", "4", "--hcp-sizes", "2,2", "--num-dist-opt-instances", "2"],
-        dict(world_size=32, tensor_model_parallel_size=2, context_parallel_size=4,
-             hierarchical_context_parallel_sizes=[2, 2], num_distributed_optimizer_instances=2),
+        dict(
+            world_size=32,
+            tensor_model_parallel_size=2,
+            context_parallel_size=4,
+            hierarchical_context_parallel_sizes=[2, 2],
+            num_distributed_optimizer_instances=2,
+        ),
         16,
     ),
     (
@@ -79,11 +95,15 @@ def test_json_matches_megatron_layout(capsys, cli, kwargs, gpus):
 
     cfg = report["config"]
     assert (cfg["tp"], cfg["pp"], cfg["cp"], cfg["dp"]) == (
-        layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size,
-        layout.context_parallel_size, layout.data_parallel_size,
+        layout.tensor_model_parallel_size,
+        layout.pipeline_model_parallel_size,
+        layout.context_parallel_size,
+        layout.data_parallel_size,
     )
     assert (cfg["ep"], cfg["etp"], cfg["edp"]) == (
-        layout.expert_model_parallel_size, layout.expert_tensor_parallel_size, layout.expert_data_parallel_size,
+        layout.expert_model_parallel_size,
+        layout.expert_tensor_parallel_size,
+        layout.expert_data_parallel_size,
     )
     assert cfg["num_nodes"] == layout.world_size // gpus
 
@@ -106,8 +126,12 @@ def test_json_matches_megatron_layout(capsys, cli, kwargs, gpus):
     pipeline = layout.group("pp", rank)
     i = pipeline.index(rank)
     assert view["pipeline"] == {
-        "stage": i, "stages": len(pipeline), "first": pipeline[0], "last": pipeline[-1],
-        "next": pipeline[(i + 1) % len(pipeline)], "prev": pipeline[(i - 1) % len(pipeline)],
+        "stage": i,
+        "stages": len(pipeline),
+        "first": pipeline[0],
+        "last": pipeline[-1],
+        "next": pipeline[(i + 1) % len(pipeline)],
+        "prev": pipeline[(i - 1) % len(pipeline)],
     }
     assert layout.decoder.rank(view["dense_coord"]) == rank
 
@@ -134,8 +158,21 @@ def test_text_full_lists_every_group(capsys, cli, kwargs, gpus):
 def test_text_rank_view_and_kinds_filter(capsys):
     layout = MegatronLayout(64, 4, 2, 2, 2)
     code, out, _ = run_cli(
-        capsys, "--world-size", "64", "--tp", "4", "--pp", "2", "--cp", "2", "--ep", "2",
-        "--rank", "13", "--kinds", "tp,pp,embd",
+        capsys,
+        "--world-size",
+        "64",
+        "--tp",
+        "4",
+        "--pp",
+        "2",
+        "--cp",
+        "2",
+        "--ep",
+        "2",
+        "--rank",
+        "13",
+        "--kinds",
+        "tp,pp,embd",
     )
     assert code == 0
     assert "Rank 13 (node 1):" in out
@@ -184,7 +221,18 @@ def _crosses(groups: list[list[int]], gpus: int) -> bool:
 )
 def test_warning_exactly_when_tensor_groups_cross_nodes(capsys, world, tp, etp, ep, order, gpus):
     layout = MegatronLayout(world, tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp, order=order)
-    args = ["--world-size", str(world), "--tp", str(tp), "--ep", str(ep), "--order", order, "--gpus-per-node", str(gpus)]
+    args = [
+        "--world-size",
+        str(world),
+        "--tp",
+        str(tp),
+        "--ep",
+        str(ep),
+        "--order",
+        order,
+        "--gpus-per-node",
+        str(gpus),
+    ]
     if etp is not None:
         args += ["--etp", str(etp)]
     code, out, _ = run_cli(capsys, *args, "--kinds", "dp")
@@ -201,22 +249,52 @@ def test_warning_exactly_when_tensor_groups_cross_nodes(capsys, world, tp, etp, 
 @pytest.mark.parametrize(
     "cli,kwargs,kind,gpus",
     [
-        (["--world-size", "32", "--tp", "4", "--pp", "2", "--cp", "2"], dict(tensor_model_parallel_size=4,
-         pipeline_model_parallel_size=2, context_parallel_size=2), "tp", 8),
-        (["--world-size", "32", "--tp", "4", "--pp", "2", "--cp", "2"], dict(tensor_model_parallel_size=4,
-         pipeline_model_parallel_size=2, context_parallel_size=2), "cp", 8),
-        (["--world-size", "48", "--tp", "2", "--pp", "4", "--order", "tp-pp-dp"], dict(tensor_model_parallel_size=2,
-         pipeline_model_parallel_size=4, order="tp-pp-dp"), "embd", 4),
-        (["--world-size", "64", "--tp", "2", "--ep", "4", "--etp", "1"], dict(tensor_model_parallel_size=2,
-         expert_model_parallel_size=4, expert_tensor_parallel_size=1), "ep", 16),
+        (
+            ["--world-size", "32", "--tp", "4", "--pp", "2", "--cp", "2"],
+            dict(tensor_model_parallel_size=4, pipeline_model_parallel_size=2, context_parallel_size=2),
+            "tp",
+            8,
+        ),
+        (
+            ["--world-size", "32", "--tp", "4", "--pp", "2", "--cp", "2"],
+            dict(tensor_model_parallel_size=4, pipeline_model_parallel_size=2, context_parallel_size=2),
+            "cp",
+            8,
+        ),
+        (
+            ["--world-size", "48", "--tp", "2", "--pp", "4", "--order", "tp-pp-dp"],
+            dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=4, order="tp-pp-dp"),
+            "embd",
+            4,
+        ),
+        (
+            ["--world-size", "64", "--tp", "2", "--ep", "4", "--etp", "1"],
+            dict(tensor_model_parallel_size=2, expert_model_parallel_size=4, expert_tensor_parallel_size=1),
+            "ep",
+            16,
+        ),
         (["--world-size", "12", "--tp", "3"], dict(tensor_model_parallel_size=3), "dp", 12),
     ],
     ids=["tp", "cp", "embd-with-gaps", "ep", "one-node"],
 )
 def test_svg_cells(capsys, tmp_path, cli, kwargs, kind, gpus):
     out_file = tmp_path / "layout.svg"
-    code = main(["layout", *cli, "--gpus-per-node", str(gpus), "--format", "svg", "--color-kind", kind,
-                 "--rank", "5", "--output", str(out_file)])
+    code = main(
+        [
+            "layout",
+            *cli,
+            "--gpus-per-node",
+            str(gpus),
+            "--format",
+            "svg",
+            "--color-kind",
+            kind,
+            "--rank",
+            "5",
+            "--output",
+            str(out_file),
+        ]
+    )
     assert code == 0
     assert capsys.readouterr().out == ""
     root = ET.parse(out_file).getroot()
@@ -290,12 +368,20 @@ def test_module_entry_point_smoke():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
         [sys.executable, "-m", "parallel_state_ng", "layout", "--world-size", "8", "--tp", "2", "--kinds", "tp"],
-        capture_output=True, text=True, timeout=120, cwd=root, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     assert "tp - tensor model parallel [TENSOR_MODEL_PARALLEL_GROUP]: 4 groups of 2 ranks" in proc.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "parallel_state_ng", "layout", "--world-size", "8", "--tp", "3"],
-        capture_output=True, text=True, timeout=120, cwd=root, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env=env,
     )
     assert bad.returncode == 2 and "--tp" in bad.stderr and "Traceback" not in bad.stderr

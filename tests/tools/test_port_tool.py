@@ -42,7 +42,7 @@ def step(flag):
     return tp, dp_cp, rank, getter, missing, tensor_parallel, os
 ''',
     "pkg/models/__init__.py": "",
-    "pkg/models/layer.py": '''\
+    "pkg/models/layer.py": """\
 import megatron.core.parallel_state  # use: import
 import megatron.core.parallel_state as ps  # use: import
 from megatron.core import mpu  # use: import
@@ -68,8 +68,8 @@ def sizes():
 
 def drop():
     del mpu._EMBEDDING_GROUP  # use: delete
-''',
-    "pkg/models/clean.py": '''\
+""",
+    "pkg/models/clean.py": """\
 import megatron.core.tensor_parallel
 
 
@@ -79,20 +79,20 @@ class Holder:
 
 def f(mpu):
     return mpu.get_tensor_model_parallel_group(), Holder.mpu, megatron.core.tensor_parallel
-''',
+""",
     "pkg/broken.py": "def oops(:\n    pass\n",
     # relative imports inside a vendored copy of Megatron's package
     "vendored/megatron/__init__.py": "",
     "vendored/megatron/core/__init__.py": "",
     "vendored/megatron/core/models/__init__.py": "",
-    "vendored/megatron/core/models/gpt.py": '''\
+    "vendored/megatron/core/models/gpt.py": """\
 from .. import parallel_state, tensor_parallel  # use: import
 from ..parallel_state import get_context_parallel_group, get_gone  # use: import,name
 
 
 def build():
     return parallel_state.get_expert_data_parallel_group(partial_expert_data_parallel=True), tensor_parallel  # use: call
-''',
+""",
 }
 LINE = re.compile(r"^(?P<path>[^:]+):(?P<line>\d+): (?P<what>.*?) -> (?P<eq>.*)$")
 
@@ -142,7 +142,10 @@ def test_report_lists_exactly_the_marked_lines(tree, capsys):
     assert 'compat.parallel_state.get_state().groups["tp"] (tp group of MegatronLayout' in eq[("train.py", 9)]
     assert eq[("train.py", 9)].startswith("compat.parallel_state.get_tensor_model_parallel_group() | named grid:")
     assert 'get_state().groups["dp_cp"]' in eq[("train.py", 10)]
-    assert 'groups["dp"].rank()' in eq[("train.py", 11)] and "'dp_cp' with with_context_parallel=True" in eq[("train.py", 11)]
+    assert (
+        'groups["dp"].rank()' in eq[("train.py", 11)]
+        and "'dp_cp' with with_context_parallel=True" in eq[("train.py", 11)]
+    )
     assert 'get_state().ranks["pp"]' in eq[("train.py", 12)]
     assert eq[("train.py", 13)].startswith("compat.parallel_state._PIPELINE_GLOBAL_RANKS (compat's getters read")
     assert 'groups["pp"]' in eq[("train.py", 14)]
@@ -187,8 +190,8 @@ def test_rewrite_is_a_dry_run_diff_matching_apply(tree, capsys):
     assert sorted(files) == sorted(changed)
     assert "\n-from megatron.core import mpu  # use: import\n" in diff
     assert "\n+from compat import parallel_state as mpu  # use: import\n" in diff
-    minus = Counter(l[1:] for l in diff.splitlines() if l.startswith("-") and not l.startswith("---"))
-    plus = Counter(l[1:] for l in diff.splitlines() if l.startswith("+") and not l.startswith("+++"))
+    minus = Counter(line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---"))
+    plus = Counter(line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++"))
 
     assert main(["port", str(tree), "--apply"]) == 0
     out, _ = capsys.readouterr()
@@ -233,8 +236,10 @@ def test_apply_result_parses_and_uses_compat(tree, capsys):
     assert not any("parallel_state" in i and not i.startswith("compat") for i in train_imports)
     gpt_imports = _imports((tree / "vendored/megatron/core/models/gpt.py").read_text())
     assert gpt_imports == [
-        "compat:parallel_state", "..:tensor_parallel",
-        "compat.parallel_state:get_context_parallel_group", "compat.parallel_state:get_gone",
+        "compat:parallel_state",
+        "..:tensor_parallel",
+        "compat.parallel_state:get_context_parallel_group",
+        "compat.parallel_state:get_gone",
     ]
 
     spec = importlib.util.spec_from_file_location("ported_layer_sample", tree / "pkg/models/layer.py")
@@ -277,8 +282,12 @@ def test_named_grid_table_matches_compat_getters(fake_world, rank):
 
     fake_world(rank, 32)
     compat_ps.initialize_model_parallel(
-        tensor_model_parallel_size=2, pipeline_model_parallel_size=2, context_parallel_size=2,
-        expert_model_parallel_size=2, num_distributed_optimizer_instances=2, create_gloo_process_groups=False,
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        context_parallel_size=2,
+        expert_model_parallel_size=2,
+        num_distributed_optimizer_instances=2,
+        create_gloo_process_groups=False,
     )
     checked = 0
     try:
@@ -291,8 +300,12 @@ def test_named_grid_table_matches_compat_getters(fake_world, rank):
                 got = getattr(compat_ps, name)(**kwargs)
                 group, ranks = state.groups[k], state.ranks.get(k)
                 expected = {
-                    "group": group, "rank": group.rank(), "size": group.size(),
-                    "ranks": ranks, "first": ranks and ranks[0], "last": ranks and ranks[-1],
+                    "group": group,
+                    "rank": group.rank(),
+                    "size": group.size(),
+                    "ranks": ranks,
+                    "first": ranks and ranks[0],
+                    "last": ranks and ranks[-1],
                 }[accessor]
                 if accessor == "group":
                     assert got is expected, (name, kwargs)

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import mcore_releases
 from parallel_state_ng.__main__ import main
 from parallel_state_ng.mcore.releases import parse_release
 from parallel_state_ng.tools.upgrade import KINDS, check_file
+from tests.support import mcore_releases
 
 FROM, TO = "0.13.1", "0.19.2"
 
@@ -60,14 +60,17 @@ def step(flag):
     stages = mpu._PIPELINE_GLOBAL_RANKS  # fine
     return tp, dp, dp_cp, tdp_cp, first, ranks, edp, fresh, enc, split, stages, torch
 '''
-CLEAN = '''\
+CLEAN = """\
 from megatron.core import parallel_state
 
 def ranks():
     return parallel_state.get_data_parallel_group(with_context_parallel=True), parallel_state.get_tensor_model_parallel_rank()
-'''
+"""
 ALIASES = {"tdp": "get_tensor_and_data_parallel_group"}
-REPLACED = {"get_data_modulo_expert_parallel_group": "get_expert_data_parallel_group", "is_unitialized": "not is_initialized()"}
+REPLACED = {
+    "get_data_modulo_expert_parallel_group": "get_expert_data_parallel_group",
+    "is_unitialized": "not is_initialized()",
+}
 
 
 def _markers(source: str) -> dict[int, list[str]]:
@@ -105,19 +108,29 @@ def test_upgrade_report_lines_kinds_and_summary(tree, capsys):
     assert all(line.startswith(f"{step}:") for line in lines)
     by_kind = Counter(kind for kinds in _markers(STEP).values() for kind in kinds)
     counts = ", ".join(f"{k}: {by_kind[k]}" for k in KINDS if by_kind[k])
-    assert summary == (f"upgrade 0.13 -> 0.19: scanned 3 files, 19 uses of megatron.core.parallel_state in 2 files: "
-                       f"{sum(by_kind.values())} break ({counts})")
+    assert summary == (
+        f"upgrade 0.13 -> 0.19: scanned 3 files, 19 uses of megatron.core.parallel_state in 2 files: "
+        f"{sum(by_kind.values())} break ({counts})"
+    )
     text = "\n".join(lines)
     # the fixes: keyword form with 0.13's names, replacements, "removed, no equivalent"
-    assert f"{step}:16: get_data_parallel_group(True, True): argument 2 (partial_data_parallel) lands on with_gtp_remat " \
-           f"in 0.19 -> get_data_parallel_group(True, partial_data_parallel=True)" in lines
-    assert f"{step}:18: tdp(True): argument 1 (with_context_parallel) lands on check_initialized in 0.19 -> " \
-           f"tdp(with_context_parallel=True)" in lines
+    assert (
+        f"{step}:16: get_data_parallel_group(True, True): argument 2 (partial_data_parallel) lands on with_gtp_remat "
+        f"in 0.19 -> get_data_parallel_group(True, partial_data_parallel=True)" in lines
+    )
+    assert (
+        f"{step}:18: tdp(True): argument 1 (with_context_parallel) lands on check_initialized in 0.19 -> "
+        f"tdp(with_context_parallel=True)" in lines
+    )
     for name, replacement in REPLACED.items():
         assert f"{name} does not exist in 0.19 -> use {replacement}" in text
-    assert f"{step}:23: is_inside_encoder(): is_inside_encoder does not exist in 0.19 -> removed, no equivalent" in lines
-    assert "encoder_tensor_model_parallel_size does not exist in 0.19 -> removed, no equivalent: drop it " \
-           "(mpu.initialize_model_parallel(tensor_model_parallel_size=2))" in text
+    assert (
+        f"{step}:23: is_inside_encoder(): is_inside_encoder does not exist in 0.19 -> removed, no equivalent" in lines
+    )
+    assert (
+        "encoder_tensor_model_parallel_size does not exist in 0.19 -> removed, no equivalent: drop it "
+        "(mpu.initialize_model_parallel(tensor_model_parallel_size=2))" in text
+    )
 
 
 def test_no_break_and_downgrade_and_bad_spec(tree, capsys):
@@ -126,12 +139,19 @@ def test_no_break_and_downgrade_and_bad_spec(tree, capsys):
     # downgrade 0.19 -> 0.14 of the clean file: still fine; 0.13 -> 0.12 of the sample: one keyword 0.12 lacks
     assert _report(tree / "pkg" / "clean.py", "0.19:0.14", capsys)[0] == 0
     status, lines, summary = _report(tree, "0.13.1:0.12.3", capsys)
-    assert status == 1 and summary.startswith("downgrade 0.13.1 -> 0.12.3:") and "1 break (removed keyword: 1)" in summary
-    assert lines == [f"{tree / 'pkg' / 'step.py'}:21: mpu.get_data_modulo_expert_parallel_group(partial_expert_data_parallel=flag): "
-                     "keyword partial_expert_data_parallel does not exist in 0.12.3 -> not in 0.12.3, no equivalent: drop it "
-                     "(mpu.get_data_modulo_expert_parallel_group())"]
-    for spec, message in (("0.11:0.19", "not a release the data knows"), ("0.19", "expected FROM:TO"),
-                          ("x:0.19", "is not a megatron-core release")):
+    assert (
+        status == 1 and summary.startswith("downgrade 0.13.1 -> 0.12.3:") and "1 break (removed keyword: 1)" in summary
+    )
+    assert lines == [
+        f"{tree / 'pkg' / 'step.py'}:21: mpu.get_data_modulo_expert_parallel_group(partial_expert_data_parallel=flag): "
+        "keyword partial_expert_data_parallel does not exist in 0.12.3 -> not in 0.12.3, no equivalent: drop it "
+        "(mpu.get_data_modulo_expert_parallel_group())"
+    ]
+    for spec, message in (
+        ("0.11:0.19", "not a release the data knows"),
+        ("0.19", "expected FROM:TO"),
+        ("x:0.19", "is not a megatron-core release"),
+    ):
         assert main(["port", str(tree), "--upgrade", spec]) == 2
         assert "argument --upgrade: " in (err := capsys.readouterr().err) and message in err
     assert main(["port", str(tree), "--upgrade", "0.13:0.19", "--rewrite"]) == 2
@@ -142,15 +162,19 @@ def test_no_break_and_downgrade_and_bad_spec(tree, capsys):
 def real_bindings(calls: list, names: list, through_compat: bool = False) -> dict:
     """In a release's process: bind each ``[name, args, kwargs]`` to the real function; which names exist.
 
-    ``through_compat``: also bind them to ``compat.parallel_state`` (serving this release)."""
+    ``through_compat``: also bind them to ``compat.parallel_state`` (serving this release).
+    """
     import megatron.core.parallel_state as ps
 
     result = {"calls": _bind_all(ps, calls), "names": {n: hasattr(ps, n) for n in names}}
     if through_compat:
         import compat.parallel_state as cps
 
-        result["compat"] = {"served": cps.MEGATRON_VERSION, "calls": _bind_all(cps, calls),
-                            "names": {n: hasattr(cps, n) for n in names}}
+        result["compat"] = {
+            "served": cps.MEGATRON_VERSION,
+            "calls": _bind_all(cps, calls),
+            "names": {n: hasattr(cps, n) for n in names},
+        }
     return result
 
 
@@ -167,8 +191,11 @@ def _bind_all(ps, calls: list) -> list:
         except TypeError as err:
             out.append({"error": str(err), "params": list(sig.parameters)})
             continue
-        defaults = {p.name: repr(p.default) for p in sig.parameters.values()
-                    if p.name not in bound.arguments and p.default is not p.empty}
+        defaults = {
+            p.name: repr(p.default)
+            for p in sig.parameters.values()
+            if p.name not in bound.arguments and p.default is not p.empty
+        }
         out.append({"bound": dict(bound.arguments), "defaults": defaults, "params": list(sig.parameters)})
     return out
 
@@ -176,7 +203,10 @@ def _bind_all(ps, calls: list) -> list:
 def _call_spec(call: ast.Call, source: str) -> list:
     func = call.func
     name = func.attr if isinstance(func, ast.Attribute) else ALIASES.get(func.id, func.id)
-    text = lambda node: ast.get_source_segment(source, node)
+
+    def text(node: ast.AST) -> str | None:
+        return ast.get_source_segment(source, node)
+
     return [name, [text(a) for a in call.args], {k.arg: text(k.value) for k in call.keywords}]
 
 
@@ -197,15 +227,26 @@ def test_report_matches_the_real_signatures(tree):
     for node in ast.walk(ast.parse(STEP)):
         if isinstance(node, ast.Call) and node.lineno in marked and node.lineno not in calls:
             func = node.func
-            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "mpu" \
-                    or isinstance(func, ast.Name) and (func.id in ALIASES or func.id.startswith(("get_", "is_"))):
+            if (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "mpu"
+                or isinstance(func, ast.Name)
+                and (func.id in ALIASES or func.id.startswith(("get_", "is_")))
+            ):
                 calls[node.lineno] = _call_spec(node, STEP)
     findings = check_file(str(step), parse_release("0.13"), parse_release("0.19")).findings
     fixes = [(f, _call_spec(ast.parse(f.fixed_call).body[0].value, f.fixed_call)) for f in findings if f.fixed_call]
     assert {f.kind for f, _ in fixes} == {"positional shift", "removed keyword", "removed init argument"}
-    removed = {"is_inside_encoder", "get_data_modulo_expert_parallel_group", "is_unitialized",
-               "_PIPELINE_MODEL_PARALLEL_SPLIT_RANK", "_PIPELINE_GLOBAL_RANKS", "get_expert_data_parallel_group",
-               "is_initialized"}
+    removed = {
+        "is_inside_encoder",
+        "get_data_modulo_expert_parallel_group",
+        "is_unitialized",
+        "_PIPELINE_MODEL_PARALLEL_SPLIT_RANK",
+        "_PIPELINE_GLOBAL_RANKS",
+        "get_expert_data_parallel_group",
+        "is_initialized",
+    }
     lines = sorted(calls)
     specs = [calls[n] for n in lines] + [spec for _, spec in fixes]
     with ThreadPoolExecutor(2) as pool:  # 0.13 is not served by compat; 0.19 is, and must bind alike
@@ -238,7 +279,7 @@ def test_report_matches_the_real_signatures(tree):
     assert all(new["names"][n] for n in ("_PIPELINE_GLOBAL_RANKS", "get_expert_data_parallel_group", "is_initialized"))
 
 
-GRIDS = '''\
+GRIDS = """\
 from megatron.core.hyper_comm_grid import HyperCommGrid  # gone: 0.13
 
 
@@ -249,7 +290,7 @@ def build(world):
     order = grid.get_rank_enum(["tp", "dp"])  # gone: 0.15
     grid.register_view("expert", [2, world // 2], ["ep", "edp"])  # gone: 0.15
     return tp, dp, order
-'''
+"""
 
 
 def test_hyper_comm_grid_uses(tmp_path, capsys):
@@ -263,6 +304,7 @@ def test_hyper_comm_grid_uses(tmp_path, capsys):
         assert status == 1 and [int(line.split(":")[1]) for line in lines] == expected, lines
         assert f"{len(expected)} break (HyperCommGrid: {len(expected)})" in summary
     assert "keyword view does not exist in 0.15 (it would go to **kwargs) -> drop view=" in "\n".join(
-        _report(path, "0.19:0.15", capsys)[1])
+        _report(path, "0.19:0.15", capsys)[1]
+    )
     status, lines, summary = _report(path, "0.15:0.19", capsys)
     assert (status, lines) == (0, []) and summary.endswith("nothing breaks")

@@ -25,7 +25,6 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Union
 
 __all__ = [
     "SUPPORTED_SERIES",
@@ -114,7 +113,7 @@ def parse_release(version: str) -> Release:
     return Release(int(match.group(1)), int(match.group(2)), str(version).strip())
 
 
-def as_release(release: Union[str, Release, None] = None) -> Release:
+def as_release(release: str | Release | None = None) -> Release:
     """``release`` as a :class:`Release`: a :class:`Release` as it is, a version string parsed,
     ``None`` the release being served (:func:`current_release`).
 
@@ -126,7 +125,7 @@ def as_release(release: Union[str, Release, None] = None) -> Release:
     return release if isinstance(release, Release) else parse_release(release)
 
 
-def known_release(release: Union[str, Release, None] = None) -> Release:
+def known_release(release: str | Release | None = None) -> Release:
     """:func:`as_release`, refusing a series the per-release data does not cover.
 
     Raises:
@@ -138,7 +137,7 @@ def known_release(release: Union[str, Release, None] = None) -> Release:
     return found
 
 
-def installed_megatron_version() -> Optional[str]:
+def installed_megatron_version() -> str | None:
     """The installed ``megatron-core`` distribution's version, or ``None`` (megatron not imported)."""
     try:
         return importlib.metadata.version("megatron-core")
@@ -169,7 +168,7 @@ def _supported(release: Release, source: str) -> Release:
     return release
 
 
-def select_release(requested: Optional[str] = None) -> Release:
+def select_release(requested: str | None = None) -> Release:
     """The release to mirror: ``requested``, else ``$PSNG_MEGATRON_VERSION``, else installed, else newest.
 
     Raises:
@@ -188,7 +187,7 @@ def select_release(requested: Optional[str] = None) -> Release:
     return newest
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached_default() -> Release:
     return select_release()
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Optional, Union
 
 from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, Release, as_release
 
 __all__ = ["ReleaseFacts", "FACT_RANGES", "release_facts"]
 
 #: fact -> (first series with it, last series with it or ``None`` for "still").
-FACT_RANGES: dict[str, tuple[str, Optional[str]]] = {
+FACT_RANGES: dict[str, tuple[str, str | None]] = {
     # -- the layout initialize_model_parallel builds
     "encoder_decoder": ("0.12", "0.13"),
     "dp_before_dp_cp": ("0.12", "0.12"),
@@ -152,17 +151,17 @@ if set(_FIELDS) != set(FACT_RANGES):  # the table and the class state the same f
     raise ImportError(f"FACT_RANGES and ReleaseFacts differ: {sorted(set(_FIELDS) ^ set(FACT_RANGES))}")
 
 
-def _in_range(release: Release, first: str, last: Optional[str]) -> bool:
+def _in_range(release: Release, first: str, last: str | None) -> bool:
     return release.at_least(first) and (last is None or not release.after(last))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _facts_of_series(series: str) -> ReleaseFacts:
     release = as_release(series)
     return ReleaseFacts(series=series, **{name: _in_range(release, *FACT_RANGES[name]) for name in _FIELDS})
 
 
-def release_facts(release: Union[str, Release]) -> ReleaseFacts:
+def release_facts(release: str | Release) -> ReleaseFacts:
     """The :class:`ReleaseFacts` of ``release`` (``"0.19"``, ``"0.19.2"`` or a :class:`Release`).
 
     Raises:

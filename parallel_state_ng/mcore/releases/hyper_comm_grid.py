@@ -26,7 +26,7 @@ an earlier one; ``None`` would mark a removal). :func:`methods` answers for one 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional, Union
+from typing import Any
 
 from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, Release, as_release, parse_release
 
@@ -66,7 +66,7 @@ def _varkw(name: str) -> Param:
 
 
 # method -> {series it (re)appeared with: its parameters after ``self`` (None: removed)}
-METHODS: dict[str, dict[str, Optional[tuple[Param, ...]]]] = {
+METHODS: dict[str, dict[str, tuple[Param, ...] | None]] = {
     "__init__": {"0.14": (_p("shape"), _p("dim_names"), _p("rank_offset", 0), _p("backend", None))},
     "create_pg": {"0.14": (_p("dims"), _varkw("kwargs")), "0.19": (_p("dims"), _k("view", None), _varkw("kwargs"))},
     "get_pg": {"0.14": (_p("dims"),), "0.19": (_p("dims"), _k("view", None))},
@@ -88,11 +88,11 @@ CLASS_SINCE = "0.14"
 VIEW_SINCE = "0.19"
 
 _KINDS = {"p": _POS, "k": _KW, "**": _VARKW}
-ReleaseArg = Union[Release, str, None]
+ReleaseArg = Release | str | None
 
 
-def _params(name: str, release: Release) -> Optional[tuple[Param, ...]]:
-    found: Optional[tuple[Param, ...]] = None
+def _params(name: str, release: Release) -> tuple[Param, ...] | None:
+    found: tuple[Param, ...] | None = None
     for series, params in sorted(METHODS[name].items(), key=lambda item: parse_release(item[0]).key):
         if release.at_least(series):
             found = params
@@ -132,7 +132,9 @@ def all_method_names() -> list[str]:
     return [name for name in METHODS if any(name in methods(series) for series in SUPPORTED_SERIES)]
 
 
-def differences(old: ReleaseArg, new: ReleaseArg) -> dict[str, tuple[Optional[inspect.Signature], Optional[inspect.Signature]]]:
+def differences(
+    old: ReleaseArg, new: ReleaseArg
+) -> dict[str, tuple[inspect.Signature | None, inspect.Signature | None]]:
     """Methods added, removed or changed from ``old`` to ``new``: name -> (old signature, new signature).
 
     ``None`` on one side: the method does not exist in that release.

@@ -26,7 +26,7 @@ Queries: :func:`functions`, :func:`signature`, :func:`globals_of`, :func:`rank_g
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 from parallel_state_ng.mcore.releases import KNOWN_SERIES, SUPPORTED_SERIES, Release, as_release, known_release
 
@@ -61,7 +61,7 @@ REQUIRED = _Required()
 Param = tuple[str, Any]
 
 
-def _params(*spec: Union[str, tuple[str, Any]]) -> tuple[Param, ...]:
+def _params(*spec: str | tuple[str, Any]) -> tuple[Param, ...]:
     return tuple((p, REQUIRED) if isinstance(p, str) else (p[0], p[1]) for p in spec)
 
 
@@ -73,7 +73,7 @@ class Variant:
     until: str
     params: tuple[Param, ...]
 
-    def covers(self, release: Union[str, Release]) -> bool:
+    def covers(self, release: str | Release) -> bool:
         """Whether ``release`` (``"0.17"``, ``"0.17.1"`` or a :class:`Release`) has this variant."""
         r = as_release(release)
         return r.at_least(self.since) and not r.at_least(_next(self.until))
@@ -95,11 +95,11 @@ _MODERN_FIRST = "0.14"
 _ALL = (_MODERN_FIRST, SUPPORTED_SERIES[-1])
 
 
-def _v(since: str, until: str, *spec: Union[str, tuple[str, Any]]) -> Variant:
+def _v(since: str, until: str, *spec: str | tuple[str, Any]) -> Variant:
     return Variant(since, until, _params(*spec))
 
 
-def _always(*spec: Union[str, tuple[str, Any]]) -> list[Variant]:
+def _always(*spec: str | tuple[str, Any]) -> list[Variant]:
     return [_v(*_ALL, *spec)]
 
 
@@ -154,13 +154,22 @@ FUNCTIONS: dict[str, list[Variant]] = {
     "get_nccl_options": _always("pg_name", "nccl_comm_cfgs"),
     "update_pg_timeout": [_v("0.15", "0.19", "timeout", ("pg", None))],
     "create_group": _always(
-        ("ranks", None), ("timeout", None), ("backend", None), ("pg_options", None),
-        ("use_local_synchronization", False), ("group_desc", None),
+        ("ranks", None),
+        ("timeout", None),
+        ("backend", None),
+        ("pg_options", None),
+        ("use_local_synchronization", False),
+        ("group_desc", None),
     ),
     "generate_masked_orthogonal_rank_groups": _always("world_size", "parallel_size", "mask"),
     "create_hierarchical_groups": _always(
-        "rank", "ranks", "hierarchical_group_sizes", ("create_gloo_process_groups", False),
-        ("pg_options", None), ("timeout", None), ("group_desc", None),
+        "rank",
+        "ranks",
+        "hierarchical_group_sizes",
+        ("create_gloo_process_groups", False),
+        ("pg_options", None),
+        ("timeout", None),
+        ("group_desc", None),
     ),
     "create_hybrid_dp_cp_groups": [_v("0.16", "0.19", "rank", "ranks", "pg_options")],
     "default_embedding_ranks": _always("pp_ranks"),
@@ -188,10 +197,17 @@ FUNCTIONS: dict[str, list[Variant]] = {
     "get_gtp_weight_remat_global_ranks": [_v("0.19", "0.19", _CHECK)],
     "get_data_parallel_group": [
         _v("0.14", "0.15", ("with_context_parallel", False), ("partial_data_parallel", False)),
-        _v("0.16", "0.17", ("with_context_parallel", False), ("partial_data_parallel", False),
-           ("independent_all_gather", False)),
+        _v(
+            "0.16",
+            "0.17",
+            ("with_context_parallel", False),
+            ("partial_data_parallel", False),
+            ("independent_all_gather", False),
+        ),
         _v("0.18", "0.18", ("with_context_parallel", False), ("partial_data_parallel", False)),
-        _v("0.19", "0.19", ("with_context_parallel", False), ("with_gtp_remat", True), ("partial_data_parallel", False)),
+        _v(
+            "0.19", "0.19", ("with_context_parallel", False), ("with_gtp_remat", True), ("partial_data_parallel", False)
+        ),
     ],
     "has_separate_all_gather_group": [_v("0.16", "0.17")],
     "get_data_parallel_group_gloo": _always(("with_context_parallel", False), ("partial_data_parallel", False)),
@@ -232,12 +248,16 @@ FUNCTIONS: dict[str, list[Variant]] = {
     "get_pipeline_model_parallel_prev_rank": _always(),
     "get_data_parallel_world_size": [
         _v("0.14", "0.18", ("with_context_parallel", False), ("partial_data_parallel", False)),
-        _v("0.19", "0.19", ("with_context_parallel", False), ("with_gtp_remat", True), ("partial_data_parallel", False)),
+        _v(
+            "0.19", "0.19", ("with_context_parallel", False), ("with_gtp_remat", True), ("partial_data_parallel", False)
+        ),
     ],
     "set_data_parallel_rank": _always("rank"),
     "get_data_parallel_rank": [
         _v("0.14", "0.18", ("with_context_parallel", False), ("partial_data_parallel", False)),
-        _v("0.19", "0.19", ("with_context_parallel", False), ("with_gtp_remat", True), ("partial_data_parallel", False)),
+        _v(
+            "0.19", "0.19", ("with_context_parallel", False), ("with_gtp_remat", True), ("partial_data_parallel", False)
+        ),
     ],
     "get_context_parallel_world_size": _always(),
     "get_context_parallel_rank": _always(),
@@ -290,30 +310,57 @@ FUNCTIONS: dict[str, list[Variant]] = {
 }
 
 #: name -> (first series, last series, value at import: ``None`` or ``dict`` for an empty dict).
-GLOBALS: dict[str, tuple[str, str, Optional[type]]] = {
+GLOBALS: dict[str, tuple[str, str, type | None]] = {
     **{
         name: (*_ALL, None)
         for name in (
-            "_TENSOR_MODEL_PARALLEL_GROUP", "_PIPELINE_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP",
-            "_EMBEDDING_GROUP", "_POSITION_EMBEDDING_GROUP", "_DATA_PARALLEL_GROUP",
-            "_DATA_PARALLEL_GROUP_GLOO", "_TENSOR_AND_DATA_PARALLEL_GROUP", "_EXPERT_MODEL_PARALLEL_GROUP",
-            "_EXPERT_TENSOR_PARALLEL_GROUP", "_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
-            "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP",
-            "_EXPERT_DATA_PARALLEL_GROUP_GLOO", "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
-            "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO", "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
-            "_MPU_EXPERT_MODEL_PARALLEL_WORLD_SIZE", "_MPU_EXPERT_MODEL_PARALLEL_RANK",
-            "_MPU_EXPERT_TENSOR_PARALLEL_WORLD_SIZE", "_MPU_EXPERT_TENSOR_PARALLEL_RANK",
-            "_VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK", "_VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE",
-            "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_PIPELINE_MODEL_PARALLEL_WORLD_SIZE",
-            "_MPU_DATA_PARALLEL_WORLD_SIZE", "_MPU_DATA_PARALLEL_RANK", "_MPU_TENSOR_MODEL_PARALLEL_RANK",
-            "_MPU_PIPELINE_MODEL_PARALLEL_RANK", "_EMBEDDING_GLOBAL_RANKS", "_POSITION_EMBEDDING_GLOBAL_RANKS",
-            "_PIPELINE_GLOBAL_RANKS", "_DATA_PARALLEL_GLOBAL_RANKS", "_TENSOR_MODEL_PARALLEL_GLOBAL_RANKS",
-            "_MODEL_PARALLEL_GLOBAL_RANKS", "_CONTEXT_PARALLEL_GROUP", "_CONTEXT_PARALLEL_GLOBAL_RANKS",
-            "_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS", "_DATA_PARALLEL_GROUP_WITH_CP",
-            "_DATA_PARALLEL_GROUP_WITH_CP_GLOO", "_DATA_PARALLEL_GLOBAL_RANKS_WITH_CP",
-            "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO",
-            "_TENSOR_AND_CONTEXT_PARALLEL_GROUP", "_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP",
-            "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", "_GLOBAL_MEMORY_BUFFER",
+            "_TENSOR_MODEL_PARALLEL_GROUP",
+            "_PIPELINE_MODEL_PARALLEL_GROUP",
+            "_MODEL_PARALLEL_GROUP",
+            "_EMBEDDING_GROUP",
+            "_POSITION_EMBEDDING_GROUP",
+            "_DATA_PARALLEL_GROUP",
+            "_DATA_PARALLEL_GROUP_GLOO",
+            "_TENSOR_AND_DATA_PARALLEL_GROUP",
+            "_EXPERT_MODEL_PARALLEL_GROUP",
+            "_EXPERT_TENSOR_PARALLEL_GROUP",
+            "_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
+            "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP",
+            "_EXPERT_DATA_PARALLEL_GROUP",
+            "_EXPERT_DATA_PARALLEL_GROUP_GLOO",
+            "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
+            "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO",
+            "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
+            "_MPU_EXPERT_MODEL_PARALLEL_WORLD_SIZE",
+            "_MPU_EXPERT_MODEL_PARALLEL_RANK",
+            "_MPU_EXPERT_TENSOR_PARALLEL_WORLD_SIZE",
+            "_MPU_EXPERT_TENSOR_PARALLEL_RANK",
+            "_VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK",
+            "_VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE",
+            "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE",
+            "_MPU_PIPELINE_MODEL_PARALLEL_WORLD_SIZE",
+            "_MPU_DATA_PARALLEL_WORLD_SIZE",
+            "_MPU_DATA_PARALLEL_RANK",
+            "_MPU_TENSOR_MODEL_PARALLEL_RANK",
+            "_MPU_PIPELINE_MODEL_PARALLEL_RANK",
+            "_EMBEDDING_GLOBAL_RANKS",
+            "_POSITION_EMBEDDING_GLOBAL_RANKS",
+            "_PIPELINE_GLOBAL_RANKS",
+            "_DATA_PARALLEL_GLOBAL_RANKS",
+            "_TENSOR_MODEL_PARALLEL_GLOBAL_RANKS",
+            "_MODEL_PARALLEL_GLOBAL_RANKS",
+            "_CONTEXT_PARALLEL_GROUP",
+            "_CONTEXT_PARALLEL_GLOBAL_RANKS",
+            "_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS",
+            "_DATA_PARALLEL_GROUP_WITH_CP",
+            "_DATA_PARALLEL_GROUP_WITH_CP_GLOO",
+            "_DATA_PARALLEL_GLOBAL_RANKS_WITH_CP",
+            "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP",
+            "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO",
+            "_TENSOR_AND_CONTEXT_PARALLEL_GROUP",
+            "_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP",
+            "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+            "_GLOBAL_MEMORY_BUFFER",
         )
     },
     "_global_process_group_list": ("0.15", "0.19", None),
@@ -324,10 +371,15 @@ GLOBALS: dict[str, tuple[str, str, Optional[type]]] = {
     **{
         name: ("0.19", "0.19", None)
         for name in (
-            "_GTP_WEIGHT_REMAT_GROUP", "_GTP_WEIGHT_REMAT_GLOBAL_RANKS", "_EXPERT_GTP_WEIGHT_REMAT_GROUP",
-            "_EXPERT_GTP_WEIGHT_REMAT_GLOBAL_RANKS", "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP",
-            "_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT", "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT",
-            "_DATA_PARALLEL_GROUP_WITH_GTP_REMAT", "_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT",
+            "_GTP_WEIGHT_REMAT_GROUP",
+            "_GTP_WEIGHT_REMAT_GLOBAL_RANKS",
+            "_EXPERT_GTP_WEIGHT_REMAT_GROUP",
+            "_EXPERT_GTP_WEIGHT_REMAT_GLOBAL_RANKS",
+            "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP",
+            "_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT",
+            "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT",
+            "_DATA_PARALLEL_GROUP_WITH_GTP_REMAT",
+            "_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT",
             "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT",
         )
     },
@@ -392,34 +444,41 @@ REPLACEMENTS: dict[str, tuple[str, str]] = {
     "_INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": ("get_inter_distributed_optimizer_instance_group()", "0.13"),
     "create_hierarchical_parallel_groups": ("create_hierarchical_groups (no group_size parameter)", "0.13"),
     "get_moe_layer_wise_logging_tracker": (
-        "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker", "0.13"
+        "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker",
+        "0.13",
     ),
     "_MOE_LAYER_WISE_LOGGING_TRACKER": (
-        "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker()", "0.13"
+        "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker()",
+        "0.13",
     ),
     "get_global_symmetric_memory_buffer": ("megatron.core.inference.symmetric_memory.SymmetricMemoryManager", "0.17"),
     "destroy_global_symmetric_memory_buffer": (
-        "megatron.core.inference.symmetric_memory.SymmetricMemoryManager.destroy()", "0.17"
+        "megatron.core.inference.symmetric_memory.SymmetricMemoryManager.destroy()",
+        "0.17",
     ),
     "_GLOBAL_SYMMETRIC_MEMORY_BUFFER": ("megatron.core.inference.symmetric_memory.SymmetricMemoryManager", "0.17"),
     "initialize_model_parallel.create_all_gather_group": (
-        "create_all_gather_groups() after initialize_model_parallel", "0.18"
+        "create_all_gather_groups() after initialize_model_parallel",
+        "0.18",
     ),
     "get_data_parallel_group.independent_all_gather": (
-        "the data-parallel all-gather group returned by create_all_gather_groups()", "0.18"
+        "the data-parallel all-gather group returned by create_all_gather_groups()",
+        "0.18",
     ),
     "has_separate_all_gather_group": ("the groups create_all_gather_groups() returns", "0.18"),
     "_DATA_PARALLEL_GROUP_WITH_CP_AG": ("the first group returned by create_all_gather_groups()", "0.18"),
 }
+
+
 # ----------------------------------------------------------------------------------- queries
-def _pick(variants: list[Variant], release: Release) -> Optional[Variant]:
+def _pick(variants: list[Variant], release: Release) -> Variant | None:
     for variant in variants:
         if variant.covers(release):
             return variant
     return None
 
 
-def signature(name: str, release: Union[str, Release]) -> Optional[tuple[Param, ...]]:
+def signature(name: str, release: str | Release) -> tuple[Param, ...] | None:
     """The parameters of function ``name`` in ``release``, or ``None`` if it has no such function.
 
     Raises:
@@ -429,7 +488,7 @@ def signature(name: str, release: Union[str, Release]) -> Optional[tuple[Param, 
     return None if variant is None else variant.params
 
 
-def functions(release: Union[str, Release]) -> dict[str, tuple[Param, ...]]:
+def functions(release: str | Release) -> dict[str, tuple[Param, ...]]:
     """Every public function of ``release`` with its parameters, in MCore's module order."""
     r = known_release(release)
     out = {}
@@ -440,7 +499,7 @@ def functions(release: Union[str, Release]) -> dict[str, tuple[Param, ...]]:
     return out
 
 
-def globals_of(release: Union[str, Release]) -> dict[str, Optional[type]]:
+def globals_of(release: str | Release) -> dict[str, type | None]:
     """Every module global of ``release`` -> its import-time value (``None``, or ``dict``: empty dict)."""
     r = known_release(release)
     return {
@@ -450,7 +509,7 @@ def globals_of(release: Union[str, Release]) -> dict[str, Optional[type]]:
     }
 
 
-def rank_generator_methods(release: Union[str, Release]) -> dict[str, tuple[Param, ...]]:
+def rank_generator_methods(release: str | Release) -> dict[str, tuple[Param, ...]]:
     """``RankGenerator``'s methods in ``release`` with their parameters (``self`` left out)."""
     r = known_release(release)
     out = {}
@@ -461,7 +520,7 @@ def rank_generator_methods(release: Union[str, Release]) -> dict[str, tuple[Para
     return out
 
 
-def has(name: str, release: Union[str, Release]) -> bool:
+def has(name: str, release: str | Release) -> bool:
     """Whether ``release``'s API has a function or a function's parameter.
 
     ``name`` is a function name (``"create_all_gather_groups"``) or ``"function.parameter"``
@@ -479,9 +538,7 @@ def has(name: str, release: Union[str, Release]) -> bool:
     raise KeyError(f"unknown name {fact!r}: not a function or 'function.parameter' of any known release")
 
 
-def positional_changes(
-    name: str, old: Union[str, Release], new: Union[str, Release]
-) -> list[tuple[int, Optional[str], Optional[str]]]:
+def positional_changes(name: str, old: str | Release, new: str | Release) -> list[tuple[int, str | None, str | None]]:
     """Positions whose parameter differs between ``old`` and ``new`` for function ``name``.
 
     Returns ``(index, old parameter, new parameter)`` for every position where a positional
@@ -504,9 +561,10 @@ def positional_changes(
     ]
 
 
-def replacement(key: str, release: Union[str, Release]) -> Optional[str]:
+def replacement(key: str, release: str | Release) -> str | None:
     """What to use in ``release`` instead of ``key`` (a function, ``"function.parameter"`` or a
-    global that ``release`` lacks), or ``None``: no equivalent there."""
+    global that ``release`` lacks), or ``None``: no equivalent there.
+    """
     found = REPLACEMENTS.get(key)
     if found is None or not known_release(release).at_least(found[1]):
         return None

@@ -13,7 +13,7 @@ A signature is written as for :mod:`.parallel_state`'s variants: ``(first series
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "FIRST_IN_013",
@@ -26,15 +26,26 @@ __all__ = [
 ]
 
 #: ``(first series, last series, *parameters)``.
-Spec = tuple[Union[str, tuple[str, Any]], ...]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    Spec = tuple[str, str, Unpack[tuple[str | tuple[str, Any], ...]]]
+else:
+    Spec = tuple[str | tuple[str, Any], ...]
 
 #: Names 0.14 has whose first release is 0.13 (0.12 lacks them).
-FIRST_IN_013 = frozenset({
-    "create_hierarchical_groups", "overwrite_nccl_comm_cfgs",
-    "get_intra_distributed_optimizer_instance_group", "get_inter_distributed_optimizer_instance_group",
-    "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP", "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO",
-    "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP", "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
-})
+FIRST_IN_013 = frozenset(
+    {
+        "create_hierarchical_groups",
+        "overwrite_nccl_comm_cfgs",
+        "get_intra_distributed_optimizer_instance_group",
+        "get_inter_distributed_optimizer_instance_group",
+        "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
+        "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO",
+        "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
+        "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+    }
+)
 
 #: initialize_model_parallel of the encoder/decoder era: pipeline_model_parallel_split_rank 4th,
 #: the encoder sizes after ``order``, no high_priority_stream_groups / sharp_enabled_group yet.
@@ -74,11 +85,17 @@ LEGACY_VARIANTS: dict[str, list[Spec]] = {
     **{
         name: _ONLY_012
         for name in (
-            "get_model_parallel_group", "get_pipeline_model_parallel_group", "get_embedding_group",
-            "get_position_embedding_group", "get_tensor_and_context_parallel_group",
-            "get_expert_tensor_model_pipeline_parallel_group", "get_expert_data_parallel_group",
-            "get_data_modulo_expert_parallel_group", "get_expert_data_parallel_group_gloo",
-            "get_expert_data_parallel_rank", "get_expert_data_parallel_world_size",
+            "get_model_parallel_group",
+            "get_pipeline_model_parallel_group",
+            "get_embedding_group",
+            "get_position_embedding_group",
+            "get_tensor_and_context_parallel_group",
+            "get_expert_tensor_model_pipeline_parallel_group",
+            "get_expert_data_parallel_group",
+            "get_data_modulo_expert_parallel_group",
+            "get_expert_data_parallel_group_gloo",
+            "get_expert_data_parallel_rank",
+            "get_expert_data_parallel_world_size",
         )
     },
     "is_pipeline_first_stage": _FIRST_STAGE_012,
@@ -106,7 +123,7 @@ LEGACY_ONLY: dict[str, tuple[str, list[Spec]]] = {
 }
 
 #: Globals only 0.12/0.13 have: name -> (first series, last series, value at import).
-LEGACY_GLOBALS: dict[str, tuple[str, str, Optional[type]]] = {
+LEGACY_GLOBALS: dict[str, tuple[str, str, type | None]] = {
     "_PIPELINE_MODEL_PARALLEL_SPLIT_RANK": ("0.12", "0.13", None),
     "_PIPELINE_MODEL_PARALLEL_DECODER_START": ("0.12", "0.13", None),
     "_INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": ("0.12", "0.12", None),
@@ -115,7 +132,6 @@ LEGACY_GLOBALS: dict[str, tuple[str, str, Optional[type]]] = {
 
 #: Globals whose import-time value differs in some series from the one in ``GLOBALS``:
 #: name -> {series: value}.
-GLOBAL_VALUE_EXCEPTIONS: dict[str, dict[str, Optional[type]]] = {
+GLOBAL_VALUE_EXCEPTIONS: dict[str, dict[str, type | None]] = {
     "_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS": {"0.12": list},
 }
-
