@@ -12,6 +12,7 @@ import torch
 
 from parallel_state_ng.core.layout import Layout
 from parallel_state_ng.core.naming import new_member_group
+from parallel_state_ng.mcore.groups import nccl_options_from_config
 from parallel_state_ng.mcore.kinds import GROUP_KINDS
 from parallel_state_ng.mcore.layout import normalize_order
 from parallel_state_ng.mcore.releases import parallel_state as api
@@ -39,21 +40,7 @@ def get_nccl_options(pg_name, nccl_comm_cfgs):
     Recognised keys per group: ``is_high_priority_stream``, ``cga_cluster_size``, ``max_ctas``,
     ``min_ctas`` and ``net_name`` (``IB`` or ``socket``, else ``RuntimeError``).
     """
-    if pg_name not in nccl_comm_cfgs:
-        return None
-    cfg = nccl_comm_cfgs[pg_name]
-    # Any: torch's stub of NCCLConfig (options.config) lacks net_name
-    options: Any = torch.distributed.ProcessGroupNCCL.Options(
-        is_high_priority_stream=cfg.get("is_high_priority_stream", False)
-    )
-    for key in ("cga_cluster_size", "max_ctas", "min_ctas", "net_name"):
-        if key in cfg:
-            setattr(options.config, key, cfg[key])
-    if "net_name" in cfg and options.config.net_name.lower() not in ("ib", "socket"):
-        raise RuntimeError(
-            f"net_name ({options.config.net_name}) of group {pg_name!r} is not supported; use 'IB' or 'socket'"
-        )
-    return options
+    return nccl_options_from_config(pg_name, nccl_comm_cfgs)
 
 
 def update_pg_timeout(timeout: timedelta, pg: torch._C._distributed_c10d.ProcessGroup | None = None):
@@ -219,12 +206,13 @@ def overwrite_nccl_comm_cfgs(nccl_comm_cfgs, pg_name, key_value_pair):
 
 
 class _RankGenerator:
-    _gtp_axis = True  # whether the served release has the gtp_remat token (set per release)
     """Rank groups for a tp/ep/dp/pp/cp (0.19: and gtp_remat) layout given by an ``order`` string.
 
     Same constructor and methods as the served release's ``RankGenerator``; groups come from
     the engine's :class:`~parallel_state_ng.core.layout.Layout` (vectorized).
     """
+
+    _gtp_axis = True  # whether the served release has the gtp_remat token (set per release)
 
     def __init__(
         self, tp: int, ep: int, dp: int, pp: int, cp: int, order: str, rank_offset: int = 0, gtp_remat: int = 1

@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from parallel_state_ng.core.agreement import check_initialize_agreement
+from parallel_state_ng.mcore.groups import add_group
 from parallel_state_ng.mcore.kinds import GROUP_KINDS
 from parallel_state_ng.mcore.layout import MegatronLayout
 from parallel_state_ng.mcore.plan import PlanOptions
@@ -255,10 +256,9 @@ def create_all_gather_groups(for_expert_parallelism=False, timeout=None, nccl_co
             )
         plans.append((GROUP_KINDS[kind], members))
     results = {"dp_cp_ag": None, "ep_dp_ag": None}
-    make = _state._Creator(state, timeout)
     for kind_row, members in plans:
         if members is not None:
-            results[kind_row.name] = make.make(
-                members, kind_row.desc, pg_options=get_nccl_options(kind_row.nccl_key, cfgs)
+            results[kind_row.name] = add_group(
+                state, members, kind_row.desc, timeout=timeout, pg_options=get_nccl_options(kind_row.nccl_key, cfgs)
             )
     return results["dp_cp_ag"], results["ep_dp_ag"]

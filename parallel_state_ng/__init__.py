@@ -7,6 +7,9 @@
   collective helpers, a lazy gloo companion (``grid.group(dims)``).
 * :func:`device_mesh` — a torch ``DeviceMesh`` over a grid's existing groups
   (``grid.device_mesh(dims)``).
+* :func:`build_megatron_groups` — one module's Megatron groups (exactly those
+  ``initialize_model_parallel`` builds, over a range of ranks) with no module global, exported
+  as Megatron's ``ProcessGroupCollection`` (:class:`MegatronGroups`).
 
 The Megatron-shaped global API lives in the separate ``compat`` package.
 """
@@ -15,6 +18,16 @@ from parallel_state_ng.core.grid import BASE_VIEW, HyperCommGrid
 from parallel_state_ng.core.handles import GroupHandle
 from parallel_state_ng.core.layout import Layout, UnknownDimError
 from parallel_state_ng.core.mesh import device_mesh
+from parallel_state_ng.mcore.collection import MegatronGroups, build_megatron_groups
 
-__all__ = ["HyperCommGrid", "Layout", "UnknownDimError", "BASE_VIEW", "GroupHandle", "device_mesh"]
+__all__ = [
+    "HyperCommGrid",
+    "Layout",
+    "UnknownDimError",
+    "BASE_VIEW",
+    "GroupHandle",
+    "device_mesh",
+    "MegatronGroups",
+    "build_megatron_groups",
+]
 __version__ = "0.1.0"

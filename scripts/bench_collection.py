@@ -1,0 +1,170 @@
+"""One module's full ProcessGroupCollection on one simulated rank: ours vs Megatron's grids vs the floor.
+
+For tp 8, pp 4, cp 2, ep 8 (dp from the world size) at 4,096 / 65,536 / 1,048,576 ranks, on the
+middle rank of a fake-backend world (one process, nothing is communicated):
+
+* ``ours``  — :func:`parallel_state_ng.build_megatron_groups` plus the collection's field
+  values (every field ``use_mpu_process_groups()`` fills), then ``destroy()``;
+* ``mcore grids`` — Megatron's own ``HyperCommGrid`` assembled the way its multi-module
+  (MiMo) example does: a dense grid (tp, cp, dp, pp) and an expert grid (etp, ep, edp, pp),
+  ``create_pg`` for every field's dims (each call creates every group of those dims on every
+  rank) and a ``new_group`` per pipeline for the embedding groups;
+* ``floor`` — bare ``torch.distributed.new_group(ranks, use_local_synchronization=True)`` for
+  exactly this rank's groups, lists computed before the clock starts.
+
+Prints, per world: median seconds, ``new_group`` calls, and the ratios. Goals (issue 17):
+ours >= 100x faster than Megatron's grids at 65,536 ranks, <= 1.5x the floor, and as many
+``new_group`` calls as the rank has groups.
+
+    python scripts/bench_collection.py [--worlds 4096 65536 1048576] [--repeats 5] [--mcore-max 65536]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from parallel_state_ng import build_megatron_groups
+from parallel_state_ng.mcore.layout import MegatronLayout
+from parallel_state_ng.mcore.plan import CreateGroup, group_plan
+
+SIZES = {
+    "tensor_model_parallel_size": 8,
+    "pipeline_model_parallel_size": 4,
+    "context_parallel_size": 2,
+    "expert_model_parallel_size": 8,
+}
+#: Dims of each field in the grids of Megatron's multi-module example.
+DENSE_FIELDS = {
+    "tp": ["tp"],
+    "cp": ["cp"],
+    "dp": ["dp"],
+    "pp": ["pp"],
+    "dp_cp": ["cp", "dp"],
+    "mp": ["tp", "pp"],
+    "tp_cp": ["tp", "cp"],
+    "tp_dp_cp": ["tp", "cp", "dp"],
+}
+EXPERT_FIELDS = {
+    "ep": ["ep"],
+    "expt_tp": ["tp"],
+    "tp_ep": ["tp", "ep"],
+    "tp_ep_pp": ["tp", "ep", "pp"],
+    "expt_dp": ["dp"],
+}
+
+
+class _Counter:
+    """Counts ``new_group`` calls (``torch.distributed``'s and c10d's own, which subgroup helpers use)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._original: Callable[..., Any] = dist.distributed_c10d.new_group
+
+    def __enter__(self) -> _Counter:
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return self._original(*args, **kwargs)
+
+        dist.new_group = dist.distributed_c10d.new_group = counting  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        dist.new_group = dist.distributed_c10d.new_group = self._original  # type: ignore[assignment]
+
+
+def _fake_world(rank: int, world: int) -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+
+
+def _ours() -> int:
+    with _Counter() as count:
+        groups = build_megatron_groups(**SIZES, check_agreement_across_ranks=False)
+        values = groups.field_values()
+    assert values["tp"] is not None and values["expt_dp"] is not None
+    groups.destroy()
+    return count.calls
+
+
+def _floor(lists: list[list[int]]) -> tuple[float, int]:
+    with _Counter() as count:
+        start = time.perf_counter()
+        made = [dist.new_group(ranks, use_local_synchronization=True) for ranks in lists]
+        elapsed = time.perf_counter() - start
+    for group in made:
+        dist.destroy_process_group(group)
+    return elapsed, count.calls
+
+
+def _megatron_grids(world: int) -> int:
+    from megatron.core.hyper_comm_grid import HyperCommGrid
+
+    tp, pp, cp, ep = (SIZES[k] for k in SIZES)
+    dp = world // (tp * pp * cp)
+    with _Counter() as count:
+        dense = HyperCommGrid([tp, cp, dp, pp], ["tp", "cp", "dp", "pp"])
+        expert = HyperCommGrid([tp, ep, world // (tp * ep * pp), pp], ["tp", "ep", "dp", "pp"])
+        fields = {name: dense.create_pg(dims) for name, dims in DENSE_FIELDS.items()}
+        fields.update({name: expert.create_pg(dims) for name, dims in EXPERT_FIELDS.items()})
+        rank = dist.get_rank()
+        for pipeline in dense.get_rank_enum(["pp"]):
+            embd = dist.new_group([pipeline[0], pipeline[-1]])
+            pos = dist.new_group([pipeline[0]])
+            if rank in pipeline:
+                fields["embd"], fields["pos_embd"] = embd, pos
+    return count.calls
+
+
+def _median(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the benchmark and print its table; returns the exit status."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worlds", type=int, nargs="+", default=[4096, 65536, 1048576])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--mcore-max", type=int, default=65536, help="largest world to time Megatron's grids at")
+    args = p.parse_args(argv)
+    print(f"one simulated rank (fake backend), tp 8 pp 4 cp 2 ep 8, median of {args.repeats}")
+    header = f"{'world':>9} {'rank':>8} | {'ours s':>8} {'calls':>5} | {'floor s':>8} {'calls':>5} | "
+    print(header + f"{'mcore grids s':>13} {'calls':>7} | {'mcore/ours':>10} {'ours/floor':>10}")
+    for world in args.worlds:
+        rank = world // 2 + 3
+        _fake_world(rank, world)
+        layout = MegatronLayout(world_size=world, **SIZES)
+        lists = [s.ranks for s in group_plan(layout, rank) if isinstance(s, CreateGroup) and s.backend != "gloo"]
+        ours_s, ours_calls = _median(_ours, args.repeats)
+        floor_runs = [_floor(lists) for _ in range(args.repeats)]
+        floor_s, floor_calls = statistics.median(t for t, _ in floor_runs), floor_runs[0][1]
+        mcore = "skipped"
+        if world <= args.mcore_max:
+            _fake_world(rank, world)
+            mcore_s, mcore_calls = _median(lambda w=world: _megatron_grids(w), 1)
+            mcore = f"{mcore_s:>13.3f} {mcore_calls:>7} | {mcore_s / ours_s:>9.0f}x"
+        else:
+            mcore = f"{'skipped':>13} {'':>7} | {'':>10}"
+        print(
+            f"{world:>9} {rank:>8} | {ours_s:>8.4f} {ours_calls:>5} | {floor_s:>8.4f} {floor_calls:>5} | "
+            f"{mcore} {ours_s / floor_s:>9.2f}x"
+        )
+        assert ours_calls == len(lists) == floor_calls, (ours_calls, len(lists), floor_calls)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
