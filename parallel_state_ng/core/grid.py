@@ -379,6 +379,31 @@ class HyperCommGrid:
             raise KeyError(f"Process group for {self._describe(key)} hasn't been created. Call create_pg first.")
         return self._pgs[key]
 
+    def adopt_pg(self, dims: DimsArg, group: Any, *, view: str | None = None) -> None:
+        """Serve ``group``, created elsewhere for this rank, as the grid's group over ``dims``.
+
+        For grids whose groups another object owns (a topology's modules): :meth:`get_pg`
+        returns ``group``; :meth:`destroy` leaves it to its owner. ``None`` only on a rank
+        outside the grid.
+
+        Raises:
+            KeyError: a group over these dims exists already.
+            ValueError: ``group``'s members are not this rank's group over ``dims``.
+        """
+        key, layout = self._group_key(dims, view)
+        if key in self._pgs:
+            raise KeyError(f"Process group {dims} ({self._describe(key)}) exists already; cannot adopt another")
+        rank = dist.get_rank()
+        expected = layout.group_ranks(rank, dims) if layout.contains(rank) else None
+        actual = None if group is None else list(dist.get_process_group_ranks(group))
+        if (expected is None) != (actual is None) or sorted(actual or []) != sorted(expected or []):
+            raise ValueError(
+                f"adopt_pg({self._describe(key)}): rank {rank}'s group over these dims is {expected}, "
+                f"the group given has ranks {actual}"
+            )
+        self._pgs[key] = group
+        self.__dict__.setdefault("_adopted", set()).add(key)
+
     def has_pg(self, dims: DimsArg, *, view: str | None = None) -> bool:
         """Whether :meth:`create_pg` was called for ``dims`` (or, for shared dims, the base group)."""
         return self._group_key(dims, view)[0] in self._pgs
@@ -418,12 +443,13 @@ class HyperCommGrid:
         return self.view_layout(view).rank_in_group(self._rank(rank), dims)
 
     def destroy(self) -> None:
-        """Destroy every process group this grid created (and its handles' CPU groups)."""
+        """Destroy every process group this grid created (and its handles' CPU groups), not adopted ones."""
         for handle in self.__dict__.pop("_handles", {}).values():
             handle.destroy()
         pgs, self._pgs = self._pgs, {}
+        adopted = self.__dict__.pop("_adopted", set())
         self._pool = GroupPool()  # forget the destroyed groups: a later create_pg makes new ones
-        destroy_groups(pgs.values())
+        destroy_groups(pg for key, pg in pgs.items() if key not in adopted)
 
     def __repr__(self) -> str:
         return f"HyperCommGrid({self.layout!r}, views={self.views}, groups={list(self._pgs)})"

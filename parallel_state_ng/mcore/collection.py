@@ -204,6 +204,7 @@ def build_megatron_groups(
     rank_offset: int = 0,
     world_size: int | None = None,
     create_gloo_process_groups: bool = False,
+    create_embedding_groups: bool = True,
     nccl_comm_cfgs: dict[str, dict[str, Any]] | None = None,
     high_priority_stream_groups: Sequence[str] | None = None,
     pipeline_model_parallel_comm_backend: str | None = None,
@@ -223,6 +224,8 @@ def build_megatron_groups(
     ``create_gloo_process_groups`` is off by default (a ``ProcessGroupCollection`` has no gloo
     field and Megatron's optimizer refuses gloo groups next to one); on, the gloo twins are
     created as MCore creates them (:meth:`MegatronGroups.group` with ``"dp_gloo"`` ...).
+    ``create_embedding_groups=False`` leaves out the embedding and position-embedding groups
+    (their fields are ``None``): a module without word embeddings, such as a vision encoder.
     ``nccl_comm_cfgs`` is the parsed NCCL communicator config (MCore's YAML file as a dict).
 
     ``check_agreement_across_ranks`` (default: on unless turned off with
@@ -279,6 +282,7 @@ def build_megatron_groups(
         nccl_options=lambda key: nccl_options_from_config(key, cfgs),
         options=PlanOptions(
             create_gloo_process_groups=create_gloo_process_groups,
+            embedding_groups=create_embedding_groups,
             pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
         ),
     )

@@ -44,6 +44,8 @@ class PlanOptions:
     pipeline_model_parallel_comm_backend: str | None = None
     sharp_enabled_group: str | None = None
     hybrid_context_parallel: bool = False
+    #: False: no embedding / position-embedding groups (a multi-module job's non-language modules).
+    embedding_groups: bool = True
 
 
 @dataclass(frozen=True)
@@ -253,7 +255,7 @@ def _row_steps(row: _Row, c: _Context, rank: int, made: dict[str, list[int]]) ->
         backend = c.options.pipeline_model_parallel_comm_backend
         for pipeline in lay.groups("pp", rank):
             yield _group_step(kind, c, pipeline, backend=backend, nccl_key=None if backend == "ucc" else kind.nccl_key)
-            for name in ("embd", "pos_embd"):
+            for name in ("embd", "pos_embd") if c.options.embedding_groups else ():
                 members = lay.embedding_ranks(name, pipeline)
                 if rank in members:
                     yield _group_step(GROUP_KINDS[name], c, members)
