@@ -10,6 +10,8 @@
 * :func:`build_megatron_groups` — one module's Megatron groups (exactly those
   ``initialize_model_parallel`` builds, over a range of ranks) with no module global, exported
   as Megatron's ``ProcessGroupCollection`` (:class:`MegatronGroups`).
+* :func:`build_topology` — a multi-module job (:class:`ModuleSpec` per module, disjoint or
+  colocated ranks): every module's grid, groups and collection in one call (:class:`Topology`).
 
 The Megatron-shaped global API lives in the separate ``compat`` package.
 """
@@ -19,6 +21,8 @@ from parallel_state_ng.core.handles import GroupHandle
 from parallel_state_ng.core.layout import Layout, UnknownDimError
 from parallel_state_ng.core.mesh import device_mesh
 from parallel_state_ng.mcore.collection import MegatronGroups, build_megatron_groups
+from parallel_state_ng.mcore.topology import Topology, build_topology
+from parallel_state_ng.mcore.topology_spec import ModuleSpec, TopologySpecError
 
 __all__ = [
     "HyperCommGrid",
@@ -29,5 +33,9 @@ __all__ = [
     "device_mesh",
     "MegatronGroups",
     "build_megatron_groups",
+    "ModuleSpec",
+    "Topology",
+    "TopologySpecError",
+    "build_topology",
 ]
 __version__ = "0.1.0"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 IMPLS = ("mcore", "compat")
 INSTALL_MODES = ("before", "after")
+GROUP_SOURCES = ("globals", "collection")
 DISPATCHERS = ("alltoall", "allgather")
 MAX_WORLD_SIZE = 32
 
@@ -25,10 +26,13 @@ class TrainConfig:
 
     ``impl="mcore"`` uses megatron-core's own ``parallel_state``; ``impl="compat"`` runs the
     same code after ``compat.install()``, done before megatron is imported
-    (``install="before"``) or after (``install="after"``).
+    (``install="before"``) or after (``install="after"``). ``groups="collection"`` builds the
+    same run without ``initialize_model_parallel``: groups from
+    ``parallel_state_ng.build_megatron_groups`` passed as ``pg_collection=`` (0.17+).
     """
 
     impl: str = "mcore"
+    groups: str = "globals"
     install: str = "after"
     tp: int = 1
     pp: int = 1
@@ -94,6 +98,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         errors.append(f"--impl must be one of {', '.join(IMPLS)}, got {cfg.impl!r}")
     if cfg.install not in INSTALL_MODES:
         errors.append(f"--install must be one of {', '.join(INSTALL_MODES)}, got {cfg.install!r}")
+    if cfg.groups not in GROUP_SOURCES:
+        errors.append(f"--groups must be one of {', '.join(GROUP_SOURCES)}, got {cfg.groups!r}")
+    elif cfg.groups == "collection" and cfg.impl != "mcore":
+        errors.append("--groups collection uses no parallel_state globals: run it with --impl mcore")
     if cfg.dispatcher not in DISPATCHERS:
         errors.append(f"--dispatcher must be one of {', '.join(DISPATCHERS)}, got {cfg.dispatcher!r}")
     ints = {

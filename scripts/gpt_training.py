@@ -179,14 +179,21 @@ def _global_value(name: str, shape: list[int], seed: int) -> torch.Tensor:
     return 0.05 * noise
 
 
-def set_weights_from_global_names(cfg: TrainConfig, chunks: list) -> int:
+def set_weights_from_global_names(cfg: TrainConfig, chunks: list, ranks: tuple[int, int, int] | None = None) -> int:
     """Overwrite every parameter with its slice of a tensor derived from its global name only,
     so that any layout holds the same global model. Returns the number of parameters set.
-    """
-    from megatron.core import parallel_state as ps
 
-    tp_rank, tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
-    ep_rank = ps.get_expert_model_parallel_rank() if cfg.experts else 0
+    ``ranks`` is (tensor-parallel rank, tensor-parallel size, expert-parallel rank); ``None``:
+    read from ``parallel_state``.
+    """
+    if ranks is None:
+        from megatron.core import parallel_state as ps
+
+        tp_rank, tp = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+        ep_rank = ps.get_expert_model_parallel_rank() if cfg.experts else 0
+    else:
+        tp_rank, tp, ep_rank = ranks
+        ep_rank = ep_rank if cfg.experts else 0
     local_experts = (cfg.experts or 0) // cfg.ep
     count = 0
     with torch.no_grad():
@@ -361,7 +368,12 @@ def run_once(cfg: TrainConfig) -> dict[str, Any]:
     with CpuShims() as shims:
         shims.patch_megatron()
         with shims.cuda_to_cpu():
-            result = _train(cfg)
+            if cfg.groups == "collection":
+                from gpt_collection import train_collection
+
+                result = train_collection(cfg)
+            else:
+                result = _train(cfg)
     leaked = set(dist.distributed_c10d._world.pg_map) - before
     for group in leaked:
         dist.destroy_process_group(group)
@@ -386,6 +398,23 @@ def train_rank(cfg: TrainConfig) -> dict[str, Any]:
 
 
 VARIANTS = {"compat-before": ("compat", "before"), "mcore": ("mcore", "after"), "compat-after": ("compat", "after")}
+
+
+def train_collection_and_globals(cfgs: list[TrainConfig]) -> dict[str, list[dict]]:
+    """Run every config from a ProcessGroupCollection (no globals), then with MCore's globals.
+
+    The collection runs come first, while Megatron's globals were never set in this process
+    (a global read would then find nothing rather than another run's groups).
+    ``{"collection": [...], "globals": [...]}``, one result per config.
+    """
+    if cfgs:
+        _use_megatron_path(cfgs[0].megatron_path)
+    with parallel_state_impl("mcore"):
+        collection = [run_once(cfg.replace(impl="mcore", groups="collection")) for cfg in cfgs]
+        return {
+            "collection": collection,
+            "globals": [run_once(cfg.replace(impl="mcore", groups="globals")) for cfg in cfgs],
+        }
 
 
 def train_variants(cfgs: list[TrainConfig], variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, list[dict]]:

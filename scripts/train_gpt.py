@@ -41,7 +41,15 @@ for _p in (HERE, ROOT):  # run from a checkout without installing the package
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from gpt_config import DISPATCHERS, IMPLS, INSTALL_MODES, TrainConfig, TrainOptionError, validate  # noqa: E402
+from gpt_config import (  # noqa: E402
+    DISPATCHERS,
+    GROUP_SOURCES,
+    IMPLS,
+    INSTALL_MODES,
+    TrainConfig,
+    TrainOptionError,
+    validate,
+)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
@@ -53,6 +61,13 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         choices=INSTALL_MODES,
         default="after",
         help="with --impl compat: install before or after importing megatron",
+    )
+    p.add_argument(
+        "--groups",
+        choices=GROUP_SOURCES,
+        default="globals",
+        help="globals: initialize_model_parallel; collection: parallel_state_ng.build_megatron_groups "
+        "passed as pg_collection= (no globals; megatron-core 0.17+)",
     )
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--pp", type=int, default=2)
@@ -189,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     impl = cfg.impl if cfg.impl == "mcore" else f"compat (install {cfg.install} importing megatron)"
+    if cfg.groups == "collection":
+        impl = "none: a ProcessGroupCollection from parallel_state_ng.build_megatron_groups"
     print(
         f"GPT {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}, "
         f"seq {cfg.seq}; {cfg.world_size} CPU processes (gloo): {cfg.label()}; parallel_state: {impl}",

@@ -1,0 +1,163 @@
+"""One rank of the tiny GPT run on Megatron's new-code path: a ProcessGroupCollection, no globals.
+
+The same model, data, optimizer and schedule as :mod:`gpt_training`, but nothing calls
+``initialize_model_parallel``: the groups come from
+:func:`parallel_state_ng.build_megatron_groups` and reach Megatron as ``pg_collection=``
+(``GPTModel``, ``DistributedDataParallel``, ``finalize_model_grads``,
+``get_megatron_optimizer``, the schedule with its ``P2PCommunicator``). What the path still
+needs from outside the collection is set up by hand here and listed in :data:`GLOBAL_SETUP`.
+Needs a release whose models take ``pg_collection`` (0.17+; measured on 0.19.2).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from gpt_config import TrainConfig
+from gpt_training import (
+    _digest,
+    _forward_step,
+    _microbatches,
+    _transformer_config,
+    set_weights_from_global_names,
+)
+
+#: What the collection path still takes from Megatron's globals, and how it is given here.
+GLOBAL_SETUP = {
+    "global memory buffer": "parallel_state._set_global_memory_buffer() (DotProductAttention reads it)",
+    "schedule": "get_forward_backward_func(pp_size=, vp_size=) instead of the globals",
+    "pipeline p2p": "P2PCommunicator(pp_group=collection.pp, config=...) passed to the schedule",
+    "optimizer": "use_gloo_process_groups=False (Megatron refuses gloo groups next to a collection)",
+}
+
+
+def _build_model(cfg: TrainConfig, tcfg, pgc) -> list:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(num_experts=cfg.experts)
+    pp_rank, pp_size, chunks_per_rank = pgc.pp.rank(), pgc.pp.size(), cfg.vpp or 1
+    chunks = []
+    for i in range(chunks_per_rank):
+        chunks.append(
+            GPTModel(
+                config=tcfg,
+                transformer_layer_spec=spec,
+                vocab_size=cfg.vocab,
+                max_sequence_length=cfg.seq,
+                pre_process=pp_rank == 0 and i == 0,
+                post_process=pp_rank == pp_size - 1 and i == chunks_per_rank - 1,
+                share_embeddings_and_output_weights=True,
+                position_embedding_type="learned_absolute",
+                vp_stage=i if cfg.vpp else None,
+                pg_collection=pgc,
+            )
+        )
+    return chunks
+
+
+def train_collection(cfg: TrainConfig) -> dict[str, Any]:
+    """Train ``cfg`` on this rank from a collection (see the module doc); the result of ``train_rank``."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from parallel_state_ng import build_megatron_groups
+
+    if ps.model_parallel_is_initialized():
+        raise RuntimeError("the collection path must run with Megatron's globals uninitialized")
+    groups = build_megatron_groups(
+        tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp, expert_model_parallel_size=cfg.ep
+    )
+    t0 = time.perf_counter()
+    ps._set_global_memory_buffer()
+    try:
+        pgc = groups.collection()
+        tp_rank, pp_rank, ep_rank = pgc.tp.rank(), pgc.pp.rank(), pgc.ep.rank()
+        seed = cfg.seed + 100 * pp_rank
+        torch.manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed, tp_rank=tp_rank, ep_rank=ep_rank, etp_rank=pgc.expt_tp.rank())
+        tcfg = _transformer_config(cfg)
+        chunks = _build_model(cfg, tcfg, pgc)
+        if cfg.init_from_names:
+            set_weights_from_global_names(cfg, chunks, ranks=(tp_rank, pgc.tp.size(), ep_rank))
+        ddp_cfg = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=False,
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+            use_distributed_optimizer=cfg.dist_opt,
+        )
+        model = [
+            DistributedDataParallel(tcfg, ddp_cfg, chunk, disable_bucketing=i > 0, pg_collection=pgc)
+            for i, chunk in enumerate(chunks)
+        ]
+        tcfg.no_sync_func = [m.no_sync for m in model] if len(model) > 1 else model[0].no_sync
+        tcfg.finalize_model_grads_func = partial(finalize_model_grads, pg_collection=pgc)
+        optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=cfg.lr,
+                weight_decay=0.01,
+                adam_beta1=0.9,
+                adam_beta2=0.95,
+                clip_grad=cfg.clip_grad,
+                use_distributed_optimizer=cfg.dist_opt,
+                params_dtype=torch.float32,
+            ),
+            model,
+            use_gloo_process_groups=False,
+            pg_collection=pgc,
+        )
+        forward_backward = get_forward_backward_func(pp_size=cfg.pp, vp_size=cfg.vpp)
+        p2p = P2PCommunicator(pp_group=pgc.pp, config=tcfg)
+        t1 = time.perf_counter()
+        last_stage = pp_rank == cfg.pp - 1
+        dp_group, dp_rank = pgc.dp, pgc.dp.rank()
+        reporter = last_stage and tp_rank == 0 and dp_rank == 0
+        losses, grad_norms = [], []
+        for step in range(cfg.steps):
+            for m in model:
+                m.zero_grad_buffer()
+            optimizer.zero_grad()
+            iters = [_microbatches(cfg, step, dp_rank) for _ in model]
+            store = forward_backward(
+                forward_step_func=_forward_step,
+                data_iterator=iters if len(iters) > 1 else iters[0],
+                model=model,
+                num_microbatches=cfg.microbatches,
+                seq_length=cfg.seq,
+                micro_batch_size=cfg.micro_batch,
+                forward_only=False,
+                p2p_communicator=p2p,
+                pg_collection=pgc,
+            )
+            updated, grad_norm, _ = optimizer.step()
+            if not updated:
+                raise RuntimeError(f"optimizer step {step + 1} was skipped")
+            grad_norms.append(float(grad_norm))
+            if last_stage:
+                loss = torch.stack([d["lm loss"] for d in store]).mean().view(1)
+                dist.all_reduce(loss, group=dp_group)
+                losses.append(float(loss / dist.get_world_size(dp_group)))
+                if cfg.verbose and reporter:
+                    print(f"step {step + 1}: loss {losses[-1]:.6f}  grad norm {grad_norms[-1]:.6f}", flush=True)
+        return {
+            "rank": dist.get_rank(),
+            "losses": losses if last_stage else None,
+            "grad_norms": grad_norms,
+            "digest": _digest(chunks),
+            "params": sum(p.numel() for c in chunks for p in c.parameters()),
+            "facts": {"groups": "collection", "globals initialized": str(ps.model_parallel_is_initialized())},
+            "seconds": {"setup": round(t1 - t0, 3), "steps": round(time.perf_counter() - t1, 3)},
+        }
+    finally:
+        ps.destroy_global_memory_buffer()
+        groups.destroy()
