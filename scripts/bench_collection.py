@@ -85,13 +85,15 @@ def _fake_world(rank: int, world: int) -> None:
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
 
 
-def _ours() -> int:
+def _ours() -> tuple[float, int]:
     with _Counter() as count:
+        start = time.perf_counter()
         groups = build_megatron_groups(**SIZES, check_agreement_across_ranks=False)
         values = groups.field_values()
+        elapsed = time.perf_counter() - start
     assert values["tp"] is not None and values["expt_dp"] is not None
-    groups.destroy()
-    return count.calls
+    groups.destroy()  # not timed, as the floor's destroy is not
+    return elapsed, count.calls
 
 
 def _floor(lists: list[list[int]]) -> tuple[float, int]:
@@ -147,8 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         _fake_world(rank, world)
         layout = MegatronLayout(world_size=world, **SIZES)
         lists = [s.ranks for s in group_plan(layout, rank) if isinstance(s, CreateGroup) and s.backend != "gloo"]
-        ours_s, ours_calls = _median(_ours, args.repeats)
-        floor_runs = [_floor(lists) for _ in range(args.repeats)]
+        ours_runs, floor_runs = [], []
+        for _ in range(args.repeats):  # alternating, so that load changes hit both alike
+            ours_runs.append(_ours())
+            floor_runs.append(_floor(lists))
+        ours_s, ours_calls = statistics.median(t for t, _ in ours_runs), ours_runs[0][1]
         floor_s, floor_calls = statistics.median(t for t, _ in floor_runs), floor_runs[0][1]
         mcore = "skipped"
         if world <= args.mcore_max:

@@ -124,8 +124,9 @@ def _split_sizes_as_ints(all_to_all: Callable) -> Callable:
             return sizes
         return [int(s) for s in (sizes.tolist() if hasattr(sizes, "tolist") else sizes)]
 
-    def wrapped(group, input_, output_split_sizes_=None, input_split_sizes=None):
-        return all_to_all(group, input_, as_ints(output_split_sizes_), as_ints(input_split_sizes))
+    def wrapped(group, input_, output_split_sizes_=None, input_split_sizes=None, **options):
+        # options: later releases' keywords (0.19: use_nccl_stream), passed on unchanged
+        return all_to_all(group, input_, as_ints(output_split_sizes_), as_ints(input_split_sizes), **options)
 
     wrapped.__wrapped__ = all_to_all  # type: ignore[attr-defined]
     return wrapped
