@@ -10,6 +10,10 @@
 * :func:`build_megatron_groups` — one module's Megatron groups (exactly those
   ``initialize_model_parallel`` builds, over a range of ranks) with no module global, exported
   as Megatron's ``ProcessGroupCollection`` (:class:`MegatronGroups`).
+* :func:`no_globals` — a scope in which compat's global getters raise
+  :class:`GlobalStateRefusedError` instead of answering for another grid
+  (``MegatronGroups.scope()``); :func:`ensure_global_memory_buffer` and
+  :func:`megatron_schedule` — the rest of the pg_collection path's set-up.
 
 The Megatron-shaped global API lives in the separate ``compat`` package.
 """
@@ -19,6 +23,8 @@ from parallel_state_ng.core.handles import GroupHandle
 from parallel_state_ng.core.layout import Layout, UnknownDimError
 from parallel_state_ng.core.mesh import device_mesh
 from parallel_state_ng.mcore.collection import MegatronGroups, build_megatron_groups
+from parallel_state_ng.mcore.megatron_setup import MegatronSchedule, ensure_global_memory_buffer, megatron_schedule
+from parallel_state_ng.mcore.scope import GlobalStateRefusedError, no_globals
 
 __all__ = [
     "HyperCommGrid",
@@ -29,5 +35,10 @@ __all__ = [
     "device_mesh",
     "MegatronGroups",
     "build_megatron_groups",
+    "no_globals",
+    "GlobalStateRefusedError",
+    "ensure_global_memory_buffer",
+    "megatron_schedule",
+    "MegatronSchedule",
 ]
 __version__ = "0.1.0"
