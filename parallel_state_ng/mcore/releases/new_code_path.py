@@ -7,8 +7,8 @@ Read from each release's ``megatron/core/parallel_state.py``,
 these tables with the wheels' sources).
 
 * :data:`GRID_FREE_FUNCTIONS` — ``parallel_state`` functions that read or write no grid (the
-  plain global memory buffer, pure rank arithmetic, group-creation helpers taking explicit
-  ranks): they keep working inside a no-globals scope
+  plain global memory buffer, pure rank arithmetic, NCCL-option helpers): they keep working
+  inside a no-globals scope
   (:func:`parallel_state_ng.mcore.scope.no_globals`).
 * :data:`INITIALIZATION_PROBES` — functions that only ask whether the globals are set, and
   what they answer inside such a scope (what a job without globals answers).
@@ -31,17 +31,15 @@ __all__ = [
     "P2P_COMMUNICATOR",
 ]
 
-#: Functions that touch no grid. The symmetric memory buffer is not among them: it is built
-#: over the tensor-parallel group of the grid that created it.
+#: Functions that touch no grid. Not among them: the symmetric memory buffer (built over the
+#: tensor-parallel group of the grid that created it) and ``create_group`` /
+#: ``create_hierarchical_groups`` (they add the group to the grid's destroy list).
 GRID_FREE_FUNCTIONS: frozenset[str] = frozenset(
     {
         "get_global_memory_buffer",
         "destroy_global_memory_buffer",
         "get_nccl_options",
         "overwrite_nccl_comm_cfgs",
-        "create_group",
-        "create_hierarchical_groups",
-        "create_hierarchical_parallel_groups",
         "generate_masked_orthogonal_rank_groups",
         "default_embedding_ranks",
         "default_position_embedding_ranks",
