@@ -3,13 +3,19 @@
 * ``compat.parallel_state`` — the whole global API of ``megatron.core.parallel_state``
   of the installed megatron-core release (0.14 … 0.19) on top of the parallel_state_ng engine.
 * :func:`install` / :func:`uninstall` — make Megatron itself use it.
+* :func:`no_globals` — a scope in which its global getters refuse to answer (for code that
+  takes its groups from a ``ProcessGroupCollection``; the engine's
+  :func:`parallel_state_ng.no_globals`).
 
 Importing this package imports neither megatron nor torch.
 """
 
 from __future__ import annotations
 
-__all__ = ["install", "uninstall", "is_installed"]
+from contextlib import AbstractContextManager
+from typing import Any
+
+__all__ = ["install", "uninstall", "is_installed", "no_globals"]
 
 
 def install(hyper_comm_grid: bool = False) -> None:
@@ -51,3 +57,18 @@ def is_installed() -> bool:
 
     mod = sys.modules.get("compat._install")
     return bool(mod and mod.is_installed())
+
+
+def no_globals(owner: object = None) -> AbstractContextManager[Any]:
+    """A ``with`` block in which ``compat.parallel_state``'s global getters raise instead of answering.
+
+    The engine's :func:`parallel_state_ng.mcore.scope.no_globals` (see there): for code that
+    takes its groups from a ``ProcessGroupCollection`` while the module globals hold another
+    grid. ``owner`` names the scope in the errors.
+
+    Raises:
+        ValueError: ``owner`` is an empty string.
+    """
+    from parallel_state_ng.mcore.scope import no_globals as _no_globals
+
+    return _no_globals(owner, frames_up=1)

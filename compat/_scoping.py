@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from parallel_state_ng.mcore.scope import allow_globals
+
 from . import _state
 from ._namespace import facade as ps
 from ._publish import BLOCK_OVERRIDES, BUFFER_GLOBALS, OVERRIDE_GLOBALS, STATE_EXTRAS, publish, state_globals
@@ -77,6 +79,11 @@ def use_state(state: _state.ParallelState | None) -> Iterator[_state.ParallelSta
     dropped on exit. On exit, normal or by an exception, the previous grid, its overrides and
     globals are restored exactly; blocks nest. A grid initialized inside a block must be
     detached there, else it is dropped on exit with its groups alive (a ``ResourceWarning``).
+
+    Inside a no-globals scope (``MegatronGroups.scope()``,
+    :func:`parallel_state_ng.mcore.scope.no_globals`) the block re-opens the globals for
+    ``state`` alone, e.g. for a legacy module called from a new-code one; the enclosing scope
+    refuses again on exit.
     """
     ns = _ns()
     extras = _extras_of(state)
@@ -89,7 +96,8 @@ def use_state(state: _state.ParallelState | None) -> Iterator[_state.ParallelSta
         ns.update(extras)
         for name in BLOCK_OVERRIDES:
             ns[name] = None
-        yield state
+        with allow_globals(f"compat.parallel_state.use_state({_label(state)})", frames_up=2):
+            yield state
     finally:
         _SUSPENDED.pop()
         left = _ACTIVE[0]
@@ -102,6 +110,17 @@ def use_state(state: _state.ParallelState | None) -> Iterator[_state.ParallelSta
                 ResourceWarning,
                 stacklevel=3,
             )
+
+
+def _label(state: _state.ParallelState | None) -> str:
+    """A short description of ``state`` for scope messages."""
+    if state is None:
+        return "None"
+    lay = state.layout
+    return (
+        f"grid tp={lay.tensor_model_parallel_size} pp={lay.pipeline_model_parallel_size} "
+        f"cp={lay.context_parallel_size} dp={lay.data_parallel_size} ep={lay.expert_model_parallel_size}"
+    )
 
 
 def _clear_module(ns: dict[str, Any]) -> None:

@@ -7,6 +7,12 @@ signature to it: when the implementation's signature already is the release's, t
 implementation itself is served; otherwise a wrapper is generated with exactly the release's
 parameter names, order and defaults (so ``inspect.signature``, positional calls and Python's
 own ``TypeError`` for a wrong argument are those of the release) that forwards by keyword.
+
+Every served function also honours the engine's no-globals scopes
+(:mod:`parallel_state_ng.mcore.scope`): a function that reads or writes a grid raises
+``GlobalStateRefusedError`` inside one, an initialization probe answers "not initialized", a
+grid-free function (:data:`~parallel_state_ng.mcore.releases.new_code_path.GRID_FREE_FUNCTIONS`)
+is unaffected. Outside every scope the check is one truth test of an empty list.
 """
 
 from __future__ import annotations
@@ -17,10 +23,25 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from parallel_state_ng.mcore import scope
 from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.mcore.releases.new_code_path import GRID_FREE_FUNCTIONS, INITIALIZATION_PROBES
 from parallel_state_ng.mcore.releases.parallel_state import REQUIRED, Param
 
-__all__ = ["exact_function", "serve", "shape_of"]
+__all__ = ["exact_function", "serve", "shape_of", "guard_of"]
+
+#: A served function's behaviour inside a no-globals scope: ``None`` (unaffected), ``"refuse"``
+#: (raise) or ``("probe", answer)`` (return ``answer``).
+Guard = str | tuple[str, bool] | None
+
+
+def guard_of(name: str) -> Guard:
+    """How the served function ``name`` behaves inside a no-globals scope (see :data:`Guard`)."""
+    if name in GRID_FREE_FUNCTIONS:
+        return None
+    if name in INITIALIZATION_PROBES:
+        return ("probe", INITIALIZATION_PROBES[name])
+    return "refuse"
 
 
 def shape_of(fn: Callable) -> tuple[Param, ...]:
@@ -63,28 +84,30 @@ def serve(release: Any, module: str, implementations: dict[str, Callable]) -> di
     for name, params in api.functions(release).items():
         if name not in implementations:
             raise KeyError(f"compat has no implementation of {name} (megatron-core {release})")
-        out[name] = exact_function(name, params, implementations[name], module)
+        out[name] = exact_function(name, params, implementations[name], module, guard_of(name))
     return out
 
 
-def exact_function(name: str, params: tuple[Param, ...], impl: Callable, module: str) -> Callable:
+def exact_function(name: str, params: tuple[Param, ...], impl: Callable, module: str, guard: Guard = None) -> Callable:
     """A function named ``name`` with exactly ``params`` that runs ``impl``.
 
-    ``impl`` must accept every name in ``params`` as a keyword. Returns ``impl`` itself when
-    its signature equals ``params``; otherwise a generated wrapper (no ``__wrapped__``, so
-    ``inspect.signature`` reports the wrapper's own parameters).
+    ``impl`` must accept every name in ``params`` as a keyword. Without a ``guard``, returns
+    ``impl`` itself (a copy named ``name``) when its signature equals ``params``; otherwise, or
+    with a ``guard``, a generated wrapper (no ``__wrapped__``, so ``inspect.signature`` reports
+    the wrapper's own parameters) that first checks the no-globals scope as ``guard`` says.
     """
     impl_params = shape_of(impl)
     accepted = {n for n, _ in impl_params}
     unknown = [n for n, _ in params if n not in accepted]
     if unknown:
         raise TypeError(f"implementation of {name} does not accept {unknown}")
-    if _same(impl_params, params):
+    same = _same(impl_params, params)
+    if same and guard is None:
         return _copy(impl, name, module)
     for n, _ in params:
         if not n.isidentifier() or keyword.iskeyword(n) or n.startswith("__psng"):
             raise ValueError(f"cannot serve parameter name {n!r} of {name}")
-    namespace: dict[str, Any] = {"__psng_impl": impl}
+    namespace: dict[str, Any] = {"__psng_impl": impl, "__psng_refusing": scope.REFUSING}
     header, forward = [], []
     for i, (n, default) in enumerate(params):
         if default is REQUIRED:
@@ -92,11 +115,21 @@ def exact_function(name: str, params: tuple[Param, ...], impl: Callable, module:
         else:
             namespace[f"__psng_d{i}"] = default
             header.append(f"{n}=__psng_d{i}")
-        forward.append(f"{n}={n}")
-    source = f"def {name}({', '.join(header)}):\n    return __psng_impl({', '.join(forward)})\n"
+        forward.append(n if same else f"{n}={n}")
+    check = ""
+    if guard == "refuse":
+        namespace["__psng_refuse"] = scope.refuse
+        check = f"    if __psng_refusing:\n        __psng_refuse({name!r})\n"
+    elif isinstance(guard, tuple) and guard[0] == "probe":
+        check = f"    if __psng_refusing:\n        return {bool(guard[1])!r}\n"
+    elif guard is not None:
+        raise ValueError(f"guard of {name} must be None, 'refuse' or ('probe', bool), got {guard!r}")
+    source = f"def {name}({', '.join(header)}):\n{check}    return __psng_impl({', '.join(forward)})\n"
     exec(compile(source, f"<compat.{name}>", "exec"), namespace)  # noqa: S102 - generated from data
     fn = namespace[name]
     fn.__doc__ = impl.__doc__
     fn.__module__ = module
     fn.__qualname__ = name
+    if same:
+        fn.__annotations__ = dict(getattr(impl, "__annotations__", {}))
     return fn

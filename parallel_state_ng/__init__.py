@@ -12,6 +12,10 @@
   as Megatron's ``ProcessGroupCollection`` (:class:`MegatronGroups`).
 * :func:`build_topology` — a multi-module job (:class:`ModuleSpec` per module, disjoint or
   colocated ranks): every module's grid, groups and collection in one call (:class:`Topology`).
+* :func:`no_globals` — a scope in which compat's global getters raise
+  :class:`GlobalStateRefusedError` instead of answering for another grid
+  (``MegatronGroups.scope()``); :func:`ensure_global_memory_buffer` and
+  :func:`megatron_schedule` — the rest of the pg_collection path's set-up.
 
 The Megatron-shaped global API lives in the separate ``compat`` package.
 """
@@ -21,6 +25,8 @@ from parallel_state_ng.core.handles import GroupHandle
 from parallel_state_ng.core.layout import Layout, UnknownDimError
 from parallel_state_ng.core.mesh import device_mesh
 from parallel_state_ng.mcore.collection import MegatronGroups, build_megatron_groups
+from parallel_state_ng.mcore.megatron_setup import MegatronSchedule, ensure_global_memory_buffer, megatron_schedule
+from parallel_state_ng.mcore.scope import GlobalStateRefusedError, no_globals
 from parallel_state_ng.mcore.topology import Topology, build_topology
 from parallel_state_ng.mcore.topology_spec import ModuleSpec, TopologySpecError
 
@@ -37,5 +43,10 @@ __all__ = [
     "Topology",
     "TopologySpecError",
     "build_topology",
+    "no_globals",
+    "GlobalStateRefusedError",
+    "ensure_global_memory_buffer",
+    "megatron_schedule",
+    "MegatronSchedule",
 ]
 __version__ = "0.1.0"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +41,7 @@ from parallel_state_ng.mcore.layout import MegatronLayout
 from parallel_state_ng.mcore.plan import PlanOptions
 from parallel_state_ng.mcore.releases import Release, as_release
 from parallel_state_ng.mcore.releases import process_groups_config as collection_facts
+from parallel_state_ng.mcore.scope import Scope, no_globals
 from parallel_state_ng.mcore.validate import validate_initialize_args
 
 __all__ = ["MegatronGroups", "build_megatron_groups", "FIELD_GLOBALS", "NoCollectionError"]
@@ -163,6 +165,22 @@ class MegatronGroups:
                 f"release (release=None)"
             )
         return cls(**values)
+
+    def scope(self) -> AbstractContextManager[Scope]:
+        """A ``with`` block for running this module's code: Megatron's globals refuse to answer in it.
+
+        Inside it, a ``compat.parallel_state`` getter (reached from Megatron code after
+        ``compat.install()``) raises :class:`~parallel_state_ng.mcore.scope.GlobalStateRefusedError`
+        naming the getter and this module instead of answering for the grid behind the globals;
+        see :func:`~parallel_state_ng.mcore.scope.no_globals`. Nestable, restored on exit (also
+        after an exception); ``compat.parallel_state.use_state(state)`` re-opens a grid inside it.
+
+        Raises:
+            RuntimeError: the groups were destroyed.
+        """
+        if self.destroyed:
+            self._state()
+        return no_globals(self, frames_up=1)
 
     def destroy(self) -> int:
         """Destroy every group this object created on this rank; returns how many. Idempotent."""
