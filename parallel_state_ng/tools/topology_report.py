@@ -44,6 +44,7 @@ __all__ = [
     "place_modules",
     "module_kinds",
     "build_topology_report",
+    "rank_report",
     "render_topology_text",
     "SPEC_KEYS",
     "JSON_OPTIONS",
@@ -268,7 +269,11 @@ def _module_report(placement: ModulePlacement, kinds: Sequence[str] | None) -> d
     }
 
 
-def _rank_report(placements: Sequence[ModulePlacement], rank: int, kinds: Sequence[str] | None) -> dict[str, Any]:
+def rank_report(placements: Sequence[ModulePlacement], rank: int, kinds: Sequence[str] | None = None) -> dict[str, Any]:
+    """The modules ``rank`` runs and, in each, its coordinates, pipeline and group of every kind.
+
+    Closed form (``MegatronLayout.group``, O(group size) per kind): no group is enumerated.
+    """
     views = {}
     for p in placements:
         if rank not in p.ranks:
@@ -294,7 +299,7 @@ def build_topology_report(
         "language_module": next(p.name for p in placements if p.spec.language),
         "spans": [{"ranks": list(span), "modules": names} for span, names in sorted(spans.items())],
         "modules": [_module_report(p, kinds) for p in placements],
-        "rank": None if rank is None else _rank_report(placements, rank, kinds),
+        "rank": None if rank is None else rank_report(placements, rank, kinds),
     }
 
 
