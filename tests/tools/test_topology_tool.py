@@ -12,14 +12,17 @@ import io
 import json
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
 from parallel_state_ng.__main__ import main
 from parallel_state_ng.mcore.layout import MegatronLayout
 from parallel_state_ng.tools.topology_report import parse_spec, place_modules, rank_report
+from tests.support.paths import ROOT as ROOT_DIR
 
 SVG = "{http://www.w3.org/2000/svg}"
+ROOT = Path(ROOT_DIR)
 
 MIMO = [
     {"name": "encoder", "ranks": [0, 2], "tp": 1},
@@ -390,3 +393,22 @@ def test_missing_spec_file(capsys, tmp_path):
     code, out, err = run_cli(capsys, str(tmp_path / "nope.json"))
     assert code == 2 and out == ""
     assert "argument SPEC: cannot read" in err and "No such file or directory" in err
+
+
+# --------------------------------------------------------------------------- README and docs
+def test_docs_picture_and_readme_example_are_current(capsys):
+    spec = str(ROOT / "docs" / "mimo_topology.json")
+    assert json.loads(Path(spec).read_text()) == MIMO
+    code, out, err = run_cli(capsys, spec, "--release", "0.19", "--format", "svg")
+    assert code == 0, err
+    assert out == (ROOT / "docs" / "topology.svg").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = (
+        "python -m parallel_state_ng topology docs/mimo_topology.json --release 0.19 --kinds tp,dp,pp,embd --rank 3"
+    )
+    block = readme.split(f"$ {command}\n", 1)[1].split("```", 1)[0]
+    code, out, err = run_cli(capsys, spec, *command.split()[5:])
+    assert code == 0, err
+    shown = [line for line in block.splitlines() if line != "..."]
+    assert len(shown) > 25 and set(shown) <= set(out.splitlines())
+    assert out.startswith("\n".join(block.split("\n...")[0].splitlines()))
