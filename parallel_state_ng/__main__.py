@@ -8,6 +8,9 @@ Commands:
   the diff switching its imports to ``compat.parallel_state``, ``--apply`` writes it;
   ``--upgrade FROM:TO`` reports the uses whose meaning changes between two megatron-core
   releases (exit status 1 when something breaks).
+* ``topology SPEC`` — a multi-module topology (a JSON list of modules: MiMo's encoder and
+  language model, disjoint or colocated) module by module: sizes, groups, one rank's modules
+  and groups (text, JSON, or SVG with modules as blocks); pure math, as ``layout``.
 
 Bad input is reported on stderr (naming the option) with exit code 2.
 """
@@ -25,11 +28,12 @@ PROG = "parallel-state-ng"
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per command."""
-    from parallel_state_ng.tools import layout_report, port
+    from parallel_state_ng.tools import layout_report, port, topology_report
 
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Tools of parallel_state_ng: inspect Megatron-Core process-group layouts, port code to compat.",
+        description="Tools of parallel_state_ng: inspect Megatron-Core process-group layouts and multi-module "
+        "topologies, port code to compat.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
@@ -50,6 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     port.add_arguments(porting)
     porting.set_defaults(handler=port.run)
+    topology = commands.add_parser(
+        "topology",
+        help="show a multi-module topology from a JSON spec (no processes, no GPUs)",
+        description="Validate a multi-module topology (a JSON list of modules, as build_topology takes them) and "
+        "show each module's ranks, sizes and process groups, one rank's modules and groups, or an SVG of the "
+        "modules as blocks along the rank axis. Pure layout math.",
+    )
+    topology_report.add_arguments(topology)
+    topology.set_defaults(handler=topology_report.run)
     return parser
 
 

@@ -3,6 +3,8 @@
 * :mod:`.layout_report` — ``layout``: every process group Megatron-Core would build for a
   configuration, one rank's view, node locality; text, JSON or SVG. Pure math, no processes.
 * :mod:`.svg` — the SVG picture used by ``layout --format svg``.
+* :mod:`.topology_report` — ``topology SPEC``: a multi-module topology (JSON spec) module by
+  module, one rank's modules and groups; text, JSON or SVG (:mod:`.topology_svg`). Pure math.
 * :mod:`.port` — ``port``: find uses of ``megatron.core.parallel_state`` in a codebase and
   switch its imports to ``compat.parallel_state``.
 * :mod:`.upgrade` — ``port --upgrade FROM:TO``: the uses whose meaning changes between two

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from xml.sax.saxutils import escape
 
-__all__ = ["render_svg", "group_colour", "MAX_SVG_RANKS"]
+__all__ = ["render_svg", "group_colour", "text_colour", "MAX_SVG_RANKS"]
 
 #: Largest world drawn; bigger worlds make pictures nobody can read (use text or JSON).
 MAX_SVG_RANKS = 1024
@@ -36,7 +36,7 @@ def group_colour(index: int) -> str:
     return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
 
 
-def _text_colour(fill: str) -> str:
+def text_colour(fill: str) -> str:
     """Dark text on light fills, white text on dark ones."""
     r, g, b = (int(fill[i : i + 2], 16) for i in (1, 3, 5))
     return "#111111" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#ffffff"
@@ -134,7 +134,7 @@ def render_svg(
                 f'<rect x="{cx}" y="{cy}" width="{_CELL_W}" height="{_CELL_H}" rx="2" fill="{fill}"{stroke} '
                 f'data-rank="{rank}" data-node="{node}" data-group="{group_attr}"><title>{escape(tip)}</title></rect>'
             )
-            text_fill = _text_colour(fill) if index >= 0 else "#999999"
+            text_fill = text_colour(fill) if index >= 0 else "#999999"
             out.append(
                 f'<text x="{cx + _CELL_W / 2:g}" y="{cy + _CELL_H / 2 + 4:g}" font-size="11" text-anchor="middle" '
                 f'fill="{text_fill}" pointer-events="none">{rank}</text>'

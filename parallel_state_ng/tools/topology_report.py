@@ -1,0 +1,401 @@
+"""``python -m parallel_state_ng topology SPEC``: a multi-module topology, module by module.
+
+A topology spec is a JSON list of modules (see :func:`parse_spec`); it is checked by
+:func:`~parallel_state_ng.mcore.topology_spec.validate_topology`, the same check
+:func:`~parallel_state_ng.mcore.topology.build_topology` makes before creating anything, and
+each module's groups come from its :class:`~parallel_state_ng.mcore.layout.MegatronLayout`
+(pure math: no processes, no GPUs). The report holds
+
+* the world: its size, the release followed, which module runs on which ranks;
+* per module: its ranks, the modules colocated with it, its sizes and order, whether it is the
+  language module (only it gets embedding groups), its options, and every group kind it builds
+  with the number of groups and the groups themselves (abbreviated in text unless ``--full``);
+* with ``--rank R``: the modules R runs and, in each, its coordinates, pipeline neighbours and
+  its group of every kind (``MegatronLayout.group``: closed form, O(group size)).
+
+Formats: ``text``, ``json`` (the same data, every group in full) and ``svg`` (modules as
+blocks along the rank axis, see :mod:`.topology_svg`). Work is O(module ranks) per kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from parallel_state_ng.mcore.releases import known_release
+from parallel_state_ng.mcore.topology_spec import (
+    BUILD_OPTIONS,
+    ModulePlacement,
+    ModuleSpec,
+    TopologySpecError,
+    validate_topology,
+)
+from parallel_state_ng.tools import UsageError
+from parallel_state_ng.tools.layout_report import _dims_text, _kind_text, _plural, _write, format_ranks, rank_view
+
+__all__ = [
+    "add_arguments",
+    "run",
+    "parse_spec",
+    "read_spec",
+    "place_modules",
+    "module_kinds",
+    "build_topology_report",
+    "rank_report",
+    "render_topology_text",
+    "SPEC_KEYS",
+    "JSON_OPTIONS",
+]
+
+#: Keys of one module in a spec file -> :class:`ModuleSpec` field.
+SPEC_KEYS = {
+    "name": "name",
+    "ranks": "ranks",
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+    "order": "order",
+    "language": "language",
+    "options": "options",
+}
+#: Module options a spec file may set: :data:`BUILD_OPTIONS` less the callables JSON cannot hold.
+JSON_OPTIONS = BUILD_OPTIONS - {"get_embedding_ranks", "get_position_embedding_ranks"}
+_EMBEDDING_KINDS = ("embd", "pos_embd")
+_GROUPS_SHOWN_HEAD, _GROUPS_SHOWN_TAIL, _GROUPS_SHOWN_MAX = 3, 2, 8
+
+
+# --------------------------------------------------------------------------- arguments
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _name_list(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of group kinds, got {text!r}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``topology`` command's options to ``parser``."""
+    parser.add_argument(
+        "spec",
+        metavar="SPEC",
+        help='topology spec: a JSON file ("-": stdin) holding a list of modules, e.g. '
+        '[{"name": "encoder", "ranks": [0, 2]}, {"name": "language", "ranks": [2, 6], "tp": 2, "language": true}]',
+    )
+    parser.add_argument(
+        "--release",
+        default=None,
+        help="megatron-core release whose layouts to show, e.g. 0.19 (modules on part of the world need 0.17+; "
+        "default: the installed one, $PSNG_MEGATRON_VERSION, else the newest supported)",
+    )
+    parser.add_argument(
+        "--world-size",
+        type=_int_at_least(1),
+        default=None,
+        help="number of ranks (default: the end of the last module's ranks); every rank must run a module",
+    )
+    parser.add_argument(
+        "--rank", type=_int_at_least(0), default=None, help="also show the modules this rank runs and its groups"
+    )
+    parser.add_argument("--kinds", type=_name_list, default=None, help="comma-separated group kinds to show")
+    parser.add_argument("--full", action="store_true", help="text: print every group and every rank")
+    parser.add_argument("--format", choices=("text", "json", "svg"), default="text", help="output format")
+    parser.add_argument("--output", "-o", default=None, help="write to this file instead of stdout")
+
+
+# --------------------------------------------------------------------------- spec
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise ValueError(f"duplicate key(s) {repeated} in one object")
+    return dict(pairs)
+
+
+def parse_spec(text: str, source: str = "SPEC") -> list[ModuleSpec]:
+    """The modules of a JSON spec: a list of objects with the keys of :data:`SPEC_KEYS`.
+
+    ``name`` and ``ranks`` (``[start, stop]``, stop excluded) are required; ``tp``, ``pp``,
+    ``cp``, ``ep`` default to 1, ``etp`` to ``tp``, ``order`` to ``"tp-cp-ep-dp-pp"``,
+    ``language`` to false; ``options`` is an object of :data:`JSON_OPTIONS`. Values are checked
+    later by :func:`place_modules`.
+
+    Raises:
+        UsageError: not JSON, not a list of objects, an unknown or duplicate key, a missing name
+            or ranks, or an option JSON cannot express (``source`` names the file).
+    """
+    try:
+        data = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{source}: not valid JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
+    except ValueError as err:
+        raise UsageError(f"{source}: {err}") from None
+    if not isinstance(data, list) or not data:
+        raise UsageError(f"{source}: a topology spec is a non-empty JSON list of modules, got {_json_type(data)}")
+    modules = []
+    for i, entry in enumerate(data):
+        where = f"{source}: modules[{i}]"
+        if not isinstance(entry, dict):
+            raise UsageError(f"{where} must be an object with keys {list(SPEC_KEYS)}, got {_json_type(entry)}")
+        if "name" in entry:
+            where = f"{source}: module {entry['name']!r} (modules[{i}])"
+        unknown = sorted(set(entry) - set(SPEC_KEYS))
+        if unknown:
+            raise UsageError(f"{where}: unknown key(s) {unknown}; allowed: {list(SPEC_KEYS)}")
+        missing = [k for k in ("name", "ranks") if k not in entry]
+        if missing:
+            raise UsageError(f"{where}: missing key(s) {missing}")
+        ranks = entry["ranks"]
+        if not (isinstance(ranks, list) and len(ranks) == 2 and all(_is_int(v) for v in ranks)):
+            raise UsageError(f"{where}: ranks must be [start, stop] (two integers, stop excluded), got {ranks!r}")
+        options = entry.get("options", {})
+        if not isinstance(options, dict):
+            raise UsageError(f"{where}: options must be an object, got {_json_type(options)}")
+        unknown = sorted(set(options) - JSON_OPTIONS)
+        if unknown:
+            allowed = sorted(JSON_OPTIONS)
+            raise UsageError(f"{where}: option(s) {unknown} cannot be set in a spec file; allowed: {allowed}")
+        fields = {SPEC_KEYS[k]: v for k, v in entry.items()}
+        fields["ranks"] = (ranks[0], ranks[1])
+        modules.append(ModuleSpec(**fields))
+    return modules
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _json_type(value: Any) -> str:
+    if value == []:
+        return "an empty list"
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def read_spec(path: str) -> list[ModuleSpec]:
+    """The modules of the spec file at ``path`` (``"-"``: stdin); see :func:`parse_spec`."""
+    if path == "-":
+        return parse_spec(sys.stdin.read(), "<stdin>")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else str(err)
+        raise UsageError(f"cannot read {path!r}: {reason}", "SPEC") from None
+    return parse_spec(text, path)
+
+
+def place_modules(
+    modules: Sequence[ModuleSpec], world_size: int | None = None, release: str | None = None
+) -> list[ModulePlacement]:
+    """Validate the topology (``world_size`` default: the end of the last range) as ``build_topology`` does.
+
+    Raises:
+        UsageError: an unknown release, or a topology :func:`validate_topology` refuses (its message).
+    """
+    try:
+        series = known_release(release).series
+    except ValueError as err:
+        raise UsageError(str(err), "--release") from None
+    if world_size is None:
+        world_size = max((m.ranks.stop if isinstance(m.ranks, range) else m.ranks[1] for m in modules), default=1)
+    try:
+        return validate_topology(modules, world_size, series)
+    except TopologySpecError as err:
+        raise UsageError(f"invalid topology: {err}") from None
+
+
+def module_kinds(placement: ModulePlacement) -> list[str]:
+    """The group kinds ``build_topology`` builds for a module (embedding kinds: language module only)."""
+    kinds = placement.layout.kinds()
+    return kinds if placement.spec.language else [k for k in kinds if k not in _EMBEDDING_KINDS]
+
+
+# --------------------------------------------------------------------------- report
+def _sizes(placement: ModulePlacement) -> dict[str, int | None]:
+    lay = placement.layout
+    return {
+        "tp": lay.tensor_model_parallel_size,
+        "cp": lay.context_parallel_size,
+        "dp": lay.data_parallel_size,
+        "pp": lay.pipeline_model_parallel_size,
+        "ep": lay.expert_model_parallel_size,
+        "etp": lay.expert_tensor_parallel_size,
+        "edp": lay.expert_data_parallel_size,
+    }
+
+
+def _module_report(placement: ModulePlacement, kinds: Sequence[str] | None) -> dict[str, Any]:
+    own = module_kinds(placement)
+    shown = own if kinds is None else [k for k in kinds if k in own]
+    kinds_out = {}
+    for kind in shown:
+        desc, what = _kind_text(kind)
+        groups = placement.layout.enumerate(kind)
+        sizes = sorted({len(g) for g in groups})
+        kinds_out[kind] = {
+            "desc": desc,
+            "what": what,
+            "num_groups": len(groups),
+            "group_size": sizes[0] if len(sizes) == 1 else sizes,
+            "groups": groups,
+        }
+    return {
+        "name": placement.name,
+        "ranks": [placement.ranks.start, placement.ranks.stop],
+        "num_ranks": len(placement.ranks),
+        "colocated_with": list(placement.colocated_with),
+        "language": placement.spec.language,
+        "sizes": _sizes(placement),
+        "order": placement.layout.order,
+        "options": dict(placement.spec.options),
+        "kinds": kinds_out,
+    }
+
+
+def rank_report(placements: Sequence[ModulePlacement], rank: int, kinds: Sequence[str] | None = None) -> dict[str, Any]:
+    """The modules ``rank`` runs and, in each, its coordinates, pipeline and group of every kind.
+
+    Closed form (``MegatronLayout.group``, O(group size) per kind): no group is enumerated.
+    """
+    views = {}
+    for p in placements:
+        if rank not in p.ranks:
+            continue
+        own = module_kinds(p)
+        view = rank_view(p.layout, rank, own if kinds is None else [k for k in kinds if k in own], gpus_per_node=1)
+        del view["node"], view["rank"]
+        views[p.name] = view
+    return {"rank": rank, "modules": list(views), "views": views}
+
+
+def build_topology_report(
+    placements: Sequence[ModulePlacement], *, kinds: Sequence[str] | None = None, rank: int | None = None
+) -> dict[str, Any]:
+    """The whole report as JSON-ready data (``kinds=None``: every kind each module builds)."""
+    first = placements[0].layout
+    spans: dict[tuple[int, int], list[str]] = {}
+    for p in placements:
+        spans.setdefault((p.ranks.start, p.ranks.stop), []).append(p.name)
+    return {
+        "world_size": first.world_size,
+        "release": first.release,
+        "language_module": next(p.name for p in placements if p.spec.language),
+        "spans": [{"ranks": list(span), "modules": names} for span, names in sorted(spans.items())],
+        "modules": [_module_report(p, kinds) for p in placements],
+        "rank": None if rank is None else rank_report(placements, rank, kinds),
+    }
+
+
+# --------------------------------------------------------------------------- text
+def _span(ranks: Sequence[int]) -> str:
+    return f"{ranks[0]}..{ranks[1] - 1}"
+
+
+def _sizes_text(module: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in module["sizes"].items()) + f" order={module['order']}"
+
+
+def _group_lines(groups: list[list[int]], full: bool) -> list[str]:
+    width = len(str(len(groups) - 1))
+    if full or len(groups) <= _GROUPS_SHOWN_MAX:
+        return [f"      {i:>{width}}: {format_ranks(g, full)}" for i, g in enumerate(groups)]
+    tail = len(groups) - _GROUPS_SHOWN_TAIL
+    lines = [f"      {i:>{width}}: {format_ranks(groups[i])}" for i in range(_GROUPS_SHOWN_HEAD)]
+    lines.append(f"      {'':>{width}}  ... {tail - _GROUPS_SHOWN_HEAD} more groups ...")
+    return lines + [f"      {i:>{width}}: {format_ranks(groups[i])}" for i in range(tail, len(groups))]
+
+
+def render_topology_text(report: dict[str, Any], full: bool = False) -> str:
+    """The report for people (long lists abbreviated unless ``full``)."""
+    modules = report["modules"]
+    lines = [
+        f"Topology of {report['world_size']} ranks, {_plural(len(modules), 'module')}, megatron-core "
+        f"{report['release']} (pure layout math: no processes, no GPUs)",
+        f"language module: {report['language_module']}",
+    ]
+    width = max(len(_span(s["ranks"])) for s in report["spans"])
+    for span in report["spans"]:
+        together = " + ".join(span["modules"]) + (" (colocated)" if len(span["modules"]) > 1 else "")
+        lines.append(f"  ranks {_span(span['ranks']):<{width}}  {together}")
+    note = "" if full else "; long lists abbreviated, --full prints all"
+    for m in modules:
+        lines += [
+            "",
+            f"Module {m['name']}: ranks {_span(m['ranks'])} ({_plural(m['num_ranks'], 'rank')})"
+            + (f", colocated with {', '.join(m['colocated_with'])}" if m["colocated_with"] else ""),
+            f"  sizes: {_sizes_text(m)}",
+            "  language module: yes (embedding groups)"
+            if m["language"]
+            else "  language module: no (no embedding groups)",
+        ]
+        if m["options"]:
+            lines.append("  options: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in m["options"].items()))
+        lines.append(f"  groups ({_plural(len(m['kinds']), 'kind')}{note}):")
+        for kind, info in m["kinds"].items():
+            size = info["group_size"]
+            size_text = _plural(size, "rank") if isinstance(size, int) else f"{size} ranks (sizes vary)"
+            lines.append(
+                f"    {kind} - {info['what']} [{info['desc']}]: {_plural(info['num_groups'], 'group')} of {size_text}"
+            )
+            lines += _group_lines(info["groups"], full)
+    view = report["rank"]
+    if view is not None:
+        runs = f"{_plural(len(view['modules']), 'module')}: {', '.join(view['modules'])}"
+        lines += ["", f"Rank {view['rank']} runs {runs}"]
+        for name, v in view["views"].items():
+            pipe = v["pipeline"]
+            lines += [
+                f"  {name}:",
+                f"    dense coordinate:  {_dims_text(v['dense_coord'])}",
+                f"    expert coordinate: {_dims_text(v['expert_coord'])}",
+                f"    pipeline: stage {pipe['stage']} of {pipe['stages']}; first {pipe['first']}, last {pipe['last']}, "
+                f"next {pipe['next']}, prev {pipe['prev']}",
+            ]
+            kind_w = max((len(k) for k in v["groups"]), default=4)
+            for kind, entry in v["groups"].items():
+                if entry is None:
+                    lines.append(f"    {kind:<{kind_w}}  not a member of any {kind} group")
+                else:
+                    where = f"position {entry['position']} of {len(entry['ranks'])}"
+                    lines.append(f"    {kind:<{kind_w}}  {where:<18}  {format_ranks(entry['ranks'], full)}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- command
+def run(args: argparse.Namespace, stdout: Any) -> int:
+    """Run the ``topology`` command for parsed ``args``; returns the exit code."""
+    placements = place_modules(read_spec(args.spec), args.world_size, args.release)
+    world_size = placements[0].layout.world_size
+    if args.rank is not None and args.rank >= world_size:
+        raise UsageError(f"rank {args.rank} is out of range for a world of {world_size} ranks", "--rank")
+    if args.kinds is not None:
+        known = list(dict.fromkeys(k for p in placements for k in module_kinds(p)))
+        unknown = [k for k in args.kinds if k not in known]
+        if unknown:
+            raise UsageError(f"unknown group kind(s) {unknown}; kinds of these modules: {','.join(known)}", "--kinds")
+    if args.format == "svg":
+        from parallel_state_ng.tools.topology_svg import render_topology_svg
+
+        text = render_topology_svg(placements, highlight_rank=args.rank)
+    else:
+        report = build_topology_report(placements, kinds=args.kinds, rank=args.rank)
+        text = json.dumps(report) + "\n" if args.format == "json" else render_topology_text(report, full=args.full)
+    _write(text, args.output, stdout)
+    return 0
