@@ -14,6 +14,10 @@ optimizer). ``--impl compat`` calls ``compat.install()`` before (``--install bef
 and data-parallel ranks) is printed as it is computed; at the end a SHA-256 digest of all final
 parameters and ``losses: [...]``. Exit code 0 on success, 1 when a rank fails, 2 for bad options.
 
+``--loop training`` runs Megatron-LM's own ``megatron.training.pretrain`` instead (megatron-core
+0.17+ wheels; see ``scripts/pretrain_cli.py``): ``--loop training --help`` lists its options,
+every other option goes to Megatron's argument parser.
+
 CUDA is replaced by CPU stand-ins (``scripts/cpu_shims.py``); they are not needed on GPUs.
 ``--megatron-path DIR`` (or ``PSNG_MEGATRON_PATH``) puts DIR first on ``sys.path`` in every rank,
 e.g. an unzipped megatron-core wheel of another release.
