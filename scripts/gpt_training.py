@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import os
 import re
 import sys
@@ -121,27 +122,41 @@ def _transformer_config(cfg: TrainConfig):
 
 
 def _build_model(cfg: TrainConfig, tcfg) -> list:
+    """One ``GPTModel`` per virtual pipeline chunk, following the loaded release's API: from
+    0.13 on, the stage checks and ``GPTModel`` take ``vp_stage=``; 0.12 reads the virtual
+    pipeline rank that ``set_virtual_pipeline_model_parallel_rank`` sets before each chunk.
+    """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(num_experts=cfg.experts)
+    stage_takes_vp = "vp_stage" in inspect.signature(ps.is_pipeline_first_stage).parameters
+    model_takes_vp = "vp_stage" in inspect.signature(GPTModel.__init__).parameters
     chunks = []
     for i in range(cfg.vpp or 1):
         vp_stage = i if cfg.vpp else None
+        if stage_takes_vp:
+            stage = {"ignore_virtual": False, "vp_stage": vp_stage}
+        else:
+            if cfg.vpp:
+                ps.set_virtual_pipeline_model_parallel_rank(i)
+            stage = {"ignore_virtual": False}
         chunks.append(
             GPTModel(
                 config=tcfg,
                 transformer_layer_spec=spec,
                 vocab_size=cfg.vocab,
                 max_sequence_length=cfg.seq,
-                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                pre_process=ps.is_pipeline_first_stage(**stage),
+                post_process=ps.is_pipeline_last_stage(**stage),
                 share_embeddings_and_output_weights=True,
                 position_embedding_type="learned_absolute",
-                vp_stage=vp_stage,
+                **({"vp_stage": vp_stage} if model_takes_vp else {}),
             )
         )
+    if cfg.vpp and not stage_takes_vp:
+        ps.set_virtual_pipeline_model_parallel_rank(0)
     return chunks
 
 
@@ -224,10 +239,12 @@ def _digest(chunks: list) -> str:
 
 def _facts(ps) -> dict[str, str]:
     """Which parallel_state module megatron's training code resolved to (while initialized)."""
+    from megatron.core import package_info
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import layers
 
     return {
+        "version": package_info.__version__,
         "megatron.core.parallel_state": ps.__name__,
         "schedules.parallel_state": schedules.parallel_state.__name__,
         "layers.get_tensor_model_parallel_rank": layers.get_tensor_model_parallel_rank.__module__,

@@ -14,6 +14,10 @@ optimizer). ``--impl compat`` calls ``compat.install()`` before (``--install bef
 and data-parallel ranks) is printed as it is computed; at the end a SHA-256 digest of all final
 parameters and ``losses: [...]``. Exit code 0 on success, 1 when a rank fails, 2 for bad options.
 
+``--loop training`` runs Megatron-LM's own ``megatron.training.pretrain`` instead (megatron-core
+0.17+ wheels; see ``scripts/pretrain_cli.py``): ``--loop training --help`` lists its options,
+every other option goes to Megatron's argument parser.
+
 CUDA is replaced by CPU stand-ins (``scripts/cpu_shims.py``); they are not needed on GPUs.
 ``--megatron-path DIR`` (or ``PSNG_MEGATRON_PATH``) puts DIR first on ``sys.path`` in every rank,
 e.g. an unzipped megatron-core wheel of another release.
@@ -41,6 +45,8 @@ for _p in (HERE, ROOT):  # run from a checkout without installing the package
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+LOOPS = ("core", "training")  # our loop over megatron.core; Megatron-LM's megatron.training.pretrain
+
 from gpt_config import (  # noqa: E402
     DISPATCHERS,
     GROUP_SOURCES,
@@ -55,6 +61,13 @@ from gpt_config import (  # noqa: E402
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     """Command line -> validated :class:`TrainConfig` (raises :class:`TrainOptionError`)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="core",
+        help="core: this script's loop over megatron.core; training: Megatron-LM's megatron.training.pretrain "
+        "(see --loop training --help)",
+    )
     p.add_argument("--impl", choices=IMPLS, default="compat", help="parallel_state implementation")
     p.add_argument(
         "--install",
@@ -110,12 +123,13 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
                 f"invalid training options:\n  tp * pp * dp = {dp * model_parallel} != --world-size {args.world_size}"
             )
         dp = args.world_size // model_parallel
-    fields = {k: v for k, v in vars(args).items() if k not in ("world_size", "dp")}
+    fields = {k: v for k, v in vars(args).items() if k not in ("world_size", "dp", "loop")}
     fields["init_from_names"] = args.init_from_names
     return validate(TrainConfig(dp=1 if dp is None else dp, verbose=True, **fields))
 
 
 def _rank_main(rank: int, cfg: TrainConfig, store_path: str, results) -> None:
+    """The core loop on one rank (see :func:`run_ranks`)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.filterwarnings("ignore")
     try:
@@ -138,12 +152,21 @@ def launch(cfg: TrainConfig, timeout: float = 600.0) -> list[dict[str, Any]]:
     Raises ``RuntimeError`` with the failing ranks' tracebacks, or when the run exceeds
     ``timeout`` seconds (all processes are then killed).
     """
+    return run_ranks(cfg.world_size, _rank_main, (cfg,), timeout)
+
+
+def run_ranks(world_size: int, target, args: tuple, timeout: float = 600.0) -> list[Any]:
+    """Start ``world_size`` spawned processes running ``target(rank, *args, store_path,
+    results)`` (a ``FileStore`` path in a fresh temporary directory and a queue for
+    ``(rank, ok, value)``); the values ordered by rank. Raises ``RuntimeError`` with the failing
+    ranks' messages, or when the run exceeds ``timeout`` seconds (all processes are then killed).
+    """
     ctx = mp.get_context("spawn")
     tmp = tempfile.mkdtemp(prefix="psng-train-")
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=_rank_main, args=(r, cfg, os.path.join(tmp, "store"), results), daemon=True)
-        for r in range(cfg.world_size)
+        ctx.Process(target=target, args=(r, *args, os.path.join(tmp, "store"), results), daemon=True)
+        for r in range(world_size)
     ]
     grace = 10.0  # seconds each process gets to exit on its own; none after a failure
     try:
@@ -152,7 +175,7 @@ def launch(cfg: TrainConfig, timeout: float = 600.0) -> list[dict[str, Any]]:
         done: dict[int, Any] = {}
         errors: dict[int, str] = {}
         deadline = time.monotonic() + timeout
-        while len(done) + len(errors) < cfg.world_size:
+        while len(done) + len(errors) < world_size:
             try:
                 rank, ok, value = results.get(timeout=1.0)
                 (done if ok else errors)[rank] = value
@@ -171,7 +194,7 @@ def launch(cfg: TrainConfig, timeout: float = 600.0) -> list[dict[str, Any]]:
         if errors:
             details = "\n".join(f"--- rank {r}:\n{msg}" for r, msg in sorted(errors.items()))
             raise RuntimeError(f"{len(errors)} rank(s) failed:\n{details}")
-        return [done[r] for r in range(cfg.world_size)]
+        return [done[r] for r in range(world_size)]
     finally:
         for proc in procs:
             proc.join(timeout=grace)
@@ -198,6 +221,14 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; see the module doc for the exit codes."""
+    loop = argparse.ArgumentParser(add_help=False)
+    loop.add_argument("--loop", choices=LOOPS, default="core")
+    known, rest = loop.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if known.loop == "training":
+        import pretrain_cli
+
+        return pretrain_cli.main(rest)
+    argv = rest
     try:
         cfg = parse_args(argv)
     except TrainOptionError as exc:

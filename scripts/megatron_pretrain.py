@@ -1,0 +1,309 @@
+"""One rank of Megatron-LM's own training loop (``megatron.training.pretrain``) on CPU, gloo.
+
+:func:`pretrain_rank` is what ``scripts/train_gpt.py --loop training`` runs in every process it
+starts. It is the user side of a ``pretrain_gpt.py``-style program, written for this project:
+
+* the command line goes to Megatron's own argument parser unchanged (``sys.argv``), after a
+  few defaults for a tiny CPU model (:data:`CPU_DEFAULTS`, :data:`TINY_MODEL`) that any user
+  option overrides;
+* :func:`model_provider` builds a ``GPTModel`` with the local (non-TransformerEngine) layer
+  spec from ``core_transformer_config_from_args``;
+* :func:`dataset_provider` returns :class:`ArithmeticTokens`, an in-memory dataset of
+  arithmetic token sequences (no files, no compiled dataset helpers); every rank builds it
+  itself (``is_distributed``), so no tensor-parallel broadcast of batches is needed;
+* :func:`forward_step` runs the model and returns Megatron's per-token loss triple.
+
+``pretrain`` does everything else: ``initialize_megatron`` (``torch.distributed`` with the
+``FileStore`` passed as ``store=``, then ``initialize_model_parallel`` with every parallel
+argument), ``setup_model_and_optimizer`` (DDP, ``get_megatron_optimizer``, the learning-rate
+scheduler), the data loaders, ``train`` and its logging. Each iteration's reported losses and
+gradient norm are recorded by wrapping ``training_log`` (the values Megatron logs), and after
+``pretrain`` returns a SHA-256 digest of this rank's final parameters is taken.
+
+CUDA is replaced by the CPU stand-ins of :mod:`cpu_shims` plus those in :mod:`pretrain_shims`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+# Megatron options every CPU run needs (a user option given later on the command line wins
+# where argparse allows it): gloo, no fused kernels, no TransformerEngine, no data workers, no
+# evaluation, a log line per iteration.
+CPU_DEFAULTS = [
+    "--distributed-backend",
+    "gloo",
+    "--transformer-impl",
+    "local",
+    "--use-cpu-initialization",
+    "--no-gradient-accumulation-fusion",
+    "--no-masked-softmax-fusion",
+    "--no-bias-gelu-fusion",
+    "--no-bias-dropout-fusion",
+    "--no-rope-fusion",
+    "--no-persist-layer-norm",
+    "--num-workers",
+    "0",
+    "--eval-iters",
+    "0",
+    "--eval-interval",
+    "1000",
+    "--log-interval",
+    "1",
+    "--tokenizer-type",
+    "NullTokenizer",
+]
+# A tiny GPT (the core loop's model); every value can be overridden on the command line.
+TINY_MODEL = [
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--max-position-embeddings",
+    "32",
+    "--vocab-size",
+    "127",
+    "--make-vocab-size-divisible-by",
+    "64",
+    "--position-embedding-type",
+    "learned_absolute",
+    "--attention-dropout",
+    "0.0",
+    "--hidden-dropout",
+    "0.0",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+    "--train-iters",
+    "3",
+    "--lr",
+    "3e-3",
+    "--min-lr",
+    "3e-3",
+    "--lr-decay-style",
+    "constant",
+    "--weight-decay",
+    "0.01",
+    "--adam-beta2",
+    "0.95",
+    "--clip-grad",
+    "1.0",
+    "--seed",
+    "1234",
+    "--init-method-std",
+    "0.02",
+]
+
+
+class ArithmeticTokens(torch.utils.data.Dataset):
+    """``length`` samples; sample ``i`` is ``(start + stride * j) % vocab`` for ``j`` in
+    ``0 .. seq``, with ``start`` and ``stride`` drawn from a generator seeded by (seed, i).
+    Items are dicts of CPU tensors in the layout ``GPTModel`` takes.
+    """
+
+    def __init__(self, length: int, seq: int, vocab: int, seed: int) -> None:
+        self.length, self.seq, self.vocab, self.seed = length, seq, vocab, seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(index))
+        start = int(torch.randint(self.vocab, (1,), generator=g))
+        stride = int(torch.randint(1, 8, (1,), generator=g))
+        seq = (start + stride * torch.arange(self.seq + 1)) % self.vocab
+        return {
+            "tokens": seq[:-1].contiguous(),
+            "labels": seq[1:].contiguous(),
+            "loss_mask": torch.ones(self.seq),
+            "position_ids": torch.arange(self.seq),
+        }
+
+
+_BUILT: list[torch.nn.Module] = []  # the model chunks model_provider built, in order
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None, **kwargs: Any):
+    """A ``GPTModel`` (local layer spec) for this pipeline stage / virtual chunk."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.training import get_args
+    from megatron.training.arguments import core_transformer_config_from_args
+
+    args = get_args()
+    config = kwargs.get("config") or core_transformer_config_from_args(args)
+    spec = get_gpt_layer_local_spec(num_experts=args.num_experts)
+    extra = {"vp_stage": vp_stage} if "vp_stage" in inspect.signature(GPTModel.__init__).parameters else {}
+    if kwargs.get("pg_collection") is not None and "pg_collection" in inspect.signature(GPTModel.__init__).parameters:
+        extra["pg_collection"] = kwargs["pg_collection"]
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        **extra,
+    )
+    _BUILT.append(model)
+    return model
+
+
+def dataset_provider(train_val_test_num_samples: list[int], vp_stage: int | None = None):
+    """Train / valid / test datasets (valid and test only when Megatron asks for samples)."""
+    from megatron.training import get_args
+
+    args = get_args()
+    vocab = args.vocab_size or 128
+    return tuple(
+        ArithmeticTokens(int(n), args.seq_length, vocab, args.seed + 7 * split) if n else None
+        for split, n in enumerate(train_val_test_num_samples)
+    )
+
+
+dataset_provider.is_distributed = True  # type: ignore[attr-defined]  # every rank builds its own
+
+
+def _loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    mask = loss_mask.view(-1).float()
+    total = torch.sum(output_tensor.float().view(-1) * mask)
+    tokens = mask.sum().to(torch.int)
+    return total, tokens, {"lm loss": torch.cat([total.detach().view(1), tokens.float().view(1)])}
+
+
+def forward_step(data_iterator, model):
+    """One microbatch: the model's per-token losses and Megatron's loss function for them."""
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, lambda output_tensor: _loss(batch["loss_mask"], output_tensor)
+
+
+class _LogRecorder:
+    """Wraps ``megatron.training.training.training_log`` to keep what it is given per
+    iteration: the reduced losses (last pipeline stage) and the gradient norm.
+    """
+
+    def __init__(self) -> None:
+        self.iterations: list[dict[str, Any]] = []
+        self.seconds: list[float] = []
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        from megatron.training import training
+
+        original = training.training_log
+        signature = inspect.signature(original)
+        last = [time.perf_counter()]
+
+        def recording(*args: Any, **kwargs: Any):
+            bound = signature.bind(*args, **kwargs)
+            losses = {k: float(v) for k, v in (bound.arguments.get("loss_dict") or {}).items()}
+            norm = bound.arguments.get("grad_norm")
+            now = time.perf_counter()
+            self.seconds.append(now - last[0])
+            last[0] = now
+            self.iterations.append(
+                {
+                    "iteration": int(bound.arguments["iteration"]),
+                    "losses": losses,
+                    "grad_norm": None if norm is None else float(norm),
+                }
+            )
+            return original(*args, **kwargs)
+
+        training.training_log = recording
+        try:
+            yield
+        finally:
+            training.training_log = original
+
+
+def _digest(chunks: list[torch.nn.Module]) -> str:
+    h = hashlib.sha256()
+    for i, chunk in enumerate(chunks):
+        for name, param in sorted(chunk.named_parameters()):
+            t = param.detach().contiguous().cpu()
+            h.update(f"{i}:{name}:{t.dtype}:{list(t.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def pretrain_rank(rank: int, world_size: int, store_path: str, megatron_args: list[str], impl: str, install: str):
+    """Run ``megatron.training.pretrain`` as rank ``rank`` of ``world_size``; returns this
+    rank's record: ``iterations`` (per iteration: losses reported, gradient norm), ``digest``,
+    ``facts`` (which parallel_state megatron used), ``seconds`` (import, pretrain).
+    """
+    import torch.distributed as dist
+    from cpu_shims import CpuShims
+    from gpt_training import parallel_state_impl
+    from pretrain_shims import TrainingShims
+
+    # what a launcher (torchrun) and a GPU job set; tp > 1 on a pre-Blackwell device asks for
+    # CUDA_DEVICE_MAX_CONNECTIONS=1 (see pretrain_shims)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    store = dist.FileStore(store_path, world_size)
+    sys.argv = ["pretrain_gpt.py", *CPU_DEFAULTS, *TINY_MODEL, *megatron_args]
+    recorder = _LogRecorder()
+    with CpuShims() as shims, TrainingShims() as training_shims:
+        with parallel_state_impl(impl, install):
+            shims.patch_megatron()
+            training_shims.patch_megatron()
+            from megatron.core import parallel_state as ps
+            from megatron.core.enums import ModelType
+            from megatron.training import pretrain
+
+            t1 = time.perf_counter()
+            with shims.cuda_to_cpu(), recorder.installed():
+                pretrain(
+                    dataset_provider,
+                    model_provider,
+                    ModelType.encoder_or_decoder,
+                    forward_step,
+                    store=store,
+                )
+            t2 = time.perf_counter()
+            last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
+            facts = {"parallel_state": ps.__name__, "training.mpu": _training_mpu(), "version": _version()}
+            ps.destroy_model_parallel()
+    record = {
+        "rank": rank,
+        "last_stage": last_stage,
+        "iterations": recorder.iterations,
+        "digest": _digest(_BUILT),
+        "facts": facts,
+        "seconds": {"import": round(t1 - t0, 3), "pretrain": round(t2 - t1, 3)},
+        "iteration_seconds": [round(s, 4) for s in recorder.seconds],
+    }
+    dist.destroy_process_group()
+    return record
+
+
+def _version() -> str:
+    from megatron.core import package_info
+
+    return package_info.__version__
+
+
+def _training_mpu() -> str:
+    from megatron.training import training
+
+    return training.mpu.__name__

@@ -1,0 +1,149 @@
+r"""``scripts/train_gpt.py --loop training``: Megatron-LM's own ``pretrain`` on CPU processes.
+
+    python scripts/train_gpt.py --loop training --impl compat --install before --nproc 8 \
+        --megatron-path ~/.cache/parallel_state_ng/megatron-core/0.17.1 \
+        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --train-iters 3
+
+The script's own options are ``--loop``, ``--impl``, ``--install``, ``--megatron-path``,
+``--nproc`` (processes; default: the product of the tensor, pipeline and context parallel
+sizes found on the command line, i.e. data parallel 1) and ``--quiet`` (hide the ranks' own
+output). Everything else goes, unchanged, to Megatron's argument parser in every rank (see
+:mod:`megatron_pretrain` for the defaults put before it). Importing this module imports
+neither torch nor megatron.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+IMPLS = ("mcore", "compat")
+INSTALL_MODES = ("before", "after")
+MEGATRON_PATH_ENV = "PSNG_MEGATRON_PATH"
+_SIZE_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size")
+
+
+@dataclass(frozen=True)
+class PretrainRun:
+    """One ``--loop training`` run: processes, parallel_state and Megatron's own arguments."""
+
+    nproc: int
+    megatron_args: tuple[str, ...]
+    impl: str = "compat"
+    install: str = "after"
+    megatron_path: str | None = None
+    quiet: bool = False
+
+
+def parse_args(argv: Sequence[str]) -> PretrainRun:
+    """The script's options; the rest of ``argv`` is kept for Megatron's parser."""
+    p = argparse.ArgumentParser(
+        prog="train_gpt.py --loop training",
+        description="Run megatron.training.pretrain on CPU processes; unknown options go to Megatron's parser.",
+    )
+    p.add_argument("--impl", choices=IMPLS, default="compat", help="parallel_state implementation")
+    p.add_argument("--install", choices=INSTALL_MODES, default="after", help="with --impl compat: before/after import")
+    p.add_argument("--megatron-path", default=None, help="directory put first on sys.path in every rank")
+    p.add_argument("--nproc", type=int, default=None, help="processes (default: tp * pp * cp)")
+    p.add_argument("--quiet", action="store_true", help="hide the ranks' own output (Megatron's log)")
+    ns, rest = p.parse_known_args(argv)
+    sizes = argparse.ArgumentParser(add_help=False)
+    for flag in _SIZE_FLAGS:
+        sizes.add_argument(flag, type=int, default=1)
+    known, _ = sizes.parse_known_args(rest)
+    model_parallel = known.tensor_model_parallel_size * known.pipeline_model_parallel_size
+    model_parallel *= known.context_parallel_size
+    nproc = ns.nproc if ns.nproc is not None else model_parallel
+    if nproc < 1 or model_parallel < 1 or nproc % model_parallel:
+        p.error(f"--nproc {nproc} is not a multiple of tp * pp * cp = {model_parallel}")
+    path = ns.megatron_path or os.environ.get(MEGATRON_PATH_ENV)
+    return PretrainRun(nproc, tuple(rest), ns.impl, ns.install, path and os.path.abspath(path), ns.quiet)
+
+
+def rank_main(rank: int, run: PretrainRun, store_path: str, results) -> None:
+    """One rank (spawned by ``train_gpt.run_ranks``): ``megatron_pretrain.pretrain_rank``."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        if run.quiet:
+            devnull = open(os.devnull, "w")  # noqa: SIM115  (for the life of the process)
+            sys.stdout = sys.stderr = devnull
+            os.dup2(devnull.fileno(), 1)
+            os.dup2(devnull.fileno(), 2)
+        from gpt_training import _use_megatron_path
+
+        _use_megatron_path(run.megatron_path)
+        from megatron_pretrain import pretrain_rank
+
+        record = pretrain_rank(rank, run.nproc, store_path, list(run.megatron_args), run.impl, run.install)
+        results.put((rank, True, record))
+    except BaseException as exc:  # the parent reports it
+        results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-iteration losses (equal on every last-stage rank) and gradient norms (equal on every
+    rank), per-rank digests and their digest, timings (slowest rank).
+    """
+    reported = [[it["losses"] for it in r["iterations"]] for r in records if r["last_stage"]]
+    if not reported or any(x != reported[0] for x in reported):
+        raise RuntimeError(f"last-stage ranks report different losses: {reported}")
+    norms = [[it["grad_norm"] for it in r["iterations"]] for r in records]
+    if any(x != norms[0] for x in norms):
+        raise RuntimeError(f"ranks report different gradient norms: {norms}")
+    digests = [r["digest"] for r in records]
+    return {
+        "iterations": [it["iteration"] for it in records[0]["iterations"]],
+        "losses": reported[0],
+        "grad_norms": norms[0],
+        "rank_digests": digests,
+        "digest": hashlib.sha256("".join(digests).encode()).hexdigest(),
+        "facts": records[0]["facts"],
+        "seconds": {k: max(r["seconds"][k] for r in records) for k in records[0]["seconds"]},
+        "iteration_seconds": [max(s) for s in zip(*(r["iteration_seconds"] for r in records), strict=True)],
+    }
+
+
+def main(argv: Sequence[str]) -> int:
+    """``--loop training`` entry point (exit codes as for the core loop)."""
+    from train_gpt import run_ranks
+
+    try:
+        run = parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    impl = run.impl if run.impl == "mcore" else f"compat (install {run.install} importing megatron)"
+    where = f" from {run.megatron_path}" if run.megatron_path else ""
+    print(f"megatron.training.pretrain{where} on {run.nproc} CPU processes (gloo); parallel_state: {impl}")
+    print(f"Megatron arguments: {' '.join(run.megatron_args) or '(defaults)'}", flush=True)
+    start = time.monotonic()
+    try:
+        summary = summarize(run_ranks(run.nproc, rank_main, (run,), timeout=900.0))
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    with contextlib.suppress(BrokenPipeError):
+        for it, losses, norm in zip(summary["iterations"], summary["losses"], summary["grad_norms"], strict=True):
+            shown = "  ".join(f"{k} {v:.6f}" for k, v in losses.items())
+            print(f"iteration {it}: {shown}  grad norm {norm:.6f}")
+        print(f"megatron-core {summary['facts']['version']}; parallel_state used: {summary['facts']['parallel_state']}")
+        print(f"parameter digest: {summary['digest']}")
+        print(f"losses: {[next(iter(x.values())) for x in summary['losses']]}")
+        sec = summary["seconds"]
+        per_iter = ", ".join(f"{s:.3f}" for s in summary["iteration_seconds"])
+        print(
+            f"seconds (slowest rank): import {sec['import']:.1f}, pretrain {sec['pretrain']:.1f}; "
+            f"per iteration (the first includes initialize and setup) {per_iter}"
+        )
+        print(f"wall time: {time.monotonic() - start:.1f} s", flush=True)
+    return 0

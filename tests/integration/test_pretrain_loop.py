@@ -1,0 +1,101 @@
+"""Megatron-LM's own training loop (``megatron.training.pretrain``) under compat and under MCore.
+
+``scripts/train_gpt.py --loop training`` is run as a user runs it, on megatron-core 0.17.1's
+unzipped wheel (``--megatron-path``; the first release that ships ``megatron/training``): 4 CPU
+processes, tp 2 pp 2 through Megatron's own argument parser. MCore's parallel_state, compat
+installed before megatron's import and compat installed after must report the same loss and
+gradient norm at every iteration and the same digest of every rank's final parameters, and the
+compat runs must really have used compat. The script's own option errors are checked without
+starting processes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import train_gpt  # scripts/ (pythonpath in pyproject.toml)
+
+from tests.support.mcore_releases import release_dir
+from tests.support.paths import ROOT, SCRIPTS
+
+RELEASE = "0.17.1"
+LAYOUT = ["--nproc", "4", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+ITERATIONS = 3
+
+
+def _pretrain(*options: str) -> dict:
+    """Run the script; the iterations, digest and facts it prints."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    done = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "train_gpt.py"), "--loop", "training", "--quiet", *options],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    out = done.stdout
+    iterations = re.findall(r"^iteration (\d+): lm loss (\S+)  grad norm (\S+)$", out, re.M)
+    losses = re.search(r"^losses: \[(.*)\]$", out, re.M)
+    digest = re.search(r"^parameter digest: ([0-9a-f]{64})$", out, re.M)
+    used = re.search(r"^megatron-core (\S+); parallel_state used: (\S+)$", out, re.M)
+    assert iterations and losses and digest and used, out
+    return {
+        "iterations": [int(i) for i, _, _ in iterations],
+        "losses": [float(x) for x in losses.group(1).split(", ")],
+        "grad_norms": [n for _, _, n in iterations],
+        "digest": digest.group(1),
+        "version": used.group(1),
+        "parallel_state": used.group(2),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
+def test_megatron_pretrain_is_bit_identical_under_compat():
+    path = str(release_dir(RELEASE))
+    common = ["--megatron-path", path, *LAYOUT, "--train-iters", str(ITERATIONS)]
+    mcore = _pretrain("--impl", "mcore", *common)
+    assert mcore["version"] == RELEASE and mcore["parallel_state"] == "megatron.core.parallel_state"
+    assert mcore["iterations"] == list(range(1, ITERATIONS + 1))
+    assert all(math.isfinite(x) and 0 < x < 2 * math.log(128) for x in mcore["losses"]), mcore["losses"]
+    assert len(set(mcore["losses"])) == ITERATIONS  # it trains: every iteration reports its own loss
+    for install in ("before", "after"):
+        run = _pretrain("--impl", "compat", "--install", install, *common)
+        assert run["parallel_state"] == "compat.parallel_state", install
+        for key in ("iterations", "losses", "grad_norms", "digest", "version"):
+            assert run[key] == mcore[key], f"compat installed {install}: {key} differs from MCore"
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--nproc", "6", "--tensor-model-parallel-size", "4"], "--nproc 6 is not a multiple of tp * pp * cp = 4"),
+        (["--impl", "megatron"], "invalid choice: 'megatron'"),
+        (["--install", "later"], "invalid choice: 'later'"),
+    ],
+)
+def test_training_loop_option_errors_come_before_any_process(options, message, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr(train_gpt, "run_ranks", lambda *a, **kw: started.append(a))
+    assert train_gpt.main(["--loop", "training", *options]) == 2
+    assert message in capsys.readouterr().err
+    assert not started
+
+
+def test_training_loop_passes_megatron_options_through():
+    import pretrain_cli
+
+    run = pretrain_cli.parse_args(
+        ["--impl", "mcore", "--pipeline-model-parallel-size", "2", "--context-parallel-size", "2", "--lr", "1e-3"]
+    )
+    assert run.nproc == 4 and run.impl == "mcore" and run.install == "after"
+    assert run.megatron_args == ("--pipeline-model-parallel-size", "2", "--context-parallel-size", "2", "--lr", "1e-3")
+    assert pretrain_cli.parse_args(["--nproc", "8", "--tensor-model-parallel-size", "2"]).nproc == 8
