@@ -5,8 +5,10 @@ The same model, data, optimizer and schedule as :mod:`gpt_training`, but nothing
 :func:`parallel_state_ng.build_megatron_groups` and reach Megatron as ``pg_collection=``
 (``GPTModel``, ``DistributedDataParallel``, ``finalize_model_grads``,
 ``get_megatron_optimizer``, the schedule with its ``P2PCommunicator``). What the path still
-needs from outside the collection is set up by hand here and listed in :data:`GLOBAL_SETUP`.
-Needs a release whose models take ``pg_collection`` (0.17+; measured on 0.19.2).
+needs from outside the collection is listed in :data:`GLOBAL_SETUP`; the engine's
+``ensure_global_memory_buffer`` and ``megatron_schedule`` provide it (no private MCore call).
+Needs megatron-core 0.19+: before it, the loss (``vocab_parallel_cross_entropy``) reads the
+global tensor-parallel group (:data:`FIRST_RELEASE`).
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ from gpt_training import (
 
 #: What the collection path still takes from Megatron's globals, and how it is given here.
 GLOBAL_SETUP = {
-    "global memory buffer": "parallel_state._set_global_memory_buffer() (DotProductAttention reads it)",
-    "schedule": "get_forward_backward_func(pp_size=, vp_size=) instead of the globals",
-    "pipeline p2p": "P2PCommunicator(pp_group=collection.pp, config=...) passed to the schedule",
+    "global memory buffer": "ensure_global_memory_buffer() (DotProductAttention reads it)",
+    "schedule": "megatron_schedule(groups, config): get_forward_backward_func(pp_size=, vp_size=)",
+    "pipeline p2p": "megatron_schedule passes P2PCommunicator(pp_group=collection.pp, config=...)",
     "optimizer": "use_gloo_process_groups=False (Megatron refuses gloo groups next to a collection)",
 }
+#: First megatron-core series whose GPT training reads no global group on the collection path
+#: (0.16-0.18: vocab_parallel_cross_entropy calls get_tensor_model_parallel_group()).
+FIRST_RELEASE = "0.19"
 
 
 def _build_model(cfg: TrainConfig, tcfg, pgc) -> list:
@@ -66,19 +71,24 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from parallel_state_ng import build_megatron_groups
+    from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer, megatron_schedule
+    from parallel_state_ng.mcore.releases import current_release
 
+    release = current_release()
+    if release.before(FIRST_RELEASE):
+        raise RuntimeError(
+            f"--groups collection needs megatron-core {FIRST_RELEASE}+ (got {release.version}): before it the "
+            f"GPT loss (vocab_parallel_cross_entropy) reads the global tensor-parallel group"
+        )
     if ps.model_parallel_is_initialized():
         raise RuntimeError("the collection path must run with Megatron's globals uninitialized")
     groups = build_megatron_groups(
         tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp, expert_model_parallel_size=cfg.ep
     )
     t0 = time.perf_counter()
-    ps._set_global_memory_buffer()
+    ensure_global_memory_buffer()
     try:
         pgc = groups.collection()
         tp_rank, pp_rank, ep_rank = pgc.tp.rank(), pgc.pp.rank(), pgc.ep.rank()
@@ -116,8 +126,7 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
             use_gloo_process_groups=False,
             pg_collection=pgc,
         )
-        forward_backward = get_forward_backward_func(pp_size=cfg.pp, vp_size=cfg.vpp)
-        p2p = P2PCommunicator(pp_group=pgc.pp, config=tcfg)
+        forward_backward = megatron_schedule(pgc, tcfg)  # pg_collection= and p2p_communicator= included
         t1 = time.perf_counter()
         last_stage = pp_rank == cfg.pp - 1
         dp_group, dp_rank = pgc.dp, pgc.dp.rank()
@@ -136,8 +145,6 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
                 seq_length=cfg.seq,
                 micro_batch_size=cfg.micro_batch,
                 forward_only=False,
-                p2p_communicator=p2p,
-                pg_collection=pgc,
             )
             updated, grad_norm, _ = optimizer.step()
             if not updated:

@@ -2,8 +2,9 @@
 
 The tiny GPT of ``scripts/gpt_training.py`` is built, wrapped, optimised and scheduled with the
 collection of :func:`parallel_state_ng.build_megatron_groups` passed as ``pg_collection=``
-(``scripts/gpt_collection.py``), and again through MCore's own globals, in the same gloo
-processes (installed megatron-core). Losses, gradient norms and every rank's parameter digest
+(``scripts/gpt_collection.py``: ``ensure_global_memory_buffer``, ``megatron_schedule``), and
+again through MCore's own globals, in the same gloo processes, on megatron-core 0.19.2's wheel
+(before 0.19 the GPT loss reads the global tensor-parallel group: refused with a clear error). Losses, gradient norms and every rank's parameter digest
 must be bit-identical, with no leaked group, and Megatron's globals must stay uninitialized
 throughout the collection run.
 """
@@ -18,7 +19,10 @@ from gpt_config import TrainConfig, TrainOptionError, validate  # scripts/ (pyth
 if importlib.util.find_spec("megatron") is None:
     pytest.skip("megatron-core is not installed", allow_module_level=True)
 
+import gpt_collection  # noqa: E402
 import gpt_training  # noqa: E402
+
+from tests.support import mcore_releases  # noqa: E402
 
 LAYOUTS = [
     TrainConfig(tp=2, pp=2, steps=2),
@@ -41,11 +45,13 @@ def _compare(results: list[dict], cfgs: list[TrainConfig]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.network
 @pytest.mark.parametrize("world", [4, 8])
 def test_collection_trains_exactly_like_the_global_path(world):
     from tests.support.gloo_world import GlooWorld
 
-    cfgs = [cfg for cfg in LAYOUTS if cfg.world_size == world]
+    path = str(mcore_releases.release_dir(mcore_releases.RELEASES["0.19"]))
+    cfgs = [cfg.replace(megatron_path=path) for cfg in LAYOUTS if cfg.world_size == world]
     gloo = GlooWorld(world)
     try:
         results = gloo.run(gpt_training.train_collection_and_globals, cfgs, timeout=900)
@@ -59,3 +65,13 @@ def test_collection_needs_mcore_impl():
         validate(TrainConfig(tp=2, pp=2, impl="compat", groups="collection"))
     with pytest.raises(TrainOptionError, match="--groups must be one of globals, collection"):
         validate(TrainConfig(groups="mpu"))
+
+
+def test_releases_before_019_are_refused(monkeypatch):
+    from parallel_state_ng.mcore.releases import parse_release
+
+    monkeypatch.setattr("parallel_state_ng.mcore.releases.current_release", lambda: parse_release("0.18.2"))
+    with pytest.raises(
+        RuntimeError, match="needs megatron-core 0.19\\+ \\(got 0.18.2\\).*vocab_parallel_cross_entropy"
+    ):
+        gpt_collection.train_collection(TrainConfig(tp=2, pp=2, groups="collection"))
