@@ -37,7 +37,7 @@ def _compare(results: list[dict], cfgs: list[TrainConfig]) -> None:
         for rank, by_path in enumerate(results[: cfg.world_size]):
             ours, reference = by_path["collection"][i], by_path["globals"][i]
             assert ours["facts"]["globals initialized"] == "False", (cfg.label(), rank)
-            assert ours["leaked_groups"] == 0 and reference["leaked_groups"] == 0
+            assert ours["leaked_groups"] == 0, (cfg.label(), rank)  # MCore's own destroy leaks (~20 per rank)
             for key in ("losses", "grad_norms", "digest", "params"):
                 assert ours[key] == reference[key], f"{cfg.label()} rank {rank}: {key} differs from the global path"
         assert any(r["collection"][i]["losses"] for r in results[: cfg.world_size])
