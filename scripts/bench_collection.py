@@ -12,7 +12,8 @@ middle rank of a fake-backend world (one process, nothing is communicated):
 * ``floor`` — bare ``torch.distributed.new_group(ranks, use_local_synchronization=True)`` for
   exactly this rank's groups, lists computed before the clock starts.
 
-Prints, per world: median seconds, ``new_group`` calls, and the ratios. Goals (issue 17):
+Prints, per world (each in a fresh process): median seconds (ours and the floor alternating,
+Megatron's grids median of 3), ``new_group`` calls, and the ratios. Goals (issue 17):
 ours >= 100x faster than Megatron's grids at 65,536 ranks, <= 1.5x the floor, and as many
 ``new_group`` calls as the rank has groups.
 
@@ -22,7 +23,10 @@ ours >= 100x faster than Megatron's grids at 65,536 ranks, <= 1.5x the floor, an
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -107,7 +111,7 @@ def _floor(lists: list[list[int]]) -> tuple[float, int]:
 
 
 def _megatron_grids(world: int) -> int:
-    from megatron.core.hyper_comm_grid import HyperCommGrid
+    from megatron.core.hyper_comm_grid import HyperCommGrid  # imported before the clock (see _row)
 
     tp, pp, cp, ep = (SIZES[k] for k in SIZES)
     dp = world // (tp * pp * cp)
@@ -134,40 +138,64 @@ def _median(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return statistics.median(times), result
 
 
+def _row(world: int, repeats: int, mcore_max: int) -> str:
+    """One world's table row, measured in this process (a fresh one per world: see ``main``)."""
+    rank = world // 2 + 3
+    _fake_world(rank, world)
+    layout = MegatronLayout(world_size=world, **SIZES)
+    lists = [s.ranks for s in group_plan(layout, rank) if isinstance(s, CreateGroup) and s.backend != "gloo"]
+    ours_runs, floor_runs = [], []
+    for _ in range(repeats):  # alternating, so that load changes hit both alike
+        ours_runs.append(_ours())
+        floor_runs.append(_floor(lists))
+    ours_s, ours_calls = statistics.median(t for t, _ in ours_runs), ours_runs[0][1]
+    floor_s, floor_calls = statistics.median(t for t, _ in floor_runs), floor_runs[0][1]
+    assert ours_calls == len(lists) == floor_calls, (ours_calls, len(lists), floor_calls)
+    if world <= mcore_max:
+        import megatron.core.hyper_comm_grid  # noqa: F401  (the import is not part of the assembly)
+
+        mcore_runs = []
+        for _ in range(min(repeats, 3)):
+            _fake_world(rank, world)  # a clean world each time: Megatron's grids leave every group alive
+            start = time.perf_counter()
+            mcore_calls = _megatron_grids(world)
+            mcore_runs.append(time.perf_counter() - start)
+        mcore_s = statistics.median(mcore_runs)
+        mcore = f"{mcore_s:>13.3f} {mcore_calls:>7} | {mcore_s / ours_s:>9.0f}x"
+    else:
+        mcore = f"{'skipped':>13} {'':>7} | {'':>10}"
+    dist.destroy_process_group()
+    return (
+        f"{world:>9} {rank:>8} | {ours_s:>8.4f} {ours_calls:>5} | {floor_s:>8.4f} {floor_calls:>5} | "
+        f"{mcore} {ours_s / floor_s:>9.2f}x"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv``, run the benchmark and print its table; returns the exit status."""
+    """Parse ``argv``, measure each world in a fresh process and print the table; returns the exit status."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worlds", type=int, nargs="+", default=[4096, 65536, 1048576])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--mcore-max", type=int, default=65536, help="largest world to time Megatron's grids at")
+    p.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # the per-world child
     args = p.parse_args(argv)
-    print(f"one simulated rank (fake backend), tp 8 pp 4 cp 2 ep 8, median of {args.repeats}")
+    if args.one_world is not None:
+        print(_row(args.one_world, args.repeats, args.mcore_max), flush=True)
+        return 0
+    print(
+        f"one simulated rank (fake backend), tp 8 pp 4 cp 2 ep 8, median of {args.repeats}, a fresh process per world"
+    )
     header = f"{'world':>9} {'rank':>8} | {'ours s':>8} {'calls':>5} | {'floor s':>8} {'calls':>5} | "
-    print(header + f"{'mcore grids s':>13} {'calls':>7} | {'mcore/ours':>10} {'ours/floor':>10}")
+    print(header + f"{'mcore grids s':>13} {'calls':>7} | {'mcore/ours':>10} {'ours/floor':>10}", flush=True)
     for world in args.worlds:
-        rank = world // 2 + 3
-        _fake_world(rank, world)
-        layout = MegatronLayout(world_size=world, **SIZES)
-        lists = [s.ranks for s in group_plan(layout, rank) if isinstance(s, CreateGroup) and s.backend != "gloo"]
-        ours_runs, floor_runs = [], []
-        for _ in range(args.repeats):  # alternating, so that load changes hit both alike
-            ours_runs.append(_ours())
-            floor_runs.append(_floor(lists))
-        ours_s, ours_calls = statistics.median(t for t, _ in ours_runs), ours_runs[0][1]
-        floor_s, floor_calls = statistics.median(t for t, _ in floor_runs), floor_runs[0][1]
-        mcore = "skipped"
-        if world <= args.mcore_max:
-            _fake_world(rank, world)
-            mcore_s, mcore_calls = _median(lambda w=world: _megatron_grids(w), 1)
-            mcore = f"{mcore_s:>13.3f} {mcore_calls:>7} | {mcore_s / ours_s:>9.0f}x"
-        else:
-            mcore = f"{'skipped':>13} {'':>7} | {'':>10}"
-        print(
-            f"{world:>9} {rank:>8} | {ours_s:>8.4f} {ours_calls:>5} | {floor_s:>8.4f} {floor_calls:>5} | "
-            f"{mcore} {ours_s / floor_s:>9.2f}x"
-        )
-        assert ours_calls == len(lists) == floor_calls, (ours_calls, len(lists), floor_calls)
-    dist.destroy_process_group()
+        # A fresh process per world: groups and objects of a larger earlier world slow the next one's
+        # new_group calls (garbage collection over them), for ours and the floor alike.
+        options = ["--one-world", str(world), "--repeats", str(args.repeats), "--mcore-max", str(args.mcore_max)]
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), *options], capture_output=True, text=True)
+        if done.returncode != 0:
+            print(done.stderr[-4000:], file=sys.stderr)
+            return done.returncode
+        print(done.stdout.rstrip().splitlines()[-1], flush=True)
     return 0
 
 
