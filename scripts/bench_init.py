@@ -32,7 +32,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -41,6 +40,16 @@ import subprocess
 import sys
 import time
 from typing import Any
+
+from bench_init_measure import (
+    GETTERS,  # noqa: F401 (re-exported)
+    NewGroupCounter,
+    getter_digests,
+    module_state_names,
+    peak_bytes,
+    reset_peak,
+    rss_bytes,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG: dict[str, int] = {
@@ -51,69 +60,6 @@ CONFIG: dict[str, int] = {
 }
 MARK = "BENCH_JSON "
 MB = 1024 * 1024
-
-# (label, getter name, keyword arguments): every group getter both modules share.
-GETTERS: list[tuple[str, str, dict[str, Any]]] = [
-    ("tp", "get_tensor_model_parallel_group", {}),
-    ("pp", "get_pipeline_model_parallel_group", {}),
-    ("mp", "get_model_parallel_group", {}),
-    ("dp", "get_data_parallel_group", {}),
-    ("dp_cp", "get_data_parallel_group", {"with_context_parallel": True}),
-    ("dp_cp_partial", "get_data_parallel_group", {"with_context_parallel": True, "partial_data_parallel": True}),
-    ("cp", "get_context_parallel_group", {}),
-    ("embd", "get_embedding_group", {}),
-    ("pos_embd", "get_position_embedding_group", {}),
-    ("tp_dp", "get_tensor_and_data_parallel_group", {}),
-    ("tp_dp_cp", "get_tensor_and_data_parallel_group", {"with_context_parallel": True}),
-    ("tp_cp", "get_tensor_and_context_parallel_group", {}),
-    ("ep", "get_expert_model_parallel_group", {}),
-    ("ep_tp", "get_expert_tensor_parallel_group", {}),
-    ("tp_ep_mp", "get_expert_tensor_and_model_parallel_group", {}),
-    ("tp_ep_pp", "get_expert_tensor_model_pipeline_parallel_group", {}),
-    ("ep_dp", "get_expert_data_parallel_group", {}),
-    ("ep_dp_partial", "get_expert_data_parallel_group", {"partial_expert_data_parallel": True}),
-    ("intra_dist_opt", "get_intra_distributed_optimizer_instance_group", {}),
-]
-
-
-# ----------------------------------------------------------------------------- memory
-def _status_kb(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak() -> bool:
-    """Reset the kernel's peak-RSS mark to the current RSS; False where not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _rss_bytes() -> int:
-    kb = _status_kb("VmRSS")
-    if kb is None:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return kb * 1024
-
-
-def _peak_bytes() -> int:
-    kb = _status_kb("VmHWM")
-    if kb is None:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return kb * 1024
 
 
 # ----------------------------------------------------------------------------- worker
@@ -142,50 +88,6 @@ def _expected_groups(world: int, rank: int) -> tuple[list[str], list[list[int]]]
     return kinds, lists
 
 
-class _NewGroupCounter:
-    """Wraps ``torch.distributed.new_group``; counts calls and their synchronization mode."""
-
-    def __init__(self, dist: Any) -> None:
-        self.dist = dist
-        self.original = dist.new_group
-        self.calls = 0
-        self.local_sync = 0
-        dist.new_group = self
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        if kwargs.get("use_local_synchronization", False):
-            self.local_sync += 1
-        return self.original(*args, **kwargs)
-
-    def reset(self) -> None:
-        self.calls = self.local_sync = 0
-
-
-def _digest(dist: Any, group: Any) -> str:
-    ranks = dist.get_process_group_ranks(group)
-    return f"{len(ranks)}:{hashlib.sha1(repr(ranks).encode()).hexdigest()[:16]}"
-
-
-def _getter_digests(dist: Any, mod: Any) -> dict[str, str]:
-    out = {}
-    for label, name, kwargs in GETTERS:
-        try:
-            group = getattr(mod, name)(**kwargs)
-        except AssertionError:
-            out[label] = "not initialized"
-            continue
-        out[label] = "None" if group is None else _digest(dist, group)
-    return out
-
-
-def _module_state_names(mod: Any) -> dict[str, Any]:
-    """The module's private globals that hold None or {} at import (its parallel state)."""
-    return {
-        k: v for k, v in vars(mod).items() if k.startswith("_") and not k.startswith("__") and (v is None or v == {})
-    }
-
-
 def _worker(side: str, world: int, rank: int, repeats: int) -> dict[str, Any]:
     import gc
 
@@ -204,14 +106,14 @@ def _worker(side: str, world: int, rank: int, repeats: int) -> dict[str, Any]:
     import parallel_state_ng.mcore.layout  # noqa: F401  (imported before measuring the lists)
 
     gc.collect()
-    rss0 = _rss_bytes()
+    rss0 = rss_bytes()
     kinds, lists = _expected_groups(world, rank)
-    lists_bytes = _rss_bytes() - rss0  # what the floor gets for free: the rank lists and their ints
+    lists_bytes = rss_bytes() - rss0  # what the floor gets for free: the rank lists and their ints
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     world_pg = dist.distributed_c10d._get_default_group()
     pg_map = dist.distributed_c10d._world.pg_map
-    counter = _NewGroupCounter(dist)
-    initial = _module_state_names(mod) if mod is not None else {}
+    counter = NewGroupCounter(dist)
+    initial = module_state_names(mod) if mod is not None else {}
 
     def init() -> Any:
         if side == "floor":
@@ -222,21 +124,21 @@ def _worker(side: str, world: int, rank: int, repeats: int) -> dict[str, Any]:
     times, peaks, calls, local = [], [], [], []
     digests: dict[str, str] = {}
     leftovers: dict[str, Any] = {}
-    can_reset = _reset_peak()
+    can_reset = reset_peak()
     for i in range(repeats):
         gc.collect()
         counter.reset()
-        before = _rss_bytes()
-        _reset_peak()
+        before = rss_bytes()
+        reset_peak()
         t0 = time.perf_counter()
         made = init()
         elapsed = time.perf_counter() - t0
-        peaks.append(_peak_bytes() - before)
+        peaks.append(peak_bytes() - before)
         times.append(elapsed)
         calls.append(counter.calls)
         local.append(counter.local_sync)
         if i == 0 and mod is not None:
-            digests = _getter_digests(dist, mod)
+            digests = getter_digests(dist, mod)
         # ---- tear down
         if side == "floor":
             for pg in made:

@@ -30,9 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from parallel_state_ng.core.layout import Layout, _check_int
+from parallel_state_ng.core.layout import Layout
 from parallel_state_ng.mcore.encoder_layout import EncoderBlock, encoder_data_parallel_size, resolve_encoder_sizes
 from parallel_state_ng.mcore.kinds import ALL_GATHER_KINDS, GROUP_KINDS, token_kind_dims
+from parallel_state_ng.mcore.layout_checks import check_layout_arguments, check_split_rank, checked_embedding_ranks
 from parallel_state_ng.mcore.order import (
     DEFAULT_ORDER,
     GTP_TOKEN,
@@ -217,12 +218,7 @@ class MegatronLayout:
             and (name == "decoder" or (n > 1 and self.facts.partial_expert_dp))
         }
         split = self.pipeline_model_parallel_split_rank
-        stages = enc_pp + pp
-        if split is not None and (self.get_embedding_ranks is None or self.get_position_embedding_ranks is None):
-            if not -stages <= split < stages:  # MCore's default embedding ranks index the pipeline with it
-                raise IndexError(
-                    f"pipeline_model_parallel_split_rank ({split}) is outside the pipeline of {stages} stages"
-                )
+        check_split_rank(self, stages=enc_pp + pp)
         if self.get_embedding_ranks is None:
             self.get_embedding_ranks = (
                 default_embedding_ranks
@@ -246,45 +242,7 @@ class MegatronLayout:
             self.release = current_release().series
         self.facts: ReleaseFacts = release_facts(self.release)
         self.release = self.facts.series
-        if not self.facts.rank_offset and (self.rank_offset != 0 or self.local_world_size is not None):
-            raise TypeError(
-                f"megatron-core {self.release} has no rank_offset / local_world_size (added in 0.17); "
-                f"got rank_offset={self.rank_offset!r}, local_world_size={self.local_world_size!r}"
-            )
-        legacy = (
-            self.encoder_tensor_model_parallel_size,
-            self.encoder_pipeline_model_parallel_size,
-            self.pipeline_model_parallel_split_rank,
-        )
-        if not self.facts.encoder_decoder and legacy != (0, 0, None):
-            raise TypeError(
-                f"megatron-core {self.release} has no encoder_tensor_model_parallel_size / encoder_pipeline_model_"
-                f"parallel_size / pipeline_model_parallel_split_rank (removed in 0.14); got {legacy}"
-            )
-        _check_int(self.encoder_tensor_model_parallel_size, "encoder_tensor_model_parallel_size", minimum=0)
-        if self.encoder_pipeline_model_parallel_size is not None:
-            _check_int(self.encoder_pipeline_model_parallel_size, "encoder_pipeline_model_parallel_size", minimum=0)
-        split = self.pipeline_model_parallel_split_rank
-        if split is not None and (isinstance(split, bool) or not isinstance(split, int)):
-            raise TypeError(f"pipeline_model_parallel_split_rank must be an int or None, got {split!r}")
-        if not self.facts.gtp_remat_axis and (self.gtp_remat_size != 1 or self.expert_gtp_remat_size != 1):
-            raise TypeError(
-                f"megatron-core {self.release} has no gtp_remat_size / expert_gtp_remat_size (added in 0.19); "
-                f"got gtp_remat_size={self.gtp_remat_size!r}, expert_gtp_remat_size={self.expert_gtp_remat_size!r}"
-            )
-        _check_int(self.world_size, "world_size", minimum=1)
-        _check_int(self.rank_offset, "rank_offset", minimum=0)
-        _check_int(self.gtp_remat_size, "gtp_remat_size", minimum=1)
-        _check_int(self.expert_gtp_remat_size, "expert_gtp_remat_size", minimum=1)
-        if self.local_world_size is not None:
-            _check_int(self.local_world_size, "local_world_size", minimum=1)
-        end = self.rank_offset + self.layout_world_size
-        if end > self.world_size:
-            # MCore would hand ranks >= world_size to new_group, which raises ValueError.
-            raise ValueError(
-                f"rank_offset ({self.rank_offset}) + local_world_size ({self.layout_world_size}) = {end} "
-                f"exceeds world_size ({self.world_size})"
-            )
+        check_layout_arguments(self)
 
     # ----------------------------------------------------------------- kinds
     @property
@@ -466,21 +424,7 @@ class MegatronLayout:
             Callable, self.get_embedding_ranks if kind == "embd" else self.get_position_embedding_ranks
         )
         arg = "get_embedding_ranks" if kind == "embd" else "get_position_embedding_ranks"
-        result = fn(list(pp_ranks))
-        try:
-            members = list(result)
-        except TypeError:
-            raise TypeError(f"{arg} must return a list of ranks, got {result!r}") from None
-        if not members:
-            # MCore hands the empty list to new_group, which fails with TypeError.
-            raise EmptyGroupError(f"{arg} returned no ranks for the pipeline group {list(pp_ranks)}")
-        outside = [r for r in members if r not in pp_ranks]
-        if outside:
-            raise ValueError(
-                f"{arg} returned ranks {outside} that are not in the pipeline group {list(pp_ranks)}; "
-                f"it must return a subset of the ranks it is given"
-            )
-        return members
+        return checked_embedding_ranks(fn, arg, pp_ranks)
 
     def hybrid_group(self, rank: int, group_size: int) -> list[int] | None:
         """``rank``'s hybrid dp×cp group of ``group_size``: a chunk of its dp-cp group (0.16+).

@@ -28,6 +28,8 @@ release from — so the check and compat cannot disagree. Any two releases the d
 release lacks). The summary line counts uses, breaking changes per kind and uses of names the
 data does not cover (private helpers); the exit status is 1 when something breaks, else 0.
 
+The findings, per-file results and summary line are in :mod:`.upgrade_report` (re-exported here).
+
 Not followed: a function passed around by reference whose parameters moved (only its removal
 is reported), calls through ``*args`` (reported when a moved position may be among them).
 """
@@ -40,7 +42,6 @@ import inspect
 import os
 import sys
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 from parallel_state_ng.mcore.releases import KNOWN_SERIES, Release, parse_release
@@ -60,53 +61,13 @@ from parallel_state_ng.tools.source_scan import (
     read_source,
     shorten,
 )
+from parallel_state_ng.tools.upgrade_report import KINDS, NO_EQUIVALENT, FileCheck, Finding, summary  # noqa: F401 (re-exported)
+from parallel_state_ng.tools.upgrade_report import no_equivalent as _no_equivalent
 
 __all__ = ["Finding", "FileCheck", "KINDS", "parse_upgrade", "check_source", "check_file", "run"]
 
 HYPER_COMM_GRID = "megatron.core.hyper_comm_grid"
 INIT = "initialize_model_parallel"
-NO_EQUIVALENT = "removed, no equivalent"
-#: Kinds of breaking findings, in the order the summary lists them.
-KINDS = (
-    "positional shift",
-    "removed keyword",
-    "removed init argument",
-    "removed function",
-    "removed global",
-    "changed default",
-    "new required parameter",
-    "HyperCommGrid",
-)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One use whose meaning changes between the two releases."""
-
-    path: str
-    line: int
-    col: int
-    kind: str  # one of KINDS
-    use: str  # the use as written (shortened)
-    change: str
-    fix: str
-    fixed_call: str | None = None  # the call as it should read for TO (keyword form, removed arguments dropped)
-
-    def format(self) -> str:
-        """``path:line: <use>: <change> -> <fix>``."""
-        return f"{self.path}:{self.line}: {self.use}: {self.change} -> {self.fix}"
-
-
-@dataclass
-class FileCheck:
-    """The findings of one file, its number of parallel_state uses and the names not covered."""
-
-    path: str
-    uses: int = 0
-    grid_uses: int = 0  # HyperCommGrid method calls / imports that a change between the releases concerns
-    findings: list[Finding] | None = None
-    uncovered: Counter | None = None
-    error: str | None = None
 
 
 def parse_upgrade(text: str) -> tuple[Release, Release]:
@@ -148,10 +109,6 @@ def _api(release: Release) -> tuple[dict[str, tuple], dict[str, Any]]:
     functions = dict(facts.functions(release))
     functions["RankGenerator"] = facts.rank_generator_methods(release)["__init__"]
     return functions, facts.globals_of(release)
-
-
-def _no_equivalent(old: Release, new: Release) -> str:
-    return NO_EQUIVALENT if new.key >= old.key else f"not in {new}, no equivalent"
 
 
 def _fix_removed(key: str, old: Release, new: Release) -> str:
@@ -500,43 +457,6 @@ def check_file(path: str, old: Release, new: Release) -> FileCheck:
     except (OSError, UnicodeDecodeError, SyntaxError) as err:
         return FileCheck(path=path, findings=[], uncovered=Counter(), error=f"{path}:0: cannot read ({err}); skipped")
     return check_source(source, old, new, path, package_of(path))
-
-
-def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def summary(checks: list[FileCheck], old: Release, new: Release) -> str:
-    """The summary line: files, uses, breaking findings per kind, names the data does not cover."""
-    findings = [f for c in checks for f in c.findings or []]
-    by_kind = Counter(f.kind for f in findings)
-    uncovered: Counter = Counter()
-    for c in checks:
-        uncovered.update(c.uncovered or {})
-    direction = "upgrade" if new.key >= old.key else "downgrade"
-    text = (
-        f"{direction} {old} -> {new}: scanned {_plural(len(checks), 'file')}, "
-        f"{_plural(sum(c.uses for c in checks), 'use')} of {PARALLEL_STATE} in "
-        f"{_plural(sum(1 for c in checks if c.uses), 'file')}"
-    )
-    grid_uses = sum(c.grid_uses for c in checks)
-    if grid_uses:
-        text += f" and {_plural(grid_uses, 'HyperCommGrid use')} concerned by a change"
-    text += ": "
-    if findings:
-        text += f"{len(findings)} break (" + ", ".join(f"{k}: {by_kind[k]}" for k in KINDS if by_kind[k]) + ")"
-    else:
-        text += "nothing breaks"
-    if uncovered:
-        names = ", ".join(sorted(uncovered))
-        text += (
-            f"; {_plural(sum(uncovered.values()), 'use')} of names the release data does not cover, "
-            f"not checked ({names})"
-        )
-    errors = sum(1 for c in checks if c.error)
-    if errors:
-        text += f"; {_plural(errors, 'file')} could not be read or parsed"
-    return text
 
 
 def run(args: argparse.Namespace, stdout: Any) -> int:

@@ -17,7 +17,8 @@ upgrade checker) can query it:
   omitted).
 * The ``ProcessGroupCollection`` facts are in :mod:`parallel_state_ng.mcore.releases.process_groups_config`.
 
-* :data:`REPLACEMENTS` — what to use instead of a removed function, parameter or global.
+* :data:`REPLACEMENTS` — what to use instead of a removed function, parameter or global
+  (:mod:`.parallel_state_replacements`; :data:`REQUIRED`, :class:`Variant`: :mod:`.parallel_state_variants`).
 
 Queries: :func:`functions`, :func:`signature`, :func:`globals_of`, :func:`rank_generator_methods`,
 :func:`has`, :func:`positional_changes`, :func:`replacement`.
@@ -25,10 +26,14 @@ Queries: :func:`functions`, :func:`signature`, :func:`globals_of`, :func:`rank_g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from parallel_state_ng.mcore.releases import KNOWN_SERIES, SUPPORTED_SERIES, Release, as_release, known_release
+from parallel_state_ng.mcore.releases import KNOWN_SERIES, SUPPORTED_SERIES, Release, known_release
+from parallel_state_ng.mcore.releases.parallel_state_replacements import REPLACEMENTS, replacement
+from parallel_state_ng.mcore.releases.parallel_state_variants import REQUIRED, Param, Variant, drop_param, insert_params
+from parallel_state_ng.mcore.releases.parallel_state_variants import params as _params
+from parallel_state_ng.mcore.releases.parallel_state_variants import series_after as _next
+from parallel_state_ng.mcore.releases.parallel_state_variants import variant as _v
 
 __all__ = [
     "REQUIRED",
@@ -49,54 +54,10 @@ __all__ = [
 ]
 
 
-class _Required:
-    """Marker for a parameter without default."""
-
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-
-REQUIRED = _Required()
-#: ``(name, default)``; ``default`` is :data:`REQUIRED` for a required parameter.
-Param = tuple[str, Any]
-
-
-def _params(*spec: str | tuple[str, Any]) -> tuple[Param, ...]:
-    return tuple((p, REQUIRED) if isinstance(p, str) else (p[0], p[1]) for p in spec)
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One signature of a function, valid for release series ``since`` … ``until`` (inclusive)."""
-
-    since: str
-    until: str
-    params: tuple[Param, ...]
-
-    def covers(self, release: str | Release) -> bool:
-        """Whether ``release`` (``"0.17"``, ``"0.17.1"`` or a :class:`Release`) has this variant."""
-        r = as_release(release)
-        return r.at_least(self.since) and not r.at_least(_next(self.until))
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The parameter names, in order."""
-        return tuple(name for name, _ in self.params)
-
-
-def _next(series: str) -> str:
-    major, minor = (int(x) for x in series.split("."))
-    return f"{major}.{minor + 1}"
-
-
 # The tables below are written for the modern releases (0.14 on); the legacy 0.12/0.13 entries
 # are merged in at the end of the module.
 _MODERN_FIRST = "0.14"
 _ALL = (_MODERN_FIRST, SUPPORTED_SERIES[-1])
-
-
-def _v(since: str, until: str, *spec: str | tuple[str, Any]) -> Variant:
-    return Variant(since, until, _params(*spec))
 
 
 def _always(*spec: str | tuple[str, Any]) -> list[Variant]:
@@ -128,26 +89,16 @@ _INIT_014 = _params(
 )
 
 
-def _insert(params: tuple[Param, ...], after: str, *new: Param) -> tuple[Param, ...]:
-    names = [n for n, _ in params]
-    i = names.index(after) + 1
-    return params[:i] + tuple(new) + params[i:]
-
-
-def _drop(params: tuple[Param, ...], name: str) -> tuple[Param, ...]:
-    return tuple(p for p in params if p[0] != name)
-
-
 # 0.16: hybrid_context_parallel after hierarchical_context_parallel_sizes; create_all_gather_group last.
-_INIT_016 = _insert(_INIT_014, "hierarchical_context_parallel_sizes", ("hybrid_context_parallel", False)) + (
+_INIT_016 = insert_params(_INIT_014, "hierarchical_context_parallel_sizes", ("hybrid_context_parallel", False)) + (
     ("create_all_gather_group", False),
 )
 # 0.17: rank_offset, local_world_size appended.
 _INIT_017 = _INIT_016 + (("rank_offset", 0), ("local_world_size", None))
 # 0.18: create_all_gather_group removed (create_all_gather_groups() after init instead).
-_INIT_018 = _drop(_INIT_017, "create_all_gather_group")
+_INIT_018 = drop_param(_INIT_017, "create_all_gather_group")
 # 0.19: gtp_remat_size, expert_gtp_remat_size after expert_model_parallel_size.
-_INIT_019 = _insert(_INIT_018, "expert_model_parallel_size", ("gtp_remat_size", 1), ("expert_gtp_remat_size", 1))
+_INIT_019 = insert_params(_INIT_018, "expert_model_parallel_size", ("gtp_remat_size", 1), ("expert_gtp_remat_size", 1))
 
 #: name -> signature variants, in the order the functions appear in MCore's module.
 FUNCTIONS: dict[str, list[Variant]] = {
@@ -434,41 +385,6 @@ def _add_legacy() -> None:
 
 _add_legacy()
 
-#: What to use instead of a function, parameter (``"function.parameter"``) or global that a later
-#: release removed: key -> (replacement, first series that has the replacement). Keys absent
-#: here have no equivalent.
-REPLACEMENTS: dict[str, tuple[str, str]] = {
-    "is_unitialized": ("not is_initialized()", "0.12"),
-    "get_data_modulo_expert_parallel_group": ("get_expert_data_parallel_group", "0.12"),
-    "get_inter_partial_data_parallel_group": ("get_inter_distributed_optimizer_instance_group", "0.13"),
-    "_INTER_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": ("get_inter_distributed_optimizer_instance_group()", "0.13"),
-    "create_hierarchical_parallel_groups": ("create_hierarchical_groups (no group_size parameter)", "0.13"),
-    "get_moe_layer_wise_logging_tracker": (
-        "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker",
-        "0.13",
-    ),
-    "_MOE_LAYER_WISE_LOGGING_TRACKER": (
-        "megatron.core.transformer.moe.moe_utils.get_moe_layer_wise_logging_tracker()",
-        "0.13",
-    ),
-    "get_global_symmetric_memory_buffer": ("megatron.core.inference.symmetric_memory.SymmetricMemoryManager", "0.17"),
-    "destroy_global_symmetric_memory_buffer": (
-        "megatron.core.inference.symmetric_memory.SymmetricMemoryManager.destroy()",
-        "0.17",
-    ),
-    "_GLOBAL_SYMMETRIC_MEMORY_BUFFER": ("megatron.core.inference.symmetric_memory.SymmetricMemoryManager", "0.17"),
-    "initialize_model_parallel.create_all_gather_group": (
-        "create_all_gather_groups() after initialize_model_parallel",
-        "0.18",
-    ),
-    "get_data_parallel_group.independent_all_gather": (
-        "the data-parallel all-gather group returned by create_all_gather_groups()",
-        "0.18",
-    ),
-    "has_separate_all_gather_group": ("the groups create_all_gather_groups() returns", "0.18"),
-    "_DATA_PARALLEL_GROUP_WITH_CP_AG": ("the first group returned by create_all_gather_groups()", "0.18"),
-}
-
 
 # ----------------------------------------------------------------------------------- queries
 def _pick(variants: list[Variant], release: Release) -> Variant | None:
@@ -559,13 +475,3 @@ def positional_changes(name: str, old: str | Release, new: str | Release) -> lis
         if (a[i] if i < len(a) else None) != (b[i] if i < len(b) else None)
         and i < len(a)  # positions only the new release has cannot be passed by old callers
     ]
-
-
-def replacement(key: str, release: str | Release) -> str | None:
-    """What to use in ``release`` instead of ``key`` (a function, ``"function.parameter"`` or a
-    global that ``release`` lacks), or ``None``: no equivalent there.
-    """
-    found = REPLACEMENTS.get(key)
-    if found is None or not known_release(release).at_least(found[1]):
-        return None
-    return found[0]

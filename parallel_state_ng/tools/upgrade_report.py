@@ -1,0 +1,104 @@
+"""The upgrade check's report: its findings, per-file results and summary line.
+
+:class:`Finding` is one use whose meaning changes between two releases, :data:`KINDS` the kinds
+of finding in the order the summary lists them, :class:`FileCheck` one file's result;
+:func:`summary` writes the closing line over all files and :func:`no_equivalent` the fix given
+when nothing replaces what was removed. The checks themselves are in :mod:`.upgrade`, which
+re-exports these names.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from parallel_state_ng.mcore.releases import Release
+from parallel_state_ng.tools.port_table import PARALLEL_STATE
+
+__all__ = ["NO_EQUIVALENT", "KINDS", "Finding", "FileCheck", "no_equivalent", "plural", "summary"]
+
+NO_EQUIVALENT = "removed, no equivalent"
+#: Kinds of breaking findings, in the order the summary lists them.
+KINDS = (
+    "positional shift",
+    "removed keyword",
+    "removed init argument",
+    "removed function",
+    "removed global",
+    "changed default",
+    "new required parameter",
+    "HyperCommGrid",
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One use whose meaning changes between the two releases."""
+
+    path: str
+    line: int
+    col: int
+    kind: str  # one of KINDS
+    use: str  # the use as written (shortened)
+    change: str
+    fix: str
+    fixed_call: str | None = None  # the call as it should read for TO (keyword form, removed arguments dropped)
+
+    def format(self) -> str:
+        """``path:line: <use>: <change> -> <fix>``."""
+        return f"{self.path}:{self.line}: {self.use}: {self.change} -> {self.fix}"
+
+
+@dataclass
+class FileCheck:
+    """The findings of one file, its number of parallel_state uses and the names not covered."""
+
+    path: str
+    uses: int = 0
+    grid_uses: int = 0  # HyperCommGrid method calls / imports that a change between the releases concerns
+    findings: list[Finding] | None = None
+    uncovered: Counter | None = None
+    error: str | None = None
+
+
+def no_equivalent(old: Release, new: Release) -> str:
+    """The fix for something removed without replacement (worded for an upgrade or a downgrade)."""
+    return NO_EQUIVALENT if new.key >= old.key else f"not in {new}, no equivalent"
+
+
+def plural(n: int, noun: str) -> str:
+    """``"1 file"``, ``"2 files"``: ``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def summary(checks: list[FileCheck], old: Release, new: Release) -> str:
+    """The summary line: files, uses, breaking findings per kind, names the data does not cover."""
+    findings = [f for c in checks for f in c.findings or []]
+    by_kind = Counter(f.kind for f in findings)
+    uncovered: Counter = Counter()
+    for c in checks:
+        uncovered.update(c.uncovered or {})
+    direction = "upgrade" if new.key >= old.key else "downgrade"
+    text = (
+        f"{direction} {old} -> {new}: scanned {plural(len(checks), 'file')}, "
+        f"{plural(sum(c.uses for c in checks), 'use')} of {PARALLEL_STATE} in "
+        f"{plural(sum(1 for c in checks if c.uses), 'file')}"
+    )
+    grid_uses = sum(c.grid_uses for c in checks)
+    if grid_uses:
+        text += f" and {plural(grid_uses, 'HyperCommGrid use')} concerned by a change"
+    text += ": "
+    if findings:
+        text += f"{len(findings)} break (" + ", ".join(f"{k}: {by_kind[k]}" for k in KINDS if by_kind[k]) + ")"
+    else:
+        text += "nothing breaks"
+    if uncovered:
+        names = ", ".join(sorted(uncovered))
+        text += (
+            f"; {plural(sum(uncovered.values()), 'use')} of names the release data does not cover, "
+            f"not checked ({names})"
+        )
+    errors = sum(1 for c in checks if c.error)
+    if errors:
+        text += f"; {plural(errors, 'file')} could not be read or parsed"
+    return text
