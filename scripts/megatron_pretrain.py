@@ -273,13 +273,7 @@ def pretrain_rank(rank: int, world_size: int, store_path: str, megatron_args: li
 
             t1 = time.perf_counter()
             with shims.cuda_to_cpu(), recorder.installed():
-                pretrain(
-                    dataset_provider,
-                    model_provider,
-                    ModelType.encoder_or_decoder,
-                    forward_step,
-                    store=store,
-                )
+                _call_pretrain(pretrain, ModelType.encoder_or_decoder, store)
             t2 = time.perf_counter()
             last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
             facts = {"parallel_state": ps.__name__, "training.mpu": _training_mpu(), "version": _version()}
@@ -295,6 +289,35 @@ def pretrain_rank(rank: int, world_size: int, store_path: str, megatron_args: li
     }
     dist.destroy_process_group()
     return record
+
+
+def _call_pretrain(pretrain: Any, model_type: Any, store: Any) -> None:
+    """Call ``pretrain`` the way the release in use expects.
+
+    Up to 0.17 ``pretrain(dataset_provider, model_provider, model_type, forward_step, ...)``
+    parses the command line itself (in ``initialize_megatron``). From 0.18 on its first
+    parameter is a ``PretrainConfigContainer`` and ``initialize_megatron`` reads arguments that
+    must already be set: the caller parses and validates them
+    (``arguments.parse_and_validate_args``, which also sets Megatron's globals) and builds the
+    container from them (``argument_utils.pretrain_cfg_container_from_args``). 0.19 also moved
+    ``model_provider`` after ``forward_step_func``, so every provider is passed by name.
+    """
+    providers = {
+        "train_valid_test_dataset_provider": dataset_provider,
+        "model_provider": model_provider,
+        "model_type": model_type,
+        "forward_step_func": forward_step,
+        "store": store,
+    }
+    params = list(inspect.signature(pretrain).parameters)
+    if params[0] != "cfg_container":
+        pretrain(**providers)
+        return
+    from megatron.training.argument_utils import pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
+
+    args = parse_and_validate_args()
+    pretrain(pretrain_cfg_container_from_args(args), **providers)
 
 
 def _version() -> str:

@@ -73,6 +73,10 @@ class TrainingShims:
         self._set(cuda, "memory_stats", lambda *args, **kwargs: {})
         self._set(cuda, "reset_peak_memory_stats", _nothing)
         self._set(cuda, "empty_cache", _nothing)
+        # functions Megatron wraps in torch.compile (jit_fuser: the MoE router's expert-bias
+        # update, from 0.17 on) run eagerly: TorchDynamo fails tracing them under the
+        # CUDA-to-CPU TorchFunctionMode of cpu_shims ("list indices must be integers")
+        self._set(importlib.import_module("torch._dynamo").config, "disable", True)
         return self
 
     def patch_megatron(self) -> None:

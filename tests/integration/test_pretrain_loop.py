@@ -74,6 +74,25 @@ def test_megatron_pretrain_is_bit_identical_under_compat():
             assert run[key] == mcore[key], f"compat installed {install}: {key} differs from MCore"
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
+def test_megatron_pretrain_follows_0_19_api_bit_identically():
+    # 0.19's pretrain takes a PretrainConfigContainer first and reads arguments parsed before the
+    # call; the script builds both as that release expects. Kept small for CI: 2 processes, pp 2,
+    # 2 iterations, MCore and compat installed before megatron's import.
+    path = str(release_dir("0.19.2"))
+    common = ["--megatron-path", path, "--nproc", "2", "--pipeline-model-parallel-size", "2", "--train-iters", "2"]
+    mcore = _pretrain("--impl", "mcore", *common)
+    assert mcore["version"] == "0.19.2" and mcore["parallel_state"] == "megatron.core.parallel_state"
+    assert mcore["iterations"] == [1, 2] and len(set(mcore["losses"])) == 2
+    assert all(math.isfinite(x) and 0 < x < 2 * math.log(128) for x in mcore["losses"]), mcore["losses"]
+    run = _pretrain("--impl", "compat", "--install", "before", *common)
+    assert run["parallel_state"] == "compat.parallel_state"
+    for key in ("iterations", "losses", "grad_norms", "digest", "version"):
+        assert run[key] == mcore[key], f"0.19.2, compat installed before: {key} differs from MCore"
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
