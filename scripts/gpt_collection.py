@@ -20,13 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from gpt_config import TrainConfig
-from gpt_training import (
-    _digest,
-    _forward_step,
-    _microbatches,
-    _transformer_config,
-    set_weights_from_global_names,
-)
+from gpt_training import _digest, _transformer_config, set_weights_from_global_names, train_steps
 
 #: What the collection path still takes from Megatron's globals, and how it is given here.
 GLOBAL_SETUP = {
@@ -129,33 +123,9 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
         forward_backward = megatron_schedule(pgc, tcfg)  # pg_collection= and p2p_communicator= included
         t1 = time.perf_counter()
         last_stage = pp_rank == cfg.pp - 1
-        dp_group, dp_rank = pgc.dp, pgc.dp.rank()
-        reporter = last_stage and tp_rank == 0 and dp_rank == 0
-        losses, grad_norms = [], []
-        for step in range(cfg.steps):
-            for m in model:
-                m.zero_grad_buffer()
-            optimizer.zero_grad()
-            iters = [_microbatches(cfg, step, dp_rank) for _ in model]
-            store = forward_backward(
-                forward_step_func=_forward_step,
-                data_iterator=iters if len(iters) > 1 else iters[0],
-                model=model,
-                num_microbatches=cfg.microbatches,
-                seq_length=cfg.seq,
-                micro_batch_size=cfg.micro_batch,
-                forward_only=False,
-            )
-            updated, grad_norm, _ = optimizer.step()
-            if not updated:
-                raise RuntimeError(f"optimizer step {step + 1} was skipped")
-            grad_norms.append(float(grad_norm))
-            if last_stage:
-                loss = torch.stack([d["lm loss"] for d in store]).mean().view(1)
-                dist.all_reduce(loss, group=dp_group)
-                losses.append(float(loss / dist.get_world_size(dp_group)))
-                if cfg.verbose and reporter:
-                    print(f"step {step + 1}: loss {losses[-1]:.6f}  grad norm {grad_norms[-1]:.6f}", flush=True)
+        dp_group = pgc.dp
+        reporter = last_stage and tp_rank == 0 and pgc.dp.rank() == 0
+        losses, grad_norms = train_steps(cfg, model, optimizer, forward_backward, last_stage, dp_group, reporter)
         return {
             "rank": dist.get_rank(),
             "losses": losses if last_stage else None,

@@ -252,6 +252,43 @@ def _facts(ps) -> dict[str, str]:
     }
 
 
+def train_steps(
+    cfg: TrainConfig, model: list, optimizer, forward_backward, last_stage: bool, dp_group, reporter: bool
+) -> tuple[list[float], list[float]]:
+    """``cfg.steps`` optimizer steps with the schedule ``forward_backward``; (losses, grad norms).
+
+    Losses exist on the last pipeline stage only (mean over microbatches and the data-parallel
+    group ``dp_group``); ``reporter`` prints each step.
+    """
+    dp_rank = dist.get_rank(dp_group)
+    losses, grad_norms = [], []
+    for step in range(cfg.steps):
+        for m in model:
+            m.zero_grad_buffer()
+        optimizer.zero_grad()
+        iters = [_microbatches(cfg, step, dp_rank) for _ in model]
+        store = forward_backward(
+            forward_step_func=_forward_step,
+            data_iterator=iters if len(iters) > 1 else iters[0],
+            model=model,
+            num_microbatches=cfg.microbatches,
+            seq_length=cfg.seq,
+            micro_batch_size=cfg.micro_batch,
+            forward_only=False,
+        )
+        updated, grad_norm, _ = optimizer.step()
+        if not updated:
+            raise RuntimeError(f"optimizer step {step + 1} was skipped")
+        grad_norms.append(float(grad_norm))
+        if last_stage:
+            loss = torch.stack([d["lm loss"] for d in store]).mean().view(1)
+            dist.all_reduce(loss, group=dp_group)
+            losses.append(float(loss / dist.get_world_size(dp_group)))
+            if cfg.verbose and reporter:
+                print(f"step {step + 1}: loss {losses[-1]:.6f}  grad norm {grad_norms[-1]:.6f}", flush=True)
+    return losses, grad_norms
+
+
 def _train(cfg: TrainConfig) -> dict[str, Any]:
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -304,31 +341,7 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
         last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         dp_group, dp_rank = ps.get_data_parallel_group(), ps.get_data_parallel_rank()
         reporter = last_stage and ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0
-        losses, grad_norms = [], []
-        for step in range(cfg.steps):
-            for m in model:
-                m.zero_grad_buffer()
-            optimizer.zero_grad()
-            iters = [_microbatches(cfg, step, dp_rank) for _ in model]
-            store = forward_backward(
-                forward_step_func=_forward_step,
-                data_iterator=iters if len(iters) > 1 else iters[0],
-                model=model,
-                num_microbatches=cfg.microbatches,
-                seq_length=cfg.seq,
-                micro_batch_size=cfg.micro_batch,
-                forward_only=False,
-            )
-            updated, grad_norm, _ = optimizer.step()
-            if not updated:
-                raise RuntimeError(f"optimizer step {step + 1} was skipped")
-            grad_norms.append(float(grad_norm))
-            if last_stage:
-                loss = torch.stack([d["lm loss"] for d in store]).mean().view(1)
-                dist.all_reduce(loss, group=dp_group)
-                losses.append(float(loss / dist.get_world_size(dp_group)))
-                if cfg.verbose and reporter:
-                    print(f"step {step + 1}: loss {losses[-1]:.6f}  grad norm {grad_norms[-1]:.6f}", flush=True)
+        losses, grad_norms = train_steps(cfg, model, optimizer, forward_backward, last_stage, dp_group, reporter)
         return {
             "rank": dist.get_rank(),
             "losses": losses if last_stage else None,

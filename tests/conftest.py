@@ -62,3 +62,17 @@ def gloo_world():
     yield get
     for world in worlds.values():
         world.close()
+
+
+@pytest.fixture
+def new_group_calls(monkeypatch):
+    """Member lists of every ``torch.distributed.new_group`` call made during the test."""
+    calls: list[list[int]] = []
+    original = dist.new_group
+
+    def recording(*args, **kwargs):
+        calls.append(list(kwargs.get("ranks", args[0] if args else [])))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "new_group", recording)
+    return calls

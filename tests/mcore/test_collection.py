@@ -28,21 +28,6 @@ def _live_groups() -> int:
     return len(dist.distributed_c10d._world.pg_map)
 
 
-@pytest.fixture
-def new_group_calls(monkeypatch):
-    """Member lists of every ``torch.distributed.new_group`` call during the test."""
-    calls: list[list[int]] = []
-    original = dist.new_group
-
-    def recording(*args, **kwargs):
-        ranks = kwargs.get("ranks", args[0] if args else None)
-        calls.append(list(ranks))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(dist, "new_group", recording)
-    return calls
-
-
 TP2_PP2 = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
 
 

@@ -25,19 +25,6 @@ def _live_groups() -> int:
     return len(dist.distributed_c10d._world.pg_map)
 
 
-@pytest.fixture
-def new_group_calls(monkeypatch):
-    calls: list[list[int]] = []
-    original = dist.new_group
-
-    def recording(*args, **kwargs):
-        calls.append(list(kwargs.get("ranks", args[0] if args else [])))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(dist, "new_group", recording)
-    return calls
-
-
 def encoder_and_language() -> list[ModuleSpec]:
     """The MiMo shape: an encoder (tp1 dp2, ranks 0-1) feeding a language model (tp2 dp2, ranks 2-5)."""
     return [
