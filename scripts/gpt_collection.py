@@ -20,7 +20,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from gpt_config import TrainConfig
-from gpt_training import _digest, _transformer_config, set_weights_from_global_names, train_steps
+from gpt_training import (
+    _digest,
+    _transformer_config,
+    ddp_config,
+    optimizer_config,
+    set_weights_from_global_names,
+    train_steps,
+)
 
 #: What the collection path still takes from Megatron's globals, and how it is given here.
 GLOBAL_SETUP = {
@@ -62,9 +69,9 @@ def _build_model(cfg: TrainConfig, tcfg, pgc) -> list:
 def train_collection(cfg: TrainConfig) -> dict[str, Any]:
     """Train ``cfg`` on this rank from a collection (see the module doc); the result of ``train_rank``."""
     from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import DistributedDataParallel
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer import get_megatron_optimizer
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer, megatron_schedule
@@ -93,12 +100,7 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
         chunks = _build_model(cfg, tcfg, pgc)
         if cfg.init_from_names:
             set_weights_from_global_names(cfg, chunks, ranks=(tp_rank, pgc.tp.size(), ep_rank))
-        ddp_cfg = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=False,
-            overlap_grad_reduce=False,
-            overlap_param_gather=False,
-            use_distributed_optimizer=cfg.dist_opt,
-        )
+        ddp_cfg = ddp_config(cfg)
         model = [
             DistributedDataParallel(tcfg, ddp_cfg, chunk, disable_bucketing=i > 0, pg_collection=pgc)
             for i, chunk in enumerate(chunks)
@@ -106,16 +108,7 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
         tcfg.no_sync_func = [m.no_sync for m in model] if len(model) > 1 else model[0].no_sync
         tcfg.finalize_model_grads_func = partial(finalize_model_grads, pg_collection=pgc)
         optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=cfg.lr,
-                weight_decay=0.01,
-                adam_beta1=0.9,
-                adam_beta2=0.95,
-                clip_grad=cfg.clip_grad,
-                use_distributed_optimizer=cfg.dist_opt,
-                params_dtype=torch.float32,
-            ),
+            optimizer_config(cfg),
             model,
             use_gloo_process_groups=False,
             pg_collection=pgc,

@@ -252,6 +252,34 @@ def _facts(ps) -> dict[str, str]:
     }
 
 
+def ddp_config(cfg: TrainConfig):
+    """Megatron's DDP settings for the CPU runs (no overlap, optionally the distributed optimizer)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=False,
+        overlap_grad_reduce=False,
+        overlap_param_gather=False,
+        use_distributed_optimizer=cfg.dist_opt,
+    )
+
+
+def optimizer_config(cfg: TrainConfig):
+    """Adam with gradient clipping (optionally the distributed optimizer), the same for every path."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    return OptimizerConfig(
+        optimizer="adam",
+        lr=cfg.lr,
+        weight_decay=0.01,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        clip_grad=cfg.clip_grad,
+        use_distributed_optimizer=cfg.dist_opt,
+        params_dtype=torch.float32,
+    )
+
+
 def train_steps(
     cfg: TrainConfig, model: list, optimizer, forward_backward, last_stage: bool, dp_group, reporter: bool
 ) -> tuple[list[float], list[float]]:
@@ -291,9 +319,9 @@ def train_steps(
 
 def _train(cfg: TrainConfig) -> dict[str, Any]:
     from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import DistributedDataParallel
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer import get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -312,28 +340,14 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
         chunks = _build_model(cfg, tcfg)
         if cfg.init_from_names:
             set_weights_from_global_names(cfg, chunks)
-        ddp_cfg = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=False,
-            overlap_grad_reduce=False,
-            overlap_param_gather=False,
-            use_distributed_optimizer=cfg.dist_opt,
-        )
+        ddp_cfg = ddp_config(cfg)
         model = [
             DistributedDataParallel(tcfg, ddp_cfg, chunk, disable_bucketing=i > 0) for i, chunk in enumerate(chunks)
         ]
         tcfg.no_sync_func = [m.no_sync for m in model] if len(model) > 1 else model[0].no_sync
         tcfg.finalize_model_grads_func = finalize_model_grads
         optimizer = get_megatron_optimizer(
-            OptimizerConfig(
-                optimizer="adam",
-                lr=cfg.lr,
-                weight_decay=0.01,
-                adam_beta1=0.9,
-                adam_beta2=0.95,
-                clip_grad=cfg.clip_grad,
-                use_distributed_optimizer=cfg.dist_opt,
-                params_dtype=torch.float32,
-            ),
+            optimizer_config(cfg),
             model,
         )
         forward_backward = get_forward_backward_func()
