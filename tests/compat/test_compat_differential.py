@@ -111,6 +111,30 @@ def test_harness_detects_a_swapped_group():
     assert "get_tensor_model_parallel_rank()" in keys
 
 
+def test_harness_records_each_getters_warnings_under_its_own_key(monkeypatch):
+    """A warning one getter emits is recorded under that getter's key only (one warnings block
+    spans the whole snapshot), and a filter that ignores the category does not hide it.
+    """
+    D.fake_world(5, 8)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    original = mcore_ps.get_tensor_model_parallel_world_size
+
+    def warning_getter():
+        warnings.warn("old getter", DeprecationWarning, stacklevel=2)
+        return original()
+
+    with D.recording():
+        mcore_ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+        quiet = D.snapshot(mcore_ps, 5)
+        monkeypatch.setattr(mcore_ps, "get_tensor_model_parallel_world_size", warning_getter)
+        noisy = D.snapshot(mcore_ps, 5)
+        monkeypatch.undo()
+    mcore_ps.destroy_model_parallel()
+    D.reset_mcore()
+    assert [d.key for d in D.compare(quiet, noisy)] == ["warnings:get_tensor_model_parallel_world_size()"]
+    assert noisy["warnings:get_tensor_model_parallel_world_size()"] == ("DeprecationWarning",)
+
+
 def test_harness_detects_a_global_left_after_destroy():
     """A group left in a global after destroy (where MCore resets it) is reported; MCore's own
     leftovers and import-time values are accepted.

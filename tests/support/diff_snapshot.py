@@ -57,8 +57,8 @@ def recording(cuda_stub: bool = False) -> Iterator[None]:
 
     def new_group(*args, **kwargs):
         pg = original_new_group(*args, **kwargs)
-        bound = sig.bind(*args, **kwargs).arguments
-        if isinstance(pg, dist.ProcessGroup):
+        if isinstance(pg, dist.ProcessGroup):  # binding only members' calls: most calls are not (big worlds)
+            bound = sig.bind(*args, **kwargs).arguments
             opts = bound.get("pg_options")
             _CREATED[id(pg)] = (
                 pg,
@@ -139,15 +139,41 @@ def raised(exc: BaseException) -> tuple:
     return ("raises", type(exc).__name__, tuple(t.__name__ for t in type(exc).__mro__))
 
 
-def _call(fn: Callable, kwargs: dict) -> tuple[Any, tuple]:
-    """Call ``fn(**kwargs)``; return (result or raised(...), categories of warnings emitted)."""
+#: The warnings log of the active :func:`warnings_recorded` block (None outside one).
+_RECORDED: list | None = None
+
+
+@contextlib.contextmanager
+def warnings_recorded() -> Iterator[None]:
+    """Record every warning (filter "always") for the :func:`_call` calls inside the block.
+
+    One ``warnings.catch_warnings`` for a whole snapshot instead of one per call: entering it
+    costs more than most getter calls (it copies the filter list and resets the caches).
+    """
+    global _RECORDED
+    outer = _RECORDED
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        _RECORDED = caught
         try:
-            result = fn(**kwargs)
-        except Exception as exc:
-            result = exc
-    return result, tuple(sorted({w.category.__name__ for w in caught}))
+            yield
+        finally:
+            _RECORDED = outer
+
+
+def _call(fn: Callable, kwargs: dict) -> tuple[Any, tuple]:
+    """Call ``fn(**kwargs)``; return (result or raised(...), categories of warnings emitted)."""
+    if _RECORDED is None:
+        with warnings_recorded():
+            return _call(fn, kwargs)
+    log, start = _RECORDED, len(_RECORDED)
+    try:
+        result = fn(**kwargs)
+    except Exception as exc:
+        result = exc
+    emitted = tuple(sorted({w.category.__name__ for w in log[start:]}))
+    del log[start:]
+    return result, emitted
 
 
 # --------------------------------------------------------------------------- snapshots
@@ -191,15 +217,16 @@ def snapshot(ps: Any, rank: int | None = None) -> dict[str, Any]:
         raise ValueError(f"snapshot(rank={rank}) but the default group's rank is {dist.get_rank()}")
     enc = _Encoder()
     out: dict[str, Any] = {"rank": rank}
-    for call in getter_calls(world):
-        fn = _getattr(ps, call.name)
-        if fn is MISSING:
-            out[call.key] = MISSING
-            continue
-        result, warned = _call(fn, call.kwargs)
-        out[call.key] = raised(result) if isinstance(result, Exception) else enc(result, call.key)
-        if warned:
-            out[f"warnings:{call.key}"] = warned
+    with warnings_recorded():
+        for call in getter_calls(world):
+            fn = _getattr(ps, call.name)
+            if fn is MISSING:
+                out[call.key] = MISSING
+                continue
+            result, warned = _call(fn, call.kwargs)
+            out[call.key] = raised(result) if isinstance(result, Exception) else enc(result, call.key)
+            if warned:
+                out[f"warnings:{call.key}"] = warned
     for name in reference_globals():
         value = _getattr(ps, name)
         key = f"global:{name}"
