@@ -7,7 +7,13 @@ implementation:
 * ``mcore``        — ``megatron.core.parallel_state.initialize_model_parallel``;
 * ``compat``       — ``compat.parallel_state.initialize_model_parallel`` (default settings);
 * ``compat_share`` — the same with group sharing on
-  (:func:`parallel_state_ng.core.sharing.set_group_sharing`).
+  (:func:`parallel_state_ng.core.sharing.set_group_sharing`);
+* ``floor``        — bare torch creating exactly compat's communicators and nothing else: the
+  rank's ``CreateGroup`` steps of :func:`parallel_state_ng.mcore.plan.group_plan` (computed before
+  the clock starts), each one ``torch.distributed.new_group(ranks, use_local_synchronization=True)``
+  with compat's backend and timeout, under a name all members agree on (rank-list digest and a
+  per-list count, as compat names its groups); no agreement check, readiness marks, layout
+  math, state or getters.
 
 What is timed on every rank, from the end of a world barrier: ``initialize_model_parallel``
 plus one all-reduce on the tensor- and on the data-parallel group (checked for the right sum).
@@ -43,7 +49,7 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IMPLS = ("mcore", "compat", "compat_share")
+IMPLS = ("mcore", "compat", "compat_share", "floor")
 ARG_OF = {
     "tp": "tensor_model_parallel_size",
     "pp": "pipeline_model_parallel_size",
@@ -80,9 +86,62 @@ class _Clock:
             self.total += time.perf_counter() - t
 
 
+#: Groups the floor made per rank-list digest in this process (names are never reused).
+_FLOOR_NAMES: dict[str, int] = {}
+
+
+def _floor_steps(kwargs: dict[str, Any]) -> list[Any]:
+    """This rank's groups as compat's plan lists them, in creation order (computed untimed)."""
+    import torch.distributed as dist
+
+    from compat._release import RELEASE
+    from parallel_state_ng.mcore.layout import MegatronLayout
+    from parallel_state_ng.mcore.plan import CreateGroup, PlanOptions, group_plan
+
+    sizes = {k: v for k, v in kwargs.items() if k != "create_gloo_process_groups"}
+    layout = MegatronLayout(world_size=dist.get_world_size(), release=RELEASE.series, **sizes)
+    options = PlanOptions(create_gloo_process_groups=kwargs.get("create_gloo_process_groups", True))
+    return [s for s in group_plan(layout, dist.get_rank(), options) if isinstance(s, CreateGroup)]
+
+
+def _floor_init(steps: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Create ``steps``' groups member-only under stable names; returns them and the groups by key."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from parallel_state_ng.core.naming import member_set_digest
+
+    c10d: Any = dist.distributed_c10d
+    original = c10d._process_group_name
+    made, by_key = [], {}
+    init_timeout = timedelta(minutes=30)  # compat's default distributed_timeout_minutes
+    try:
+        for step in steps:
+            digest = member_set_digest(step.ranks)
+            count = _FLOOR_NAMES.get(digest, 0)
+            _FLOOR_NAMES[digest] = count + 1
+            name = f"floor-{digest}-{count}"
+            c10d._process_group_name = lambda _ranks, use_hashed_name=False, name=name: name
+            group = dist.new_group(
+                step.ranks,
+                timeout=init_timeout if step.timeout == "init" else None,
+                backend=step.backend,
+                use_local_synchronization=True,
+            )
+            made.append(group)
+            by_key.setdefault(step.key, group)
+    finally:
+        c10d._process_group_name = original
+    return made, by_key
+
+
 def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[str, _Clock]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
+
+    if impl == "floor":
+        return _one_floor(kwargs, clocks)
 
     try:
         from parallel_state_ng.core import sharing
@@ -121,6 +180,37 @@ def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[s
         sharing.set_group_sharing(None)
     assert all(a == b for a, b in sums), sums
     assert not [pg for pg in world.pg_map if pg not in before], "groups left after destroy"
+    return {"total": t_total, "init": t_init, "destroy": t_destroy, "communicators": len(created), **split}
+
+
+def _one_floor(kwargs: dict[str, Any], clocks: dict[str, _Clock]) -> dict[str, Any]:
+    """The floor's round: the same clock, all-reduces and record as :func:`_one`'s."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.distributed_c10d._world
+    steps = _floor_steps(kwargs)
+    before = set(world.pg_map)
+    dist.barrier()
+    for c in clocks.values():
+        c.total = 0.0
+    t0 = time.perf_counter()
+    made, by_key = _floor_init(steps)
+    t_init = time.perf_counter() - t0
+    sums = []
+    for group in (by_key["tp"], by_key["dp"]):
+        x = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(x, group=group)
+        sums.append((x.item(), float(sum(dist.get_process_group_ranks(group)))))
+    t_total = time.perf_counter() - t0
+    split = {name: c.total for name, c in clocks.items()}
+    created = [pg for pg in world.pg_map if pg not in before]
+    t1 = time.perf_counter()
+    for group in made:
+        dist.destroy_process_group(group)
+    t_destroy = time.perf_counter() - t1
+    assert all(a == b for a, b in sums), sums
+    assert len(created) == len(steps), (len(created), len(steps))
     return {"total": t_total, "init": t_init, "destroy": t_destroy, "communicators": len(created), **split}
 
 
@@ -284,25 +374,37 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
     return out
 
 
+def _ratios(row: dict, rows: list[dict], impl: str) -> tuple[float | None, float | None]:
+    """``row``'s median job time over ``impl``'s (same gloo mode), and the median of the per-round ratios."""
+    ref = next((x for x in rows if x["impl"] == impl and x["gloo"] == row["gloo"]), None)
+    if ref is None:
+        return None, None
+    paired = statistics.median(a / b for a, b in zip(row["jobs"], ref["jobs"], strict=False))
+    return row["median"] / ref["median"], paired
+
+
+def _ratio_text(pair: tuple[float | None, float | None]) -> str:
+    return f"{pair[0]:7.2f}x {pair[1]:5.2f}x" if pair[0] is not None else f"{'—':>8} {'—':>6}"
+
+
 def _report(w: int, per_rank: list[list[dict]]) -> list[dict]:
     """Print the table rows of one world; return them."""
     rows = summarize(per_rank)
     for row in rows:
         row["world"], row["rounds"] = w, len(row["jobs"])
-        ref = next((x for x in rows if x["impl"] == "mcore" and x["gloo"] == row["gloo"]), None)
-        row["vs_mcore"] = row["median"] / ref["median"] if ref else None
-        row["paired"] = (
-            statistics.median(a / b for a, b in zip(row["jobs"], ref["jobs"], strict=False)) if ref else None
-        )
+        row["vs_mcore"], row["paired"] = _ratios(row, rows, "mcore")
+        row["vs_floor"], row["paired_floor"] = _ratios(row, rows, "floor")
         split = (
             f"{row['check']:6.3f} {row['create']:6.3f} {row['sync']:6.3f} {row['rest']:6.3f}"
             if row["impl"] != "mcore"
             else f"{'':6} {row['create']:6.3f} {row['sync']:6.3f} {'':6}"
         )
-        ratio = f"{row['vs_mcore']:7.2f}x {row['paired']:5.2f}x" if ref else f"{'—':>8} {'—':>6}"
+        vs_mcore, vs_floor = (row["vs_mcore"], row["paired"]), (row["vs_floor"], row["paired_floor"])
+        ratios = f"{_ratio_text(vs_mcore)} {_ratio_text(vs_floor)}"
         print(
             f"{w:>3} {row['layout']:<16} {'on' if row['gloo'] else 'off':<4} {row['impl']:<13} {row['median']:7.3f} "
-            f"{row['min']:7.3f} {row['max']:7.3f} {row['communicators']:5.0f} {ratio} | {split} | {row['destroy']:7.3f}"
+            f"{row['min']:7.3f} {row['max']:7.3f} {row['communicators']:5.0f} {ratios} | {split} | "
+            f"{row['destroy']:7.3f}"
         )
     sys.stdout.flush()
     return rows
@@ -347,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     header = (
         f"{'W':>3} {'layout':<16} {'gloo':<4} {'impl':<13} {'median':>7} {'min':>7} {'max':>7} "
-        f"{'comms':>5} {'vs mcore':>8} {'paired':>6} | "
+        f"{'comms':>5} {'vs mcore':>8} {'paired':>6} {'vs floor':>8} {'paired':>6} | "
         f"{'check':>6} {'create':>6} {'sync':>6} {'rest':>6} | {'destroy':>7}"
     )
     print(header)
@@ -368,8 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         raw[w] = per_rank
         all_rows += _report(w, per_rank)
     print(
-        f"vs mcore = compat's median job time / MCore's; paired = median over rounds of the same ratio within a "
-        f"round (same processes, minutes apart at most); comms = communicators per rank; load after {_load()}; "
+        f"vs mcore / vs floor = the median job time over MCore's / the floor's; paired = median over rounds of the "
+        f"same ratio within a round (same processes, minutes apart at most); comms = communicators per rank; "
+        f"load after {_load()}; "
         f"took {time.time() - started:.0f} s"
     )
     if a.json:
