@@ -283,6 +283,7 @@ def run_python_blocks(blocks: list[Block], timeout: float = BLOCK_TIMEOUT) -> li
         pid = os.fork()
         if pid == 0:  # child
             os.close(read_fd)
+            os.dup2(2, 1)  # what the block prints goes to stderr: stdout carries the results
             try:
                 outcome = {"ok": True, **_run_in_child(block)}
             except BaseException:  # report everything, SystemExit included
