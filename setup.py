@@ -1,6 +1,21 @@
 """Packaging for parallel_state_ng (engine) and compat (Megatron-Core parallel_state facade)."""
 
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+HERE = Path(__file__).resolve().parent
+
+
+def read_version() -> str:
+    """The version stated once, in parallel_state_ng/_version.py (setup.py must not import the package)."""
+    text = (HERE / "parallel_state_ng" / "_version.py").read_text(encoding="utf-8")
+    found = re.search(r'^__version__ = "([^"]+)"$', text, flags=re.M)
+    if found is None:
+        raise RuntimeError('parallel_state_ng/_version.py has no line __version__ = "..."')
+    return found.group(1)
+
 
 TEST_REQUIRES = [
     "pytest>=7",
@@ -18,13 +33,19 @@ LINT_REQUIRES = ["ruff==0.17.6", "mypy==2.4.1"]
 
 setup(
     name="parallel_state_ng",
-    version="0.1.0",
+    version=read_version(),
     description=(
         "Named-dimension process-group grids with Megatron-Core's exact rank layout, and a "
         "drop-in replacement for megatron.core.parallel_state"
     ),
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    license_files=["LICENSE"],
+    classifiers=[
+        "License :: OSI Approved :: BSD License",
+        "Programming Language :: Python :: 3",
+    ],
     packages=find_packages(include=["parallel_state_ng", "parallel_state_ng.*", "compat"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.4"],

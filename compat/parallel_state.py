@@ -20,7 +20,7 @@ assigns a global directly still sees its own value.
 
 Beyond MCore's API: :func:`get_state`, :func:`use_state`, :func:`detach_state`,
 :func:`destroy_state` (several grids in one job). Deliberate differences from MCore are listed
-in the README ("Compatibility notes").
+in docs/compatibility.md.
 """
 
 from __future__ import annotations

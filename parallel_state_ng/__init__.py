@@ -20,6 +20,7 @@
 The Megatron-shaped global API lives in the separate ``compat`` package.
 """
 
+from parallel_state_ng._version import __version__
 from parallel_state_ng.core.grid import BASE_VIEW, HyperCommGrid
 from parallel_state_ng.core.handles import GroupHandle
 from parallel_state_ng.core.layout import Layout, UnknownDimError
@@ -31,6 +32,7 @@ from parallel_state_ng.mcore.topology import Topology, build_topology
 from parallel_state_ng.mcore.topology_spec import ModuleSpec, TopologySpecError
 
 __all__ = [
+    "__version__",
     "HyperCommGrid",
     "Layout",
     "UnknownDimError",
@@ -49,4 +51,3 @@ __all__ = [
     "megatron_schedule",
     "MegatronSchedule",
 ]
-__version__ = "0.1.0"

@@ -44,6 +44,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: (-cost[item.nodeid.split("::", 1)[0]], first[item.nodeid.split("::", 1)[0]]))
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """After a run that included the docs test: how many doc code blocks it executed and skipped.
+
+    Here, not in tests/docs, because under xdist only this conftest is loaded by the controller.
+    """
+    test = "tests/docs/test_docs_blocks.py::"
+    passed = {r.nodeid for r in terminalreporter.stats.get("passed", ()) if r.nodeid.startswith(test)}
+    if not any(getattr(r, "nodeid", "").startswith(test) for group in terminalreporter.stats.values() for r in group):
+        return
+    from tests.support import doc_blocks
+
+    blocks = doc_blocks.all_blocks()
+    executed = {b.where for b in blocks if f"{test}test_command_block[{b.where}]" in passed}
+    if f"{test}test_python_blocks" in passed:
+        executed |= {b.where for b in blocks if b.kind == "python"}
+    terminalreporter.write_sep("-", "docs code blocks (tests/docs/test_docs_blocks.py)")
+    terminalreporter.write_line(doc_blocks.summary(blocks, executed))
+
+
 @pytest.fixture
 def fake_world():
     """Return ``init(rank, world_size)`` that (re)initializes a fake-backend world.

@@ -239,35 +239,3 @@ def test_ranks_that_disagree_all_raise(gloo_world):
     assert "tensor_model_parallel_size: 2 on ranks 0-2; 4 on rank 3" in outcomes[0]["message"]
     assert all(o["leaked"] == 0 for o in outcomes)
     assert [o["error"] for o in world.run(_build_outcome, {"tensor_model_parallel_size": 2})] == [None] * 4
-
-
-def test_readme_example_runs(fake_world):
-    """README's "Megatron groups without globals" block, run as written on rank 5 of 8.
-
-    An expression line whose comment starts with a literal (``x  # [1, 5]: ...``) must
-    evaluate to it.
-    """
-    import ast
-    from pathlib import Path
-
-    from tests.support.paths import ROOT
-
-    pytest.importorskip("megatron.core.process_groups_config")
-    text = (Path(ROOT) / "README.md").read_text()
-    section = text[text.index("### Megatron groups without globals") :]
-    begin = section.index("```python\n") + len("```python\n")
-    code = section[begin : section.index("```\n", begin)]
-    fake_world(5, 8)
-    scope: dict = {}
-    checked = 0
-    for line in code.splitlines():
-        statement, _, comment = line.partition("  # ")
-        node = ast.parse(statement).body[0] if statement.strip() else None
-        if isinstance(node, ast.Expr) and comment:
-            literal = comment.split(":")[0].strip()
-            assert eval(statement, scope) == ast.literal_eval(literal), line
-            checked += 1
-        else:
-            exec(statement, scope)
-    assert checked == 2
-    assert scope["groups"].destroyed and type(scope["pgc"]).__name__ == "ProcessGroupCollection"

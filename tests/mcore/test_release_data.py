@@ -3,7 +3,7 @@
 
 The facts themselves are checked against every release's own module by
 ``tests/releases/test_releases_compat.py`` (compat serves exactly them); here: the queries an upgrade
-checker relies on, and the counts the README states.
+checker relies on, and the counts docs/releases.md states.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from parallel_state_ng.mcore.releases.facts import release_facts
 @pytest.mark.parametrize(
     "series, functions, globals_, fields",
     [
+        ("0.12", 86, 47, 0),
+        ("0.13", 87, 49, 0),
         ("0.14", 79, 47, 0),
         ("0.15", 80, 48, 20),
         ("0.16", 86, 52, 20),

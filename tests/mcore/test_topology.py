@@ -248,29 +248,3 @@ def test_multi_module_collection_and_rank_role_on_019():
         r = report[f"colocated/{rank}"]
         assert r["modules"] == ["language", "vision"] and r["role_mode"] == r["colocated_mode"]
         assert r["language_tp"] == [2 * (rank // 2), 2 * (rank // 2) + 1]
-
-
-def test_readme_example_runs(fake_world):
-    """README's "Multi-module topologies" block on rank 3 of 6; ``expr  # literal`` lines must hold."""
-    import ast
-
-    from tests.support.paths import ROOT
-
-    text = (Path(ROOT) / "README.md").read_text()
-    section = text[text.index("### Multi-module topologies in one call") :]
-    begin = section.index("```python\n") + len("```python\n")
-    code = section[begin : section.index("```\n", begin)]
-    fake_world(3, 6)
-    scope: dict = {}
-    tree = ast.parse(code)
-    checked = 0
-    lines = code.splitlines()
-    for node in tree.body:
-        source = ast.get_source_segment(code, node)
-        comment = lines[node.end_lineno - 1].partition("  # ")[2]
-        if isinstance(node, ast.Expr) and comment:
-            assert eval(source, scope) == ast.literal_eval(comment.strip()), source
-            checked += 1
-        else:
-            exec(source, scope)
-    assert checked == 3 and scope["topo"]._groups["language"].destroyed

@@ -37,8 +37,8 @@ from typing import Any
 
 from parallel_state_ng.mcore.releases import parse_release
 
-# Public functions compat has in every release on top of Megatron-Core's (documented in the
-# README: state scoping). Anything else compat exposes must be the release's; each of these must
+# Public functions compat has in every release on top of Megatron-Core's (documented in
+# docs/compat.md: several grids in one job). Anything else compat exposes must be the release's; each of these must
 # exist (the list cannot go stale).
 COMPAT_EXTRAS = frozenset({"get_state", "use_state", "detach_state", "destroy_state"})
 # The attribute that says which release compat serves.
