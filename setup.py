@@ -42,10 +42,9 @@ setup(
     long_description_content_type="text/markdown",
     license="BSD-3-Clause",
     license_files=["LICENSE"],
-    classifiers=[
-        "License :: OSI Approved :: BSD License",
-        "Programming Language :: Python :: 3",
-    ],
+    # The licence is the SPDX expression above; no "License ::" classifier: setuptools deprecates
+    # them next to an SPDX licence (a warning today, an error in later releases).
+    classifiers=["Programming Language :: Python :: 3"],
     packages=find_packages(include=["parallel_state_ng", "parallel_state_ng.*", "compat"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.4"],
