@@ -26,6 +26,7 @@ Queries: :func:`functions`, :func:`signature`, :func:`globals_of`, :func:`rank_g
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from parallel_state_ng.mcore.releases import KNOWN_SERIES, SUPPORTED_SERIES, Release, known_release
@@ -417,12 +418,19 @@ def functions(release: str | Release) -> dict[str, tuple[Param, ...]]:
 
 def globals_of(release: str | Release) -> dict[str, type | None]:
     """Every module global of ``release`` -> its import-time value (``None``, or ``dict``: empty dict)."""
-    r = known_release(release)
-    return {
-        name: GLOBAL_VALUE_EXCEPTIONS.get(name, {}).get(r.series, init)
+    return dict(_globals_of_series(known_release(release).series))
+
+
+@functools.cache
+def _globals_of_series(series: str) -> tuple[tuple[str, type | None], ...]:
+    # Cached: compat publishes the globals on every init and destroy (about 130 release
+    # comparisons each time otherwise).
+    r = known_release(series)
+    return tuple(
+        (name, GLOBAL_VALUE_EXCEPTIONS.get(name, {}).get(r.series, init))
         for name, (since, until, init) in GLOBALS.items()
         if Variant(since, until, ()).covers(r)
-    }
+    )
 
 
 def rank_generator_methods(release: str | Release) -> dict[str, tuple[Param, ...]]:
