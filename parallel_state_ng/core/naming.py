@@ -54,6 +54,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from parallel_state_ng.core import liveness
+
 __all__ = [
     "new_member_group",
     "member_set_digest",
@@ -100,6 +102,7 @@ def sync_world() -> None:
     _unsettled.clear()
     _live.clear()
     _dead.clear()
+    liveness.reset_world_state()
     for callback in _new_world_callbacks:
         callback()
 
@@ -153,6 +156,10 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
     member to finish creating it (see the module docstring). Other keyword arguments
     (``timeout``, ``backend``, ``pg_options``, ``group_desc``) go to
     ``torch.distributed.new_group``.
+
+    Raises:
+        RankFailureError: a member died or stopped before the gloo group was connected; raised
+            within :func:`parallel_state_ng.core.liveness.creation_timeout`, naming it.
     """
     if not isinstance(ranks, list):
         ranks = list(ranks)
@@ -166,7 +173,12 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
     if original is not None:
         c10d._process_group_name = lambda _ranks, use_hashed_name=False: name
     try:
-        group = dist.new_group(ranks=ranks, use_local_synchronization=True, **kwargs)
+        group = liveness.guarded_create(
+            lambda kw: dist.new_group(ranks=ranks, use_local_synchronization=True, **kw), ranks, name, kwargs
+        )
+    except liveness.RankFailureError as err:
+        mark_dead(err.dead)  # no later destroy waits for them
+        raise
     finally:
         if original is not None:
             c10d._process_group_name = original
