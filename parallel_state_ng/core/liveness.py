@@ -4,7 +4,7 @@ Without this, a rank that dies after the agreement check leaves the survivors bl
 gloo's connect (and torch's rendezvous) for the group timeout: 30 minutes by default. Here:
 
 * **Bounded creation.** A gloo group is created with a short timeout (:func:`creation_timeout`,
-  three quarters of :data:`ENV_FAILURE_TIMEOUT`, default 30 s) and given the caller's timeout
+  0.7 × :data:`ENV_FAILURE_TIMEOUT`, default 30 s) and given the caller's timeout
   right after (torch's ``_set_pg_timeout``, which gloo and NCCL honour): the healthy path pays
   nothing, a missing member makes the creation raise within the bound.
 * **Arrival marks** name the missing member. Each member leaves one mark in the default store
@@ -101,11 +101,12 @@ def failure_timeout() -> float:
 
 def creation_timeout() -> float:
     """Seconds a group's creation may wait for its members (0: unbounded, the caller's timeout)."""
-    return 0.75 * failure_timeout()
+    return 0.7 * failure_timeout()
 
 
 def _grace() -> float:
-    return min(2.0, 0.1 * failure_timeout())
+    """How long a failing rank waits for the other members' failure records (1 to 3 s)."""
+    return max(1.0, min(3.0, 0.1 * failure_timeout()))
 
 
 def _store() -> Any:
@@ -142,13 +143,24 @@ def _missing_members(store: Any, name: str, ranks: Sequence[int]) -> list[int]:
     return [r for r in ranks if not store.check([f"{_ARRIVE}{name}/{r}"])]
 
 
-def _root_cause(store: Any, missing: list[int]) -> list[int]:
-    """Replace missing members that are alive but failed elsewhere by what they found missing."""
+def _root_cause(store: Any, missing: list[int], rank: int) -> list[int]:
+    """The dead among ``missing``: members with no failure record within the grace period.
+
+    A member that is alive but failed elsewhere (blocked behind a dead rank) has a record;
+    the ranks *it* found dead replace it. One whose record names nobody yet is alive and is
+    not named.
+    """
     deadline = time.monotonic() + _grace()
     dead: set[int] = set()
     for r in missing:
         record = _failure_record(store, r, deadline - time.monotonic())
-        dead.update(record["dead"] if record and record.get("dead") else [r])
+        while record is not None and not record.get("dead") and time.monotonic() < deadline:
+            time.sleep(0.05)
+            record = _failure_record(store, r, 0.001)
+        if record is None:
+            dead.add(r)
+        else:
+            dead.update(x for x in record.get("dead") or [] if x != rank)
     return sorted(dead)
 
 
@@ -182,21 +194,25 @@ def guarded_create(create: Callable[[dict], Any], ranks: Sequence[int], name: st
     return group
 
 
-def _creation_failure(store: Any, rank: int, name: str, ranks: Sequence[int], exc: Exception, took: float, label: str):
+def _creation_failure(
+    store: Any, rank: int, name: str, ranks: Sequence[int], exc: Exception, took: float, label: str
+) -> RankFailureError:
     desc = f"creating group {label} over ranks {_short(ranks)}"
+    _record_failure(store, rank, {"dead": [], "step": desc})  # "alive, failed here": for the others
     missing = _missing_members(store, name, ranks)
-    if not missing:  # all arrived: whoever left no failure record died during the connect
-        deadline = time.monotonic() + _grace()
-        missing = [r for r in ranks if r != rank and _failure_record(store, r, deadline - time.monotonic()) is None]
+    how = "never reached this group"
+    if not missing:  # all arrived: whoever leaves no failure record died while connecting
+        missing = [r for r in ranks if r != rank]
         how = "died while connecting (arrived, then left no failure record)"
-    else:
-        how = "never reached this group"
-    _record_failure(store, rank, {"dead": missing, "step": desc})
-    dead = _root_cause(store, missing) if missing else []
-    via = "" if dead == missing else f" (rank(s) {missing} {how}; they were blocked behind the rank(s) named)"
-    who = f"rank(s) {dead} {how if dead == missing else 'died or stopped'}" if dead else "no member could be named"
-    message = f"rank {rank}: {desc} failed after {took:.1f} s: {who}{via} [{type(exc).__name__}: {str(exc)[:200]}]"
+    dead = _root_cause(store, missing, rank)
     _record_failure(store, rank, {"dead": dead, "step": desc})
+    if dead and set(dead) <= set(missing):
+        who = f"rank(s) {dead} {how}"
+    elif dead:
+        who = f"rank(s) {dead} died or stopped (found by the members {missing} this group waited for)"
+    else:
+        who = "no member could be named (every member left a failure record)"
+    message = f"rank {rank}: {desc} failed after {took:.1f} s: {who} [{type(exc).__name__}: {str(exc)[:200]}]"
     return RankFailureError(message, dead=dead, step=desc, reporter=None, group=list(ranks))
 
 
