@@ -195,6 +195,7 @@ def initialize_model_parallel(
             sharp_enabled_group=sharp_enabled_group,
             hybrid_context_parallel=hybrid_context_parallel,
         ),
+        name="initialize_model_parallel",
     )
     _scoping.set_active(state)
     if pipeline_model_parallel_split_rank is not None:  # 0.12-0.13; kept across destroy, as in MCore

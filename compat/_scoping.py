@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from parallel_state_ng.core.abort import AbortResult, abort_groups
 from parallel_state_ng.mcore.scope import allow_globals
 
 from . import _state
@@ -21,7 +22,15 @@ from ._namespace import facade as ps
 from ._publish import BLOCK_OVERRIDES, BUFFER_GLOBALS, OVERRIDE_GLOBALS, STATE_EXTRAS, publish, state_globals
 from ._release import FACTS
 
-__all__ = ["get_state", "set_active", "use_state", "detach_state", "destroy_state", "destroy_model_parallel"]
+__all__ = [
+    "get_state",
+    "set_active",
+    "use_state",
+    "detach_state",
+    "destroy_state",
+    "destroy_model_parallel",
+    "abort_model_parallel",
+]
 
 # The state object the globals mirror (None when not initialized).
 _ACTIVE: list[_state.ParallelState | None] = [None]
@@ -221,3 +230,35 @@ def destroy_model_parallel() -> None:
     if state is not None:
         _DETACHED.pop(id(state), None)
         _state.destroy_state(state)
+
+
+def abort_model_parallel(*, world: bool = False) -> AbortResult:
+    """Abort every group this rank created and reset the module, without waiting for any peer.
+
+    Not MCore API. For a rank whose peers died or stopped: where ``destroy_model_parallel``
+    could wait for them, this issues no collective and no store operation. Every group the
+    engine created in this process is aborted and unregistered from torch (the active grid,
+    detached grids, grids, ``MegatronGroups`` and topologies alike; see
+    :func:`parallel_state_ng.core.abort.abort_groups`), and every module global is reset as
+    ``destroy_model_parallel`` resets it, so ``initialize_model_parallel`` can run again (in a
+    new world after an in-process restart). A later ``destroy_model_parallel`` or grid
+    ``destroy()`` does nothing and returns at once. Call it outside ``use_state`` blocks (a
+    block's exit restores the grid it suspended, whose groups are gone).
+
+    Args:
+        world: also abort the default group and every other group in torch's registry
+            (needed before ``init_process_group`` can build a new world in this process).
+
+    Returns:
+        What was aborted (:class:`~parallel_state_ng.core.abort.AbortResult`).
+    """
+    ns = _ns()
+    states = [_ACTIVE[0], *(state for state, _ in _DETACHED.values()), *_SUSPENDED]
+    _clear_module(ns)
+    _DETACHED.clear()
+    result = abort_groups(world=world)
+    for state in states:
+        if state is not None:
+            state.handles.clear()
+            state.created.clear()
+    return result

@@ -19,7 +19,8 @@ module globals mirror that state; the getters read the globals, as Megatron's do
 assigns a global directly still sees its own value.
 
 Beyond MCore's API: :func:`get_state`, :func:`use_state`, :func:`detach_state`,
-:func:`destroy_state` (several grids in one job). Deliberate differences from MCore are listed
+:func:`destroy_state` (several grids in one job), :func:`abort_model_parallel` (abort every
+group without waiting for dead or stopped peers). Deliberate differences from MCore are listed
 in docs/compatibility.md.
 """
 
@@ -67,3 +68,4 @@ get_state = _scoping.get_state
 use_state = _scoping.use_state
 detach_state = _scoping.detach_state
 destroy_state = _scoping.destroy_state
+abort_model_parallel = _scoping.abort_model_parallel

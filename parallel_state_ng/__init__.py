@@ -16,11 +16,14 @@
   :class:`GlobalStateRefusedError` instead of answering for another grid
   (``MegatronGroups.scope()``); :func:`ensure_global_memory_buffer` and
   :func:`megatron_schedule` — the rest of the pg_collection path's set-up.
+* :func:`abort_groups` — abort every group the engine created in this process, with no
+  collective and no store wait (a rank's peers died or stopped).
 
 The Megatron-shaped global API lives in the separate ``compat`` package.
 """
 
 from parallel_state_ng._version import __version__
+from parallel_state_ng.core.abort import AbortResult, abort_groups
 from parallel_state_ng.core.grid import BASE_VIEW, HyperCommGrid
 from parallel_state_ng.core.handles import GroupHandle
 from parallel_state_ng.core.layout import Layout, UnknownDimError
@@ -50,4 +53,6 @@ __all__ = [
     "ensure_global_memory_buffer",
     "megatron_schedule",
     "MegatronSchedule",
+    "abort_groups",
+    "AbortResult",
 ]

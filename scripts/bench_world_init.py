@@ -14,6 +14,8 @@ implementation:
   with compat's backend and timeout, under a name all members agree on (rank-list digest and a
   per-list count, as compat names its groups); no agreement check, readiness marks, layout
   math, state or getters.
+* ``compat_unwatched`` — compat with the failure detection off (``PSNG_FAILURE_TIMEOUT=0``:
+  no bounded creation, arrival marks or closing round; what compat did before it).
 
 What is timed on every rank, from the end of a world barrier: ``initialize_model_parallel``
 plus one all-reduce on the tensor- and on the data-parallel group (checked for the right sum).
@@ -49,7 +51,7 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IMPLS = ("mcore", "compat", "compat_share", "floor")
+IMPLS = ("mcore", "compat", "compat_share", "compat_unwatched", "floor")
 ARG_OF = {
     "tp": "tensor_model_parallel_size",
     "pp": "pipeline_model_parallel_size",
@@ -153,6 +155,8 @@ def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[s
     mod = mods["mcore" if impl == "mcore" else "compat"]
     if sharing is not None:
         sharing.set_group_sharing(impl == "compat_share")
+    if impl == "compat_unwatched":
+        os.environ["PSNG_FAILURE_TIMEOUT"] = "0"
     before = set(world.pg_map)
     dist.barrier()
     for c in clocks.values():
@@ -178,6 +182,7 @@ def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[s
                 dist.destroy_process_group(pg)
     if sharing is not None:
         sharing.set_group_sharing(None)
+    os.environ.pop("PSNG_FAILURE_TIMEOUT", None)
     assert all(a == b for a, b in sums), sums
     assert not [pg for pg in world.pg_map if pg not in before], "groups left after destroy"
     return {"total": t_total, "init": t_init, "destroy": t_destroy, "communicators": len(created), **split}

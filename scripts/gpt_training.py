@@ -281,16 +281,24 @@ def optimizer_config(cfg: TrainConfig):
 
 
 def train_steps(
-    cfg: TrainConfig, model: list, optimizer, forward_backward, last_stage: bool, dp_group, reporter: bool
+    cfg: TrainConfig,
+    model: list,
+    optimizer,
+    forward_backward,
+    last_stage: bool,
+    dp_group,
+    reporter: bool,
+    first_step: int = 0,
 ) -> tuple[list[float], list[float]]:
     """``cfg.steps`` optimizer steps with the schedule ``forward_backward``; (losses, grad norms).
 
     Losses exist on the last pipeline stage only (mean over microbatches and the data-parallel
-    group ``dp_group``); ``reporter`` prints each step.
+    group ``dp_group``); ``reporter`` prints each step. ``first_step`` is the index of the first
+    step's data (a run resumed after ``first_step`` steps sees the data it would have seen).
     """
     dp_rank = dist.get_rank(dp_group)
     losses, grad_norms = [], []
-    for step in range(cfg.steps):
+    for step in range(first_step, first_step + cfg.steps):
         for m in model:
             m.zero_grad_buffer()
         optimizer.zero_grad()

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from parallel_state_ng.core import naming
 from parallel_state_ng.core.agreement_protocol import (
     AgreementError,
     ParallelConfigMismatchError,
@@ -154,6 +155,7 @@ class AgreementResult:
 
 # --------------------------------------------------------------------------- public entry
 _sequences: dict[str, int] = {}
+naming.on_new_world(_sequences.clear)  # a new default group: every rank counts from 0 again
 
 
 def _participants(group: Any) -> tuple[Sequence[int], str]:
@@ -226,6 +228,7 @@ def check_agreement(
     if store is None:
         store = dist.distributed_c10d._get_default_store()
     key = f"{name}/{participants_id}"
+    naming.sync_world()
     sequence = _sequences.get(key, 0)
     _sequences[key] = sequence + 1
     round_store = dist.PrefixStore(f"{_KEY_ROOT}/{key}/{sequence}/", store)

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from parallel_state_ng.core import agreement as _agreement
 from parallel_state_ng.core.layout import DimsArg, Layout, UnknownDimError
 from parallel_state_ng.core.mesh import MeshDimsArg, mesh_over_groups
-from parallel_state_ng.core.naming import destroy_groups, new_member_group
+from parallel_state_ng.core.naming import destroy_groups, new_member_group, track_group
 from parallel_state_ng.core.sharing import GroupPool, group_sharing_enabled
 
 # UnknownDimError: megatron raises ValueError for an unknown name in a list and KeyError for an
@@ -352,7 +352,7 @@ class HyperCommGrid:
         pg = None
         if all_ranks:
             for ranks in layout.enumerate_groups(dims).tolist():
-                group = dist.new_group(ranks=ranks, backend=backend, **kwargs)
+                group = track_group(dist.new_group(ranks=ranks, backend=backend, **kwargs))
                 if rank in ranks:
                     pg = group
         elif layout.contains(rank):

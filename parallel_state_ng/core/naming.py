@@ -29,12 +29,24 @@ after a failure never hangs. (A barrier at the end of every creation, the previo
 one synchronization of all members on the critical path of each group: 30 % of the init time
 of an 8-process job.) Groups destroyed with ``torch.distributed.destroy_process_group``
 directly get no such guard, exactly as groups made by ``torch.distributed.new_group``.
+The bound counts from the group's creation, not from the destroy: a group older than the
+bound is destroyed without waiting, and members known to be dead (:func:`mark_dead`, filled
+by the failure detection of :mod:`parallel_state_ng.core.failure`) are never waited for.
+
+Every group made here is kept in a process-wide registry of live groups (:func:`live_groups`)
+until it is destroyed, so :mod:`parallel_state_ng.core.abort` can abort every group the engine
+created without knowing who owns it. A new default process group (``init_process_group``
+after ``destroy_process_group``: an in-process restart) starts afresh: names count from 0
+again (a replacement process and the survivors must agree on them, so the new world needs a
+fresh store or store prefix, as torch's own group names restart too), and the registries of
+the old world are dropped.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 from array import array
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
@@ -42,7 +54,20 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["new_member_group", "member_set_digest", "destroy_groups", "ENV_SETTLE_TIMEOUT"]
+from parallel_state_ng.core import liveness
+
+__all__ = [
+    "new_member_group",
+    "member_set_digest",
+    "destroy_groups",
+    "track_group",
+    "live_groups",
+    "forget_groups",
+    "mark_dead",
+    "on_new_world",
+    "sync_world",
+    "ENV_SETTLE_TIMEOUT",
+]
 
 #: Environment variable: the most seconds :func:`destroy_groups` waits for the members of a gloo
 #: group to finish creating it (default 30).
@@ -50,8 +75,71 @@ ENV_SETTLE_TIMEOUT = "PSNG_DESTROY_SETTLE_TIMEOUT"
 _READY_PREFIX = "psng-ready/"
 
 _created_by_member_set: dict[str, int] = {}
-# Gloo groups made here whose members' readiness marks were not yet seen: name -> group size.
-_unsettled: dict[str, int] = {}
+# Gloo groups made here whose members' readiness marks were not yet seen:
+# name -> (group size, time.monotonic() at creation).
+_unsettled: dict[str, tuple[int, float]] = {}
+# Every group made here and not destroyed through destroy_groups, in creation order: id -> group.
+_live: dict[int, Any] = {}
+# Global ranks known to be dead in the current world (never waited for).
+_dead: set[int] = set()
+# The default group the registries above belong to, and what to reset when it changes.
+_world_of_state: list[Any] = [None]
+_new_world_callbacks: list[Any] = []
+
+
+def on_new_world(callback: Any) -> None:
+    """Call ``callback()`` whenever a new default process group is seen (per-world state resets)."""
+    _new_world_callbacks.append(callback)
+
+
+def sync_world() -> None:
+    """Drop the registries and name counters of an earlier default group (see the module docstring)."""
+    default = dist.distributed_c10d._world.default_pg
+    if default is _world_of_state[0]:
+        return
+    _world_of_state[0] = default
+    _created_by_member_set.clear()
+    _unsettled.clear()
+    _live.clear()
+    _dead.clear()
+    liveness.reset_world_state()
+    for callback in _new_world_callbacks:
+        callback()
+
+
+def track_group(group: Any) -> Any:
+    """Record ``group`` (made by this process, e.g. with a plain ``new_group``) as live; return it."""
+    if isinstance(group, dist.ProcessGroup):
+        sync_world()
+        _live[id(group)] = group
+    return group
+
+
+def live_groups() -> list[Any]:
+    """The groups made through this module (or :func:`track_group`) and not yet destroyed here."""
+    return list(_live.values())
+
+
+def forget_groups(groups: Iterable[Any]) -> None:
+    """Drop ``groups`` from the registries without touching them (they were aborted or destroyed elsewhere)."""
+    names = dist.distributed_c10d._world.pg_names
+    for pg in groups:
+        _live.pop(id(pg), None)
+        name = names.get(pg)
+        if name is not None:
+            _unsettled.pop(name, None)
+
+
+def forget_all() -> None:
+    """Drop every registry entry (after an abort of all the engine's groups)."""
+    _live.clear()
+    _unsettled.clear()
+
+
+def mark_dead(ranks: Iterable[int]) -> None:
+    """Record global ``ranks`` as dead in the current world: no destroy waits for them."""
+    sync_world()
+    _dead.update(int(r) for r in ranks)
 
 
 def member_set_digest(ranks: Sequence[int]) -> str:
@@ -68,9 +156,14 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
     member to finish creating it (see the module docstring). Other keyword arguments
     (``timeout``, ``backend``, ``pg_options``, ``group_desc``) go to
     ``torch.distributed.new_group``.
+
+    Raises:
+        RankFailureError: a member died or stopped before the gloo group was connected; raised
+            within :func:`parallel_state_ng.core.liveness.creation_timeout`, naming it.
     """
     if not isinstance(ranks, list):
         ranks = list(ranks)
+    sync_world()
     digest = member_set_digest(ranks)
     count = _created_by_member_set.get(digest, 0)
     name = f"psng-{digest}-{count}"
@@ -80,11 +173,17 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
     if original is not None:
         c10d._process_group_name = lambda _ranks, use_hashed_name=False: name
     try:
-        group = dist.new_group(ranks=ranks, use_local_synchronization=True, **kwargs)
+        group = liveness.guarded_create(
+            lambda kw: dist.new_group(ranks=ranks, use_local_synchronization=True, **kw), ranks, name, kwargs
+        )
+    except liveness.RankFailureError as err:
+        mark_dead(err.dead)  # no later destroy waits for them
+        raise
     finally:
         if original is not None:
             c10d._process_group_name = original
     _created_by_member_set[digest] = count + 1
+    track_group(group)
     if isinstance(group, dist.ProcessGroup) and len(ranks) > 1 and "gloo" in str(dist.get_backend(group)):
         _mark_ready(group, name, len(ranks))
     return group
@@ -101,7 +200,7 @@ def _mark_ready(group: Any, name: str, size: int) -> None:
         live = set(dist.distributed_c10d._world.pg_names.values())
         for stale in [n for n in _unsettled if n not in live]:
             del _unsettled[stale]
-    _unsettled[name] = size
+    _unsettled[name] = (size, time.monotonic())
 
 
 def _settle_timeout() -> timedelta:
@@ -116,12 +215,23 @@ def _settle_timeout() -> timedelta:
 
 
 def _settle(group: Any, name: str) -> None:
-    """Wait (bounded) until every member of a gloo group made here has finished creating it."""
-    size = _unsettled.pop(name, None)
-    if size is None:
+    """Wait (bounded) until every member of a gloo group made here has finished creating it.
+
+    The bound counts from the group's creation; members known to be dead are not waited for.
+    """
+    entry = _unsettled.pop(name, None)
+    if entry is None:
         return
+    size, created = entry
+    left = _settle_timeout().total_seconds() - (time.monotonic() - created)
+    if left <= 0:
+        return
+    keys = [f"{_READY_PREFIX}{r}" for r in range(size)]
+    if _dead:
+        ranks = dist.get_process_group_ranks(group)
+        keys = [f"{_READY_PREFIX}{i}" for i, r in enumerate(ranks) if r not in _dead]
     try:
-        _group_store(group).wait([f"{_READY_PREFIX}{r}" for r in range(size)], _settle_timeout())
+        _group_store(group).wait(keys, timedelta(seconds=left))
     except Exception:  # noqa: BLE001 - a member that never marks is dead or failed: closing is safe
         pass
 
@@ -135,13 +245,18 @@ def destroy_groups(groups: Iterable[Any]) -> int:
     ``torch.distributed.destroy_process_group``, this removes the now empty
     ``ptd:<group name>`` tag list torch keeps for every named group.
     """
-    if not dist.is_initialized():
+    if not dist.is_initialized():  # the default group (and with it every group) was destroyed
+        for pg in groups:
+            _live.pop(id(pg), None)
         return 0
     world = dist.distributed_c10d._world
     done = 0
     seen: set[int] = set()
     for pg in groups:
-        if pg is None or id(pg) in seen or pg not in world.pg_map:
+        if pg is None or id(pg) in seen:
+            continue
+        _live.pop(id(pg), None)
+        if pg not in world.pg_map:  # destroyed or aborted elsewhere
             continue
         seen.add(id(pg))
         tag = world.pg_to_tag.get(pg)

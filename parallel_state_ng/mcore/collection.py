@@ -303,6 +303,7 @@ def build_megatron_groups(
             embedding_groups=create_embedding_groups,
             pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
         ),
+        name="build_megatron_groups",
     )
     return MegatronGroups(layout, rank, groups)
 

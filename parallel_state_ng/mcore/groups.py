@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from parallel_state_ng.core.handles import GroupHandle
-from parallel_state_ng.core.naming import destroy_groups
+from parallel_state_ng.core.liveness import InitWatch
+from parallel_state_ng.core.naming import destroy_groups, sync_world
 from parallel_state_ng.core.sharing import GroupPool
 from parallel_state_ng.mcore.kinds import GROUP_KINDS, Fill, fills
 from parallel_state_ng.mcore.layout import MegatronLayout
@@ -179,20 +180,34 @@ def create_model_groups(
     timeout: timedelta,
     nccl_options: Callable[[str], Any],
     options: PlanOptions,
+    name: str = "create_model_groups",
 ) -> ModelParallelGroups:
     """Create ``rank``'s groups for ``layout`` and ``options``; atomic (see the module docstring).
 
     ``nccl_options(key)`` gives the ``pg_options`` of a group whose kind has NCCL-config key
-    ``key``; ``timeout`` is the timeout of the groups whose rule is ``"init"``.
+    ``key``; ``timeout`` is the timeout of the groups whose rule is ``"init"``. ``name`` (the
+    caller's function) appears in errors. Every rank of the layout ends with one closing
+    round (:class:`~parallel_state_ng.core.liveness.InitWatch`): if any of them died, stopped
+    or failed while creating its groups, every survivor raises
+    :class:`~parallel_state_ng.core.liveness.RankFailureError` within the failure bound and
+    rolls back.
     """
     state = ModelParallelGroups(layout=layout, rank=rank)
     creator = _Creator(state, timeout)
+    sync_world()
+    watch = InitWatch(name, range(layout.rank_offset, layout.rank_offset + layout.layout_world_size))
     try:
-        for step in group_plan(layout, rank, options):
+        for index, step in enumerate(group_plan(layout, rank, options)):
+            if not isinstance(step, SetCollnet):
+                watch.step = f"step {index + 1} of its group plan ({getattr(step, 'key', 'SHARP barrier')!r})"
             _execute(step, state, creator, nccl_options)
-    except BaseException:
+        watch.finish()
+    except BaseException as exc:
+        error = watch.fail(exc)
         destroy_groups(state.created)
-        raise
+        if error is exc:
+            raise
+        raise error from exc
     return state
 
 

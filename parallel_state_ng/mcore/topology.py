@@ -22,6 +22,8 @@ import torch.distributed as dist
 
 from parallel_state_ng.core.agreement import agreement_check_settings, check_agreement
 from parallel_state_ng.core.grid import HyperCommGrid
+from parallel_state_ng.core.liveness import InitWatch
+from parallel_state_ng.core.naming import sync_world
 from parallel_state_ng.core.sharing import group_sharing_enabled
 from parallel_state_ng.mcore.collection import MegatronGroups, NoCollectionError, build_megatron_groups
 from parallel_state_ng.mcore.kinds import kind_exists, token_kind_dims
@@ -214,8 +216,11 @@ def build_topology(
     rank = dist.get_rank()
     built: dict[str, MegatronGroups] = {}
     grids: dict[str, HyperCommGrid] = {}
+    sync_world()
+    watch = InitWatch("build_topology", range(dist.get_world_size()))  # every rank raises if one failed
     try:
         for p in placements:
+            watch.step = f"building module {p.name!r}"
             built[p.name] = build_megatron_groups(
                 **p.spec.sizes(),
                 **dict(p.spec.options),
@@ -227,10 +232,14 @@ def build_topology(
             )
             assert built[p.name].is_member == (rank in p.ranks)
             grids[p.name] = _module_grid(p, built[p.name])
-    except BaseException:
+        watch.finish()
+    except BaseException as exc:
+        error = watch.fail(exc)
         for grid in grids.values():
             grid.destroy()
         for groups in built.values():
             groups.destroy()
-        raise
+        if error is exc:
+            raise
+        raise error from exc
     return Topology(placements, built, grids)

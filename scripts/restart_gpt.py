@@ -1,0 +1,279 @@
+"""A rank is killed mid-training; the survivors rebuild at a smaller dp and go on, in the same processes.
+
+    python scripts/restart_gpt.py                    # tp2 pp2 dp2, kill rank 5 after step 3 of 6
+
+8 spawned gloo processes (compat installed into Megatron) train the tiny GPT of
+``scripts/train_gpt.py`` (``GPTModel``, Megatron's schedule, DDP, Adam) at tp 2 × pp 2 × dp 2.
+After ``--kill-after`` steps each rank keeps an in-memory copy of its parameters and optimizer
+state, and rank ``--victim`` kills itself (``SIGKILL``). The survivors:
+
+1. **detect** it in their next training step (gloo raises at once on the ranks connected to
+   it; the others hit the bounded collective timeout, ``--detect-timeout``), then agree on the
+   dead through the store (each survivor leaves a mark; the dead cannot);
+2. **abort**: ``abort_model_parallel(world=True)`` (no collective, no store wait);
+3. **rebuild**: :func:`~parallel_state_ng.mcore.rebuild.plan_rebuild` (tp, pp kept, dp 2 -> 1),
+   a new default group over a new prefix of the same store, ``initialize_model_parallel``;
+   ranks outside the new world leave;
+4. **restore**: a new model, DDP and optimizer over the new groups, loaded from the copy
+   (the surviving replica's ranks keep their positions: each restores its own state);
+
+and train the remaining steps at dp 1. A fresh tp 2 × pp 2 × dp 1 run on 4 new processes,
+loaded from the same state (saved by the survivors), trains the same steps: its losses must
+be bit-identical. Printed: the time from the kill to the first step after the restart, split
+into detection / abort / rebuild / restore, and both loss lists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for _p in (HERE, ROOT):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from gpt_config import TrainConfig  # noqa: E402
+
+
+def _setup(cfg: TrainConfig) -> tuple[list, Any, Any]:
+    """Model chunks (DDP-wrapped), optimizer and schedule over the current parallel state."""
+    import gpt_training as gt
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    seed = cfg.seed + 100 * ps.get_pipeline_model_parallel_rank()
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+    tcfg = gt._transformer_config(cfg)
+    chunks = gt._build_model(cfg, tcfg)
+    model = [DistributedDataParallel(tcfg, gt.ddp_config(cfg), chunk) for chunk in chunks]
+    tcfg.no_sync_func = model[0].no_sync
+    tcfg.finalize_model_grads_func = finalize_model_grads
+    optimizer = get_megatron_optimizer(gt.optimizer_config(cfg), model)
+    return model, optimizer, get_forward_backward_func()
+
+
+def _snapshot(model: list, optimizer: Any) -> dict[str, Any]:
+    return {
+        "params": [[p.detach().clone() for p in m.parameters()] for m in model],
+        "optimizer": copy.deepcopy(optimizer.state_dict()),
+    }
+
+
+def _restore(model: list, optimizer: Any, snap: dict[str, Any]) -> None:
+    import torch
+
+    with torch.no_grad():
+        for m, saved in zip(model, snap["params"], strict=True):
+            for p, value in zip(m.parameters(), saved, strict=True):
+                p.copy_(value)
+    optimizer.load_state_dict(snap["optimizer"])
+
+
+def _steps(cfg: TrainConfig, model: list, optimizer: Any, fb: Any, first: int, count: int) -> list[float]:
+    import gpt_training as gt
+    from megatron.core import parallel_state as ps
+
+    last = ps.is_pipeline_last_stage(ignore_virtual=True)
+    losses, _ = gt.train_steps(
+        replace(cfg, steps=count), model, optimizer, fb, last, ps.get_data_parallel_group(), False, first_step=first
+    )
+    return losses if last else []
+
+
+def _survivors(store: Any, rank: int, world: int, wait_s: float) -> list[int]:
+    store.set(f"alive/{rank}", "")
+    deadline = time.monotonic() + wait_s
+    alive = []
+    for r in range(world):
+        try:
+            store.wait([f"alive/{r}"], timedelta(seconds=max(deadline - time.monotonic(), 0.01)))
+            alive.append(r)
+        except Exception:  # noqa: BLE001 - no mark in time: dead
+            pass
+    return alive
+
+
+def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, directory: str) -> dict[str, Any]:
+    """Phase A at dp 2, the kill, detection / abort / rebuild / restore, phase B at dp 1."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from parallel_state_ng.core import naming
+    from parallel_state_ng.mcore.rebuild import plan_rebuild
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
+    layout = ps.get_state().layout
+    model, optimizer, fb = _setup(cfg)
+    _steps(cfg, model, optimizer, fb, 0, args.kill_after)
+    snap = _snapshot(model, optimizer)  # the in-memory copy every rank keeps
+    store = dist.distributed_c10d._get_default_store()
+    bound = timedelta(seconds=args.detect_timeout)
+    for group in [None, *naming.live_groups()]:  # a bounded collective timeout from now on
+        dist.distributed_c10d._set_pg_timeout(bound, group)
+    dist.barrier()
+    if rank == args.victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t_kill = time.monotonic()
+    try:
+        _steps(cfg, model, optimizer, fb, args.kill_after, 1)
+        failed_in_step = False
+    except RuntimeError:
+        failed_in_step = True
+    alive = _survivors(store, rank, cfg.world_size, args.agree_wait)
+    dead = sorted(set(range(cfg.world_size)) - set(alive))
+    t_detect = time.monotonic()
+    ps.abort_model_parallel(world=True)
+    t_abort = time.monotonic()
+    plan = plan_rebuild(layout, dead, keep_spares=False)
+    new_rank = plan.new_rank_of(rank)
+    out: dict[str, Any] = {"rank": rank, "dead": dead, "failed_in_step": failed_in_step, "new_rank": new_rank}
+    if new_rank is None:
+        return out
+    dist.init_process_group(
+        "gloo", rank=new_rank, world_size=plan.world_size, store=dist.PrefixStore("restart-1/", store)
+    )
+    ps.initialize_model_parallel(**plan.initialize_kwargs)
+    t_rebuild = time.monotonic()
+    small = replace(cfg, dp=plan.data_parallel_size)
+    model, optimizer, fb = _setup(small)
+    assert plan.source_of(new_rank) == rank  # shrink: this rank's own state is its new position's
+    _restore(model, optimizer, snap)
+    t_restore = time.monotonic()
+    torch.save(snap, os.path.join(directory, f"state-{new_rank}.pt"))
+    losses = _steps(small, model, optimizer, fb, args.kill_after, args.steps - args.kill_after)
+    out.update(
+        losses=losses,
+        seconds={
+            "detection": t_detect - t_kill,
+            "abort": t_abort - t_detect,
+            "rebuild": t_rebuild - t_abort,
+            "restore": t_restore - t_rebuild,
+        },
+        groups_after=len(dist.distributed_c10d._world.pg_map),
+    )
+    ps.destroy_model_parallel()
+    return out
+
+
+def fresh_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, directory: str) -> dict[str, Any]:
+    """The reference: a fresh dp 1 run loaded from the state the survivors saved."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
+    model, optimizer, fb = _setup(cfg)
+    _restore(model, optimizer, torch.load(os.path.join(directory, f"state-{rank}.pt"), weights_only=False))
+    losses = _steps(cfg, model, optimizer, fb, args.kill_after, args.steps - args.kill_after)
+    ps.destroy_model_parallel()
+    return {"rank": rank, "losses": losses}
+
+
+def _rank_main(rank: int, world: int, fn_name: str, cfg: TrainConfig, args: Any, directory: str, out: Any) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    warnings.filterwarnings("ignore")
+    try:
+        import gpt_training as gt
+        import torch
+        import torch.distributed as dist
+        from cpu_shims import CpuShims
+
+        torch.set_num_threads(1)
+        store = dist.FileStore(os.path.join(directory, f"store-{fn_name}"), world)
+        dist.init_process_group("gloo", rank=rank, world_size=world, store=store)
+        with gt.parallel_state_impl("compat", "after"), CpuShims() as shims:
+            shims.patch_megatron()
+            with shims.cuda_to_cpu():
+                result = globals()[fn_name](rank, cfg, args, directory)
+        out.put((rank, True, result))
+    except BaseException as exc:  # reported by the parent
+        out.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    out.close()
+    out.join_thread()
+    os._exit(0)
+
+
+def _launch(world: int, fn_name: str, cfg: TrainConfig, args: Any, directory: str, expect: int) -> dict[int, Any]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world, fn_name, cfg, args, directory, out), daemon=True)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + args.timeout
+    while len(results) < expect and time.monotonic() < deadline:
+        try:
+            rank, ok, value = out.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if not ok:
+            raise RuntimeError(f"rank {rank} failed:\n{value}")
+        results[rank] = value
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    return results
+
+
+def main() -> int:
+    """Run the restart and the reference; print the timings and the losses."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--kill-after", type=int, default=3)
+    parser.add_argument("--victim", type=int, default=5)
+    parser.add_argument("--detect-timeout", type=float, default=5.0, help="collective timeout after the kill")
+    parser.add_argument(
+        "--agree-wait", type=float, default=8.0, help="seconds survivors wait for each other's marks (> detect timeout)"
+    )
+    parser.add_argument("--timeout", type=float, default=900.0)
+    args = parser.parse_args()
+    cfg = TrainConfig(impl="compat", tp=2, pp=2, dp=2)
+    with tempfile.TemporaryDirectory() as directory:
+        restarted = _launch(cfg.world_size, "restarted_rank", cfg, args, directory, cfg.world_size - 1)
+        kept = {r["new_rank"]: r for r in restarted.values() if r["new_rank"] is not None}
+        small = replace(cfg, dp=1)
+        fresh = _launch(small.world_size, "fresh_rank", small, args, directory, small.world_size)
+    dead = sorted({tuple(r["dead"]) for r in restarted.values()})
+    print(f"killed rank {args.victim} after step {args.kill_after}; survivors agreed on dead {dead}")
+    print(f"ranks that failed in their next step: {sorted(r for r, v in restarted.items() if v['failed_in_step'])}")
+    print(f"new world: old ranks -> new ranks {sorted((v['rank'], k) for k, v in kept.items())}")
+    for part in ("detection", "abort", "rebuild", "restore"):
+        values = [v["seconds"][part] for v in kept.values()]
+        print(f"  {part:9s} max {max(values):.3f} s  (per new rank: {', '.join(f'{x:.3f}' for x in values)})")
+    total = max(sum(v["seconds"].values()) for v in kept.values())
+    print(f"  kill -> first step after the restart: {total:.3f} s (slowest new rank)")
+    restarted_losses = next(v["losses"] for v in kept.values() if v["losses"])
+    fresh_losses = next(v["losses"] for v in fresh.values() if v["losses"])
+    print(f"losses after the restart: {restarted_losses}")
+    print(f"fresh dp1 run, same state: {fresh_losses}")
+    same = restarted_losses == fresh_losses
+    print(f"bit-identical: {'yes' if same else 'NO'}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
