@@ -17,11 +17,23 @@ traceback. A world whose worker died or timed out is closed and must not be reus
 
 The rendezvous uses a ``FileStore`` in a fresh temporary directory: no fixed ports, safe
 under ``pytest -n auto``.
+
+Workers start from multiprocessing's fork server, which has imported torch once (~1.5 s of CPU
+per worker otherwise): each worker is still a new process that has imported nothing else (no
+megatron), with ``sys.path`` and the main module prepared as ``spawn`` prepares them, and the
+parent's environment at ``GlooWorld(...)`` time plus ``env``. The server is started with that
+environment; a world whose environment differs in anything torch could read at import (see
+:func:`tests.support.release_forkserver.call`) is spawned instead, as is every world with
+``$PSNG_RELEASE_FORK=0``. One difference from ``spawn``: forked workers share the server's
+string-hash seed.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import multiprocessing as mp
+import multiprocessing.forkserver
 import os
 import queue
 import shutil
@@ -29,6 +41,11 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+from tests.support.release_forkserver import DISABLE_VAR, _env_key
+
+_PRELOAD = ["torch", "torch.distributed"]  # what the fork server imports
+_SERVER_ENV: list[dict[str, str]] = []  # the environment (key) the fork server was started with
 
 
 class WorkerError(RuntimeError):
@@ -40,7 +57,40 @@ class WorkerError(RuntimeError):
         super().__init__(f"{len(errors)} worker(s) failed:\n{details}")
 
 
+@contextlib.contextmanager
+def _environ(env: dict[str, str]):
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _context(env: dict[str, str]) -> Any:
+    """The ``forkserver`` context, its server running with ``env``; ``spawn`` where it cannot."""
+    if os.environ.get(DISABLE_VAR) == "0" or (_SERVER_ENV and _SERVER_ENV[0] != _env_key(env)):
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    with _environ(env):  # the server (started, or restarted after dying, here) imports torch with it
+        ctx.set_forkserver_preload(_PRELOAD)
+        multiprocessing.forkserver.ensure_running()
+    if not _SERVER_ENV:
+        atexit.register(_stop_server)
+    _SERVER_ENV[:] = [_env_key(env)]
+    return ctx
+
+
+def _stop_server() -> None:
+    """Stop and reap the fork server at exit (its workers' CPU time then counts for this process)."""
+    with contextlib.suppress(Exception):
+        multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
+
+
 def _worker(rank: int, world_size: int, store_path: str, inbox, outbox, env: dict) -> None:
+    os.environ.clear()  # the parent's environment, as a spawned process gets it
     os.environ.update(env)
     import torch.distributed as dist
 
@@ -67,11 +117,12 @@ class GlooWorld:
     def __init__(self, world_size: int, *, env: dict[str, str] | None = None, start_timeout: float = 180.0):
         self.world_size = world_size
         self._tmp = tempfile.mkdtemp(prefix="psng-gloo-")
-        ctx = mp.get_context("spawn")
+        overrides = dict(env or {})
+        overrides.setdefault("OMP_NUM_THREADS", "1")
+        env = {**os.environ, **overrides}
+        ctx = _context(env)
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(world_size)]
-        env = dict(env or {})
-        env.setdefault("OMP_NUM_THREADS", "1")
         self._procs = [
             ctx.Process(
                 target=_worker,

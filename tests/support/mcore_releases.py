@@ -16,8 +16,10 @@ megatron-core can be installed, so tests get the others from their wheels:
   that release imports without running ``megatron/core/__init__.py`` (0.18+ imports triton
   there). ``importlib.metadata.version("megatron-core")`` then reports the release, which is
   how compat picks the API it serves.
-* :func:`run_in_release` runs ``module.function(*args)`` in a new Python process bound to one
-  release and returns its (JSON) result: each release in its own process.
+* :func:`run_in_release` runs ``module.function(*args)`` in a new process bound to one
+  release and returns its (JSON) result: each call in its own process, forked from a zygote
+  that has imported torch and the release's ``parallel_state`` once
+  (:mod:`tests.support.release_forkserver`).
 """
 
 from __future__ import annotations
@@ -144,7 +146,13 @@ def activate(dest: str | os.PathLike) -> None:
 
 
 def run_in_release(
-    version: str, module: str, function: str, *args: Any, timeout: float = 600, env: dict[str, str] | None = None
+    version: str,
+    module: str,
+    function: str,
+    *args: Any,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> Any:
     """Run ``module.function(*args)`` in a new process bound to megatron-core ``version``.
 
@@ -152,22 +160,33 @@ def run_in_release(
     ``tests.releases.test_install_releases``): the child has the repository root on its
     ``PYTHONPATH``. Arguments and the return value travel as JSON. A failure in the child raises ``RuntimeError`` with
     its output.
+
+    The process is forked from a zygote that has imported torch and the release's
+    ``parallel_state`` (:mod:`tests.support.release_forkserver`): a process of its own per call,
+    without paying the imports again. ``fresh=True`` (or ``$PSNG_RELEASE_FORK=0``) starts a new
+    interpreter instead.
     """
+    from tests.support import release_forkserver
+
     dest = release_dir(version)
-    payload = json.dumps({"dest": str(dest), "module": module, "function": function, "args": list(args)})
     child_env = dict(os.environ)
     child_env.update(env or {})
     child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), child_env.get("PYTHONPATH", "")])
     child_env.setdefault("OMP_NUM_THREADS", "1")
-    done = subprocess.run(
-        [sys.executable, "-c", "import tests.support.mcore_releases as m; m._child_main()"],
-        input=payload,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=child_env,
-        cwd=str(ROOT),
-    )
+    done = None
+    if not fresh:
+        done = release_forkserver.call(str(dest), module, function, list(args), child_env, timeout)
+    if done is None:
+        payload = json.dumps({"dest": str(dest), "module": module, "function": function, "args": list(args)})
+        done = subprocess.run(
+            [sys.executable, "-c", "import tests.support.mcore_releases as m; m._child_main()"],
+            input=payload,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child_env,
+            cwd=str(ROOT),
+        )
     for line in done.stdout.splitlines():
         if line.startswith(_RESULT_MARK):
             return json.loads(line[len(_RESULT_MARK) :])
