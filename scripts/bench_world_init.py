@@ -139,7 +139,6 @@ def _floor_init(steps: list[Any]) -> tuple[list[Any], dict[str, Any]]:
 
 
 def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[str, _Clock]) -> dict[str, Any]:
-    import torch
     import torch.distributed as dist
 
     if impl == "floor":
@@ -164,11 +163,7 @@ def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[s
     t0 = time.perf_counter()
     mod.initialize_model_parallel(**kwargs)
     t_init = time.perf_counter() - t0
-    sums = []
-    for group in (mod.get_tensor_model_parallel_group(), mod.get_data_parallel_group()):
-        x = torch.tensor([float(dist.get_rank())])
-        dist.all_reduce(x, group=group)
-        sums.append((x.item(), float(sum(dist.get_process_group_ranks(group)))))
+    sums = _all_reduce_ranks([mod.get_tensor_model_parallel_group(), mod.get_data_parallel_group()])
     t_total = time.perf_counter() - t0
     split = {name: c.total for name, c in clocks.items()}
     created = [pg for pg in world.pg_map if pg not in before]
@@ -188,9 +183,21 @@ def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[s
     return {"total": t_total, "init": t_init, "destroy": t_destroy, "communicators": len(created), **split}
 
 
+def _all_reduce_ranks(groups: list[Any]) -> list[tuple[float, float]]:
+    """All-reduce each rank's number over each group: (the sum, the sum it must be) per group."""
+    import torch
+    import torch.distributed as dist
+
+    sums = []
+    for group in groups:
+        x = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(x, group=group)
+        sums.append((x.item(), float(sum(dist.get_process_group_ranks(group)))))
+    return sums
+
+
 def _one_floor(kwargs: dict[str, Any], clocks: dict[str, _Clock]) -> dict[str, Any]:
     """The floor's round: the same clock, all-reduces and record as :func:`_one`'s."""
-    import torch
     import torch.distributed as dist
 
     world = dist.distributed_c10d._world
@@ -202,11 +209,7 @@ def _one_floor(kwargs: dict[str, Any], clocks: dict[str, _Clock]) -> dict[str, A
     t0 = time.perf_counter()
     made, by_key = _floor_init(steps)
     t_init = time.perf_counter() - t0
-    sums = []
-    for group in (by_key["tp"], by_key["dp"]):
-        x = torch.tensor([float(dist.get_rank())])
-        dist.all_reduce(x, group=group)
-        sums.append((x.item(), float(sum(dist.get_process_group_ranks(group)))))
+    sums = _all_reduce_ranks([by_key["tp"], by_key["dp"]])
     t_total = time.perf_counter() - t0
     split = {name: c.total for name, c in clocks.items()}
     created = [pg for pg in world.pg_map if pg not in before]

@@ -85,17 +85,24 @@ class RankFailureError(RuntimeError):
         self.group = group
 
 
+def env_seconds(name: str, default: float) -> float:
+    """Seconds from environment variable ``name`` (``default`` when unset or blank).
+
+    Raises:
+        ValueError: the value is not a number.
+    """
+    text = os.environ.get(name, "").strip()
+    try:
+        return float(text) if text else default
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be a number of seconds, got {text!r}") from None
+
+
 def failure_timeout() -> float:
     """The effective bound in seconds (0: off), from :data:`ENV_FAILURE_TIMEOUT`."""
-    text = os.environ.get(ENV_FAILURE_TIMEOUT, "").strip()
-    try:
-        value = float(text) if text else 30.0
-    except ValueError:
-        raise ValueError(
-            f"environment variable {ENV_FAILURE_TIMEOUT} must be a number of seconds, got {text!r}"
-        ) from None
+    value = env_seconds(ENV_FAILURE_TIMEOUT, 30.0)
     if value < 0:
-        raise ValueError(f"environment variable {ENV_FAILURE_TIMEOUT} must be >= 0, got {text!r}")
+        raise ValueError(f"environment variable {ENV_FAILURE_TIMEOUT} must be >= 0, got {value!r}")
     return value
 
 

@@ -45,7 +45,6 @@ the old world are dropped.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from array import array
 from collections.abc import Iterable, Sequence
@@ -204,14 +203,7 @@ def _mark_ready(group: Any, name: str, size: int) -> None:
 
 
 def _settle_timeout() -> timedelta:
-    text = os.environ.get(ENV_SETTLE_TIMEOUT, "").strip()
-    try:
-        seconds = float(text) if text else 30.0
-    except ValueError:
-        raise ValueError(
-            f"environment variable {ENV_SETTLE_TIMEOUT} must be a number of seconds, got {text!r}"
-        ) from None
-    return timedelta(seconds=max(seconds, 0.001))
+    return timedelta(seconds=max(liveness.env_seconds(ENV_SETTLE_TIMEOUT, 30.0), 0.001))
 
 
 def _settle(group: Any, name: str) -> None:
