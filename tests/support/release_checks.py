@@ -38,9 +38,9 @@ from typing import Any
 from parallel_state_ng.mcore.releases import parse_release
 
 # Public functions compat has in every release on top of Megatron-Core's (documented in
-# docs/compat.md: several grids in one job). Anything else compat exposes must be the release's; each of these must
-# exist (the list cannot go stale).
-COMPAT_EXTRAS = frozenset({"get_state", "use_state", "detach_state", "destroy_state"})
+# docs/compat.md: several grids in one job; docs/failure-recovery.md: abort). Anything else compat
+# exposes must be the release's; each of these must exist (the list cannot go stale).
+COMPAT_EXTRAS = frozenset({"get_state", "use_state", "detach_state", "destroy_state", "abort_model_parallel"})
 # The attribute that says which release compat serves.
 VERSION_ATTRIBUTE = "MEGATRON_VERSION"
 
