@@ -13,7 +13,7 @@ any group is created, and makes EVERY rank raise the same clear error instead:
 
 This module decides when a check runs (settings, environment) and who takes part; each call
 is one *round* of the store protocol in :mod:`parallel_state_ng.core.agreement_protocol`
-(6 store operations per rank whatever the world size; only the last rank to arrive reads
+(5 store operations per rank whatever the world size; only the last rank to arrive reads
 O(world) data), under a store prefix built from the check's name, its participants and a
 per-call sequence number, so repeated checks never meet old keys.
 
@@ -47,6 +47,7 @@ from parallel_state_ng.core.agreement_protocol import (
     ParallelConfigTimeoutError,
     canonical_json,
     fingerprint,
+    forget_deferred_deletes,
 )
 from parallel_state_ng.core.agreement_protocol import run_round as _run_round
 from parallel_state_ng.core.objects import all_gather_objects
@@ -156,6 +157,7 @@ class AgreementResult:
 # --------------------------------------------------------------------------- public entry
 _sequences: dict[str, int] = {}
 naming.on_new_world(_sequences.clear)  # a new default group: every rank counts from 0 again
+naming.on_new_world(forget_deferred_deletes)  # keys of an earlier world's store: never touched again
 
 
 def _participants(group: Any) -> tuple[Sequence[int], str]:

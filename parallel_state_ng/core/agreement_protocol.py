@@ -11,10 +11,14 @@ number, so repeated checks never meet old keys):
 2. the rank whose ``add`` returns the participant count (the last to arrive; exactly one) reads
    every hash in one ``multi_get``, compares, and publishes a verdict (``compare_set``: the
    first verdict wins);
-3. every rank waits for the verdict, bounded by ``timeout``, then removes its own ``fp`` key.
+3. every other rank waits for the verdict, bounded by ``timeout``, and reads it; the last
+   arrival has it from its ``compare_set`` already.
 
-A rank therefore does 6 store operations whatever the world size (set, set, add, wait, get,
-delete_key); only the last arrival reads O(world) data, in one request per 8,192 ranks. If the
+A rank therefore does 5 store operations whatever the world size (set, set, add, wait, get;
+the last arrival: set, set, add, multi_get, compare_set), two of them without a reply (``set``),
+and only the last arrival reads O(world) data, in one request per 8,192 ranks. Each rank's
+``fp`` key is deleted later, off the critical path (:func:`flush_deferred_deletes`: while the
+rank waits in its next round or in an init's closing round). If the
 verdict does not come in time, the first rank to claim the ``reporter`` key (``compare_set``)
 finds the missing ranks (one ``check`` per participant, done by that rank alone and only on
 this error path) and publishes a timeout verdict the others wait for a little longer. Keys
@@ -48,6 +52,8 @@ __all__ = [
     "canonical_json",
     "fingerprint",
     "run_round",
+    "flush_deferred_deletes",
+    "forget_deferred_deletes",
 ]
 
 _MULTI_GET_CHUNK = 8192
@@ -375,21 +381,57 @@ def run_round(
     compared = ops.add("arrived", 1) == n
     if compared:
         # Every participant wrote its fingerprint before adding, so all fp keys exist. A verdict
-        # may already be there (the others timed out): compare_set keeps the first one.
-        ops.compare_set("verdict", "", json.dumps(_compare(ops, ranks)))
-    if not ops.wait_for("verdict", deadline - time.monotonic()):
-        claim = ops.compare_set("reporter", "", str(index))
-        if claim == str(index).encode():
-            ops.compare_set("verdict", "", json.dumps(_find_missing(ops, ranks)))
-        if not ops.wait_for("verdict", timeout):
-            arrived = min(int(ops.add("arrived", 0)), n)
-            _raise_for({"status": "timeout", "missing": None, "arrived": arrived}, name, n, timeout, False)
-    verdict = json.loads(ops.get("verdict"))
+        # may already be there (the others timed out): compare_set keeps the first one and
+        # returns the verdict in force, so the last arrival (the one the job waits for) needs
+        # no wait and no get.
+        text = ops.compare_set("verdict", "", json.dumps(_compare(ops, ranks)))
+    else:
+        # While the others arrive: drop this rank's fingerprint of an earlier round (see below).
+        flush_deferred_deletes()
+        if not ops.wait_for("verdict", deadline - time.monotonic()):
+            claim = ops.compare_set("reporter", "", str(index))
+            if claim == str(index).encode():
+                ops.compare_set("verdict", "", json.dumps(_find_missing(ops, ranks)))
+            if not ops.wait_for("verdict", timeout):
+                arrived = min(int(ops.add("arrived", 0)), n)
+                _raise_for({"status": "timeout", "missing": None, "arrived": arrived}, name, n, timeout, False)
+        text = ops.get("verdict")
+    verdict = json.loads(text)
     late = False
     if verdict.get("status") == "timeout":
         # Listed as missing: this rank wrote its fingerprint after the reporter looked.
         late = any(a <= ranks[index] <= b for a, b in verdict.get("missing") or [])
     else:
-        ops.delete_key(f"fp/{index}")  # the verdict was computed from every fp: not needed again
+        # The verdict was computed from every fp: not needed again. Deleted off the critical
+        # path: while this rank waits in a later round (here, or the closing round of an init).
+        _deferred_deletes.append((store, f"fp/{index}"))
     _raise_for(verdict, name, n, timeout, late)
     return ops.count, compared
+
+
+#: Keys to delete once this rank has time to spare: ``(store, key)``, at most a few per rank.
+_deferred_deletes: list[tuple[Any, str]] = []
+
+
+def flush_deferred_deletes() -> int:
+    """Delete the store keys earlier rounds left for later (call where the rank waits anyway).
+
+    A round's fingerprint keys are needed until its verdict; each rank deletes its own one
+    later instead of right after the verdict, where the delete would sit on the job's
+    critical path. Returns the number of store operations issued. Keys of a store that is
+    gone (a torn-down world) are dropped silently.
+    """
+    done = 0
+    while _deferred_deletes:
+        store, key = _deferred_deletes.pop()
+        try:
+            store.delete_key(key)
+            done += 1
+        except Exception:  # noqa: BLE001 - the store of an earlier world is gone: nothing to free
+            pass
+    return done
+
+
+def forget_deferred_deletes() -> None:
+    """Drop the deferred deletes without issuing them (their world's store is no longer used)."""
+    _deferred_deletes.clear()

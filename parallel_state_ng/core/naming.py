@@ -29,6 +29,10 @@ after a failure never hangs. (A barrier at the end of every creation, the previo
 one synchronization of all members on the critical path of each group: 30 % of the init time
 of an 8-process job.) Groups destroyed with ``torch.distributed.destroy_process_group``
 directly get no such guard, exactly as groups made by ``torch.distributed.new_group``.
+Inside :func:`creation_round` (an init that ends with a closing round among all members:
+:class:`parallel_state_ng.core.liveness.InitWatch`) no mark is left at all: once that round
+has passed, every member has finished creating every group of the init, which is what the
+marks would tell, and a failed round means every member is rolling back anyway.
 The bound counts from the group's creation, not from the destroy: a group older than the
 bound is destroyed without waiting, and members known to be dead (:func:`mark_dead`, filled
 by the failure detection of :mod:`parallel_state_ng.core.failure`) are never waited for.
@@ -47,7 +51,8 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -65,6 +70,7 @@ __all__ = [
     "mark_dead",
     "on_new_world",
     "sync_world",
+    "creation_round",
     "ENV_SETTLE_TIMEOUT",
 ]
 
@@ -84,6 +90,26 @@ _dead: set[int] = set()
 # The default group the registries above belong to, and what to reset when it changes.
 _world_of_state: list[Any] = [None]
 _new_world_callbacks: list[Any] = []
+# > 0 while groups are made inside a creation_round (no readiness marks).
+_rounds_open: list[int] = [0]
+
+
+@contextmanager
+def creation_round(covered: bool) -> Iterator[None]:
+    """Groups made inside get no readiness mark when ``covered`` (see the module docstring).
+
+    ``covered`` says that the block ends with a round every member of every group made in it
+    takes part in, after its last creation (a closing round), so no member can destroy a
+    group another member is still connecting through. With ``covered=False`` nothing changes.
+    """
+    if not covered:
+        yield
+        return
+    _rounds_open[0] += 1
+    try:
+        yield
+    finally:
+        _rounds_open[0] -= 1
 
 
 def on_new_world(callback: Any) -> None:
@@ -183,8 +209,9 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
             c10d._process_group_name = original
     _created_by_member_set[digest] = count + 1
     track_group(group)
-    if isinstance(group, dist.ProcessGroup) and len(ranks) > 1 and "gloo" in str(dist.get_backend(group)):
-        _mark_ready(group, name, len(ranks))
+    if not _rounds_open[0] and isinstance(group, dist.ProcessGroup) and len(ranks) > 1:
+        if "gloo" in str(dist.get_backend(group)):
+            _mark_ready(group, name, len(ranks))
     return group
 
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from parallel_state_ng.core.handles import GroupHandle
 from parallel_state_ng.core.liveness import InitWatch
-from parallel_state_ng.core.naming import destroy_groups, sync_world
+from parallel_state_ng.core.naming import creation_round, destroy_groups, sync_world
 from parallel_state_ng.core.sharing import GroupPool
 from parallel_state_ng.mcore.kinds import GROUP_KINDS, Fill, fills
 from parallel_state_ng.mcore.layout import MegatronLayout
@@ -197,10 +197,12 @@ def create_model_groups(
     sync_world()
     watch = InitWatch(name, range(layout.rank_offset, layout.rank_offset + layout.layout_world_size))
     try:
-        for index, step in enumerate(group_plan(layout, rank, options)):
-            if not isinstance(step, SetCollnet):
-                watch.step = f"step {index + 1} of its group plan ({getattr(step, 'key', 'SHARP barrier')!r})"
-            _execute(step, state, creator, nccl_options)
+        # The closing round (watch.finish) covers early destroys: no readiness marks needed.
+        with creation_round(watch.active):
+            for index, step in enumerate(group_plan(layout, rank, options)):
+                if not isinstance(step, SetCollnet):
+                    watch.step = f"step {index + 1} of its group plan ({getattr(step, 'key', 'SHARP barrier')!r})"
+                _execute(step, state, creator, nccl_options)
         watch.finish()
     except BaseException as exc:
         error = watch.fail(exc)
