@@ -66,15 +66,8 @@ def _build_model(cfg: TrainConfig, tcfg, pgc) -> list:
     return chunks
 
 
-def train_collection(cfg: TrainConfig) -> dict[str, Any]:
-    """Train ``cfg`` on this rank from a collection (see the module doc); the result of ``train_rank``."""
-    from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.optimizer import get_megatron_optimizer
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer, megatron_schedule
+def require_collection_release() -> None:
+    """Raise ``RuntimeError`` when the loaded megatron-core is older than :data:`FIRST_RELEASE`."""
     from parallel_state_ng.mcore.releases import current_release
 
     release = current_release()
@@ -83,6 +76,54 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
             f"--groups collection needs megatron-core {FIRST_RELEASE}+ (got {release.version}): before it the "
             f"GPT loss (vocab_parallel_cross_entropy) reads the global tensor-parallel group"
         )
+
+
+def collection_training(cfg: TrainConfig, pgc) -> tuple[list, list, Any, Any]:
+    """``(chunks, model, optimizer, forward_backward)`` of ``cfg`` over the collection ``pgc``.
+
+    Seeds as the global path does, one ``GPTModel`` per virtual chunk, Megatron's DDP with
+    ``finalize_model_grads``, ``get_megatron_optimizer`` and the schedule, each given ``pgc``.
+    Needs Megatron's global memory buffer (:func:`~parallel_state_ng.ensure_global_memory_buffer`).
+    """
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from parallel_state_ng import megatron_schedule
+
+    tp_rank, ep_rank = pgc.tp.rank(), pgc.ep.rank()
+    seed = cfg.seed + 100 * pgc.pp.rank()
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed, tp_rank=tp_rank, ep_rank=ep_rank, etp_rank=pgc.expt_tp.rank())
+    tcfg = _transformer_config(cfg)
+    chunks = _build_model(cfg, tcfg, pgc)
+    if cfg.init_from_names:
+        set_weights_from_global_names(cfg, chunks, ranks=(tp_rank, pgc.tp.size(), ep_rank))
+    ddp_cfg = ddp_config(cfg)
+    model = [
+        DistributedDataParallel(tcfg, ddp_cfg, chunk, disable_bucketing=i > 0, pg_collection=pgc)
+        for i, chunk in enumerate(chunks)
+    ]
+    tcfg.no_sync_func = [m.no_sync for m in model] if len(model) > 1 else model[0].no_sync
+    tcfg.finalize_model_grads_func = partial(finalize_model_grads, pg_collection=pgc)
+    optimizer = get_megatron_optimizer(
+        optimizer_config(cfg),
+        model,
+        use_gloo_process_groups=False,
+        pg_collection=pgc,
+    )
+    forward_backward = megatron_schedule(pgc, tcfg)  # pg_collection= and p2p_communicator= included
+    return chunks, model, optimizer, forward_backward
+
+
+def train_collection(cfg: TrainConfig) -> dict[str, Any]:
+    """Train ``cfg`` on this rank from a collection (see the module doc); the result of ``train_rank``."""
+    from megatron.core import parallel_state as ps
+
+    from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer
+
+    require_collection_release()
     if ps.model_parallel_is_initialized():
         raise RuntimeError("the collection path must run with Megatron's globals uninitialized")
     groups = build_megatron_groups(
@@ -92,29 +133,9 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
     ensure_global_memory_buffer()
     try:
         pgc = groups.collection()
-        tp_rank, pp_rank, ep_rank = pgc.tp.rank(), pgc.pp.rank(), pgc.ep.rank()
-        seed = cfg.seed + 100 * pp_rank
-        torch.manual_seed(seed)
-        model_parallel_cuda_manual_seed(seed, tp_rank=tp_rank, ep_rank=ep_rank, etp_rank=pgc.expt_tp.rank())
-        tcfg = _transformer_config(cfg)
-        chunks = _build_model(cfg, tcfg, pgc)
-        if cfg.init_from_names:
-            set_weights_from_global_names(cfg, chunks, ranks=(tp_rank, pgc.tp.size(), ep_rank))
-        ddp_cfg = ddp_config(cfg)
-        model = [
-            DistributedDataParallel(tcfg, ddp_cfg, chunk, disable_bucketing=i > 0, pg_collection=pgc)
-            for i, chunk in enumerate(chunks)
-        ]
-        tcfg.no_sync_func = [m.no_sync for m in model] if len(model) > 1 else model[0].no_sync
-        tcfg.finalize_model_grads_func = partial(finalize_model_grads, pg_collection=pgc)
-        optimizer = get_megatron_optimizer(
-            optimizer_config(cfg),
-            model,
-            use_gloo_process_groups=False,
-            pg_collection=pgc,
-        )
-        forward_backward = megatron_schedule(pgc, tcfg)  # pg_collection= and p2p_communicator= included
+        chunks, model, optimizer, forward_backward = collection_training(cfg, pgc)
         t1 = time.perf_counter()
+        tp_rank, pp_rank = pgc.tp.rank(), pgc.pp.rank()
         last_stage = pp_rank == cfg.pp - 1
         dp_group = pgc.dp
         reporter = last_stage and tp_rank == 0 and pgc.dp.rank() == 0

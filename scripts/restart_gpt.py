@@ -1,6 +1,7 @@
 """A rank is killed mid-training; the survivors rebuild at a smaller dp and go on, in the same processes.
 
     python scripts/restart_gpt.py                    # tp2 pp2 dp2, kill rank 5 after step 3 of 6
+    python scripts/restart_gpt.py --groups collection --megatron-path DIR   # no globals, 0.19+
 
 8 spawned gloo processes (compat installed into Megatron) train the tiny GPT of
 ``scripts/train_gpt.py`` (``GPTModel``, Megatron's schedule, DDP, Adam) at tp 2 × pp 2 × dp 2.
@@ -21,6 +22,14 @@ and train the remaining steps at dp 1. A fresh tp 2 × pp 2 × dp 1 run on 4 new
 loaded from the same state (saved by the survivors), trains the same steps: its losses must
 be bit-identical. Printed: the time from the kill to the first step after the restart, split
 into detection / abort / rebuild / restore, and both loss lists.
+
+``--groups collection`` runs the same on Megatron's new-code path (``scripts/gpt_collection.py``,
+megatron-core 0.19+, e.g. an unzipped wheel given with ``--megatron-path``): no
+``initialize_model_parallel`` and no compat install; the groups come from
+:func:`~parallel_state_ng.build_megatron_groups` and reach Megatron as ``pg_collection=``,
+the abort is :func:`~parallel_state_ng.abort_groups` ``(world=True)``, the plan is made over the
+``MegatronGroups``' layout and the rebuild is ``build_megatron_groups(**plan.build_kwargs)``. The
+fresh reference runs on the same path.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import traceback
 import warnings
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -49,27 +58,116 @@ for _p in (HERE, ROOT):
 from gpt_config import TrainConfig  # noqa: E402
 
 
-def _setup(cfg: TrainConfig) -> tuple[list, Any, Any]:
-    """Model chunks (DDP-wrapped), optimizer and schedule over the current parallel state."""
-    import gpt_training as gt
-    import torch
-    from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.optimizer import get_megatron_optimizer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+class Training(NamedTuple):
+    """What a rank trains with: DDP-wrapped chunks, optimizer, schedule, its stage and dp group."""
 
-    seed = cfg.seed + 100 * ps.get_pipeline_model_parallel_rank()
-    torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
-    tcfg = gt._transformer_config(cfg)
-    chunks = gt._build_model(cfg, tcfg)
-    model = [DistributedDataParallel(tcfg, gt.ddp_config(cfg), chunk) for chunk in chunks]
-    tcfg.no_sync_func = model[0].no_sync
-    tcfg.finalize_model_grads_func = finalize_model_grads
-    optimizer = get_megatron_optimizer(gt.optimizer_config(cfg), model)
-    return model, optimizer, get_forward_backward_func()
+    model: list
+    optimizer: Any
+    forward_backward: Any
+    last_stage: bool
+    dp_group: Any
+
+
+class GlobalGroups:
+    """``--groups globals``: compat installed into Megatron, ``initialize_model_parallel``."""
+
+    impl = "compat"
+    label = "compat installed into Megatron, initialize_model_parallel"
+
+    def init(self, **kwargs: Any) -> Any:
+        """``initialize_model_parallel(**kwargs)``; the layout."""
+        from megatron.core import parallel_state as ps
+
+        ps.initialize_model_parallel(**kwargs)
+        return ps.get_state().layout
+
+    def setup(self, cfg: TrainConfig) -> Training:
+        """Model chunks (DDP-wrapped), optimizer and schedule over the current parallel state."""
+        import gpt_training as gt
+        import torch
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+        from megatron.core.optimizer import get_megatron_optimizer
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        seed = cfg.seed + 100 * ps.get_pipeline_model_parallel_rank()
+        torch.manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed)
+        tcfg = gt._transformer_config(cfg)
+        chunks = gt._build_model(cfg, tcfg)
+        model = [DistributedDataParallel(tcfg, gt.ddp_config(cfg), chunk) for chunk in chunks]
+        tcfg.no_sync_func = model[0].no_sync
+        tcfg.finalize_model_grads_func = finalize_model_grads
+        optimizer = get_megatron_optimizer(gt.optimizer_config(cfg), model)
+        last = ps.is_pipeline_last_stage(ignore_virtual=True)
+        return Training(model, optimizer, get_forward_backward_func(), last, ps.get_data_parallel_group())
+
+    def rebuild_kwargs(self, plan: Any) -> dict[str, Any]:
+        """The arguments of :meth:`init` for the new layout of ``plan``."""
+        return plan.initialize_kwargs
+
+    def abort(self) -> None:
+        """Every group and the default group aborted (no collective, no store wait)."""
+        from megatron.core import parallel_state as ps
+
+        ps.abort_model_parallel(world=True)
+
+    def destroy(self) -> None:
+        """Every group of :meth:`init` destroyed."""
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()
+
+
+class CollectionGroups:
+    """``--groups collection``: ``build_megatron_groups`` as ``pg_collection=``, Megatron's globals unset."""
+
+    impl = "mcore"
+    label = "parallel_state_ng.build_megatron_groups as pg_collection=, Megatron's globals unset"
+
+    def __init__(self) -> None:
+        self.groups: Any = None
+
+    def init(self, **kwargs: Any) -> Any:
+        """``build_megatron_groups(**kwargs)`` and Megatron's memory buffer; the layout."""
+        from gpt_collection import require_collection_release
+
+        from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer
+
+        require_collection_release()
+        self.groups = build_megatron_groups(**kwargs)
+        ensure_global_memory_buffer()
+        return self.groups.layout
+
+    def setup(self, cfg: TrainConfig) -> Training:
+        """The same, built by ``gpt_collection.collection_training`` from this rank's collection."""
+        from gpt_collection import collection_training
+
+        pgc = self.groups.collection()
+        _, model, optimizer, forward_backward = collection_training(cfg, pgc)
+        return Training(model, optimizer, forward_backward, pgc.pp.rank() == pgc.pp.size() - 1, pgc.dp)
+
+    def rebuild_kwargs(self, plan: Any) -> dict[str, Any]:
+        """The arguments of :meth:`init` for the new layout of ``plan``."""
+        return plan.build_kwargs
+
+    def abort(self) -> None:
+        """Every group and the default group aborted (no collective, no store wait)."""
+        from parallel_state_ng import abort_groups
+
+        abort_groups(world=True)  # the memory buffer is scratch memory of no group: kept
+
+    def destroy(self) -> None:
+        """Every group of :meth:`init` destroyed, and the memory buffer."""
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_global_memory_buffer()
+        self.groups.destroy()
+
+
+GROUPS = {"globals": GlobalGroups, "collection": CollectionGroups}
 
 
 def _snapshot(model: list, optimizer: Any) -> dict[str, Any]:
@@ -89,15 +187,20 @@ def _restore(model: list, optimizer: Any, snap: dict[str, Any]) -> None:
     optimizer.load_state_dict(snap["optimizer"])
 
 
-def _steps(cfg: TrainConfig, model: list, optimizer: Any, fb: Any, first: int, count: int) -> list[float]:
+def _steps(cfg: TrainConfig, t: Training, first: int, count: int) -> list[float]:
     import gpt_training as gt
-    from megatron.core import parallel_state as ps
 
-    last = ps.is_pipeline_last_stage(ignore_virtual=True)
     losses, _ = gt.train_steps(
-        replace(cfg, steps=count), model, optimizer, fb, last, ps.get_data_parallel_group(), False, first_step=first
+        replace(cfg, steps=count),
+        t.model,
+        t.optimizer,
+        t.forward_backward,
+        t.last_stage,
+        t.dp_group,
+        False,
+        first_step=first,
     )
-    return losses if last else []
+    return losses if t.last_stage else []
 
 
 def _survivors(store: Any, rank: int, world: int, wait_s: float) -> list[int]:
@@ -117,16 +220,15 @@ def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, direct
     """Phase A at dp 2, the kill, detection / abort / rebuild / restore, phase B at dp 1."""
     import torch
     import torch.distributed as dist
-    from megatron.core import parallel_state as ps
 
     from parallel_state_ng.core import naming
     from parallel_state_ng.mcore.rebuild import plan_rebuild
 
-    ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
-    layout = ps.get_state().layout
-    model, optimizer, fb = _setup(cfg)
-    _steps(cfg, model, optimizer, fb, 0, args.kill_after)
-    snap = _snapshot(model, optimizer)  # the in-memory copy every rank keeps
+    groups = GROUPS[args.groups]()
+    layout = groups.init(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
+    training = groups.setup(cfg)
+    _steps(cfg, training, 0, args.kill_after)
+    snap = _snapshot(training.model, training.optimizer)  # the in-memory copy every rank keeps
     store = dist.distributed_c10d._get_default_store()
     bound = timedelta(seconds=args.detect_timeout)
     for group in [None, *naming.live_groups()]:  # a bounded collective timeout from now on
@@ -136,14 +238,14 @@ def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, direct
         os.kill(os.getpid(), signal.SIGKILL)
     t_kill = time.monotonic()
     try:
-        _steps(cfg, model, optimizer, fb, args.kill_after, 1)
+        _steps(cfg, training, args.kill_after, 1)
         failed_in_step = False
     except RuntimeError:
         failed_in_step = True
     alive = _survivors(store, rank, cfg.world_size, args.agree_wait)
     dead = sorted(set(range(cfg.world_size)) - set(alive))
     t_detect = time.monotonic()
-    ps.abort_model_parallel(world=True)
+    groups.abort()
     t_abort = time.monotonic()
     plan = plan_rebuild(layout, dead, keep_spares=False)
     new_rank = plan.new_rank_of(rank)
@@ -153,15 +255,15 @@ def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, direct
     dist.init_process_group(
         "gloo", rank=new_rank, world_size=plan.world_size, store=dist.PrefixStore("restart-1/", store)
     )
-    ps.initialize_model_parallel(**plan.initialize_kwargs)
+    groups.init(**groups.rebuild_kwargs(plan))
     t_rebuild = time.monotonic()
     small = replace(cfg, dp=plan.data_parallel_size)
-    model, optimizer, fb = _setup(small)
+    training = groups.setup(small)
     assert plan.source_of(new_rank) == rank  # shrink: this rank's own state is its new position's
-    _restore(model, optimizer, snap)
+    _restore(training.model, training.optimizer, snap)
     t_restore = time.monotonic()
     torch.save(snap, os.path.join(directory, f"state-{new_rank}.pt"))
-    losses = _steps(small, model, optimizer, fb, args.kill_after, args.steps - args.kill_after)
+    losses = _steps(small, training, args.kill_after, args.steps - args.kill_after)
     out.update(
         losses=losses,
         seconds={
@@ -172,20 +274,21 @@ def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, direct
         },
         groups_after=len(dist.distributed_c10d._world.pg_map),
     )
-    ps.destroy_model_parallel()
+    groups.destroy()
     return out
 
 
 def fresh_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, directory: str) -> dict[str, Any]:
-    """The reference: a fresh dp 1 run loaded from the state the survivors saved."""
+    """The reference: a fresh dp 1 run on the same groups path, loaded from the state the survivors saved."""
     import torch
-    from megatron.core import parallel_state as ps
 
-    ps.initialize_model_parallel(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
-    model, optimizer, fb = _setup(cfg)
-    _restore(model, optimizer, torch.load(os.path.join(directory, f"state-{rank}.pt"), weights_only=False))
-    losses = _steps(cfg, model, optimizer, fb, args.kill_after, args.steps - args.kill_after)
-    ps.destroy_model_parallel()
+    groups = GROUPS[args.groups]()
+    groups.init(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
+    training = groups.setup(cfg)
+    snap = torch.load(os.path.join(directory, f"state-{rank}.pt"), weights_only=False)
+    _restore(training.model, training.optimizer, snap)
+    losses = _steps(cfg, training, args.kill_after, args.steps - args.kill_after)
+    groups.destroy()
     return {"rank": rank, "losses": losses}
 
 
@@ -198,10 +301,11 @@ def _rank_main(rank: int, world: int, fn_name: str, cfg: TrainConfig, args: Any,
         import torch.distributed as dist
         from cpu_shims import CpuShims
 
+        gt._use_megatron_path(args.megatron_path)
         torch.set_num_threads(1)
         store = dist.FileStore(os.path.join(directory, f"store-{fn_name}"), world)
         dist.init_process_group("gloo", rank=rank, world_size=world, store=store)
-        with gt.parallel_state_impl("compat", "after"), CpuShims() as shims:
+        with gt.parallel_state_impl(GROUPS[args.groups].impl, "after"), CpuShims() as shims:
             shims.patch_megatron()
             with shims.cuda_to_cpu():
                 result = globals()[fn_name](rank, cfg, args, directory)
@@ -250,11 +354,33 @@ def main() -> int:
         "--agree-wait", type=float, default=8.0, help="seconds survivors wait for each other's marks (> detect timeout)"
     )
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--groups",
+        choices=sorted(GROUPS),
+        default="globals",
+        help="; ".join(f"{name}: {cls.label}" for name, cls in GROUPS.items()) + " (megatron-core 0.19+)",
+    )
+    parser.add_argument("--megatron-path", default=None, help="directory put first on sys.path in every rank")
     args = parser.parse_args()
-    cfg = TrainConfig(impl="compat", tp=2, pp=2, dp=2)
+    import gpt_training as gt
+
+    from parallel_state_ng.mcore.releases import current_release
+
+    gt._use_megatron_path(args.megatron_path)
+    release = current_release()
+    if args.groups == "collection":
+        from gpt_collection import require_collection_release
+
+        try:
+            require_collection_release()
+        except RuntimeError as exc:
+            print(f"error: {exc}; give a newer one with --megatron-path DIR", file=sys.stderr)
+            return 2
+    print(f"groups: {args.groups} ({GROUPS[args.groups].label}); megatron-core {release.version}")
+    cfg = TrainConfig(impl=GROUPS[args.groups].impl, groups=args.groups, tp=2, pp=2, dp=2)
     with tempfile.TemporaryDirectory() as directory:
         restarted = _launch(cfg.world_size, "restarted_rank", cfg, args, directory, cfg.world_size - 1)
-        kept = {r["new_rank"]: r for r in restarted.values() if r["new_rank"] is not None}
+        kept = {r["new_rank"]: r for _, r in sorted(restarted.items()) if r["new_rank"] is not None}
         small = replace(cfg, dp=1)
         fresh = _launch(small.world_size, "fresh_rank", small, args, directory, small.world_size)
     dead = sorted({tuple(r["dead"]) for r in restarted.values()})

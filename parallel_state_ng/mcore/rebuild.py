@@ -63,7 +63,8 @@ class RebuildPlan:
         kept_units: old replica units kept, in new order (``shrink``), or the unit the
             spares copy from (``keep_data_parallel``).
         initialize_kwargs: ``initialize_model_parallel`` arguments of the new layout
-            (``local_world_size`` only when spares stay in the new world).
+            (``local_world_size`` only when spares stay in the new world); ``build_kwargs``
+            are the same for ``build_megatron_groups``.
     """
 
     old_world_size: int
@@ -77,6 +78,18 @@ class RebuildPlan:
     unit_size: int
     kept_units: tuple[int, ...]
     initialize_kwargs: dict[str, Any]
+
+    @property
+    def build_kwargs(self) -> dict[str, Any]:
+        """:func:`~parallel_state_ng.build_megatron_groups` arguments of the new layout.
+
+        ``initialize_kwargs`` with ``local_world_size`` (spares kept after the layout) given as
+        the module's ``world_size``.
+        """
+        kwargs = dict(self.initialize_kwargs)
+        if "local_world_size" in kwargs:
+            kwargs["world_size"] = kwargs.pop("local_world_size")
+        return kwargs
 
     def new_rank_of(self, old_rank: int) -> int | None:
         """The new rank of ``old_rank`` (``None``: dead, or not in the new world)."""

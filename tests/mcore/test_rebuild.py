@@ -87,6 +87,11 @@ def test_keep_data_parallel_with_spares():
     assert plan.new_rank_of(16) == 5 and plan.new_rank_of(17) == 9  # the spares take the dead places
     assert plan.source_of(5) not in (5, 9) and plan.moves() == 2
     assert plan.world_size == 18 and plan.initialize_kwargs["local_world_size"] == 16
+    build = plan.build_kwargs  # build_megatron_groups takes the module's ranks as world_size
+    assert build["world_size"] == 16 and "local_world_size" not in build
+    assert {k: v for k, v in build.items() if k != "world_size"} == {
+        k: v for k, v in plan.initialize_kwargs.items() if k != "local_world_size"
+    }
     _check(old, [5, 9], keep_data_parallel=True)
     with pytest.raises(RebuildError, match="spare"):
         plan_rebuild(old, [1, 2, 3, 5, 9], keep_data_parallel=True)

@@ -7,7 +7,9 @@ joins them in a gloo world over a ``FileStore`` in ``directory`` (no ports: ``py
 safe), runs ``fn(rank, directory, *args)`` on each and returns ``{rank: result}`` for the
 ranks that reported (a rank that died reports nothing; a rank whose ``fn`` raised reports
 ``("raised", type name, message, seconds)``). Every process still alive at the end (a stopped
-rank) is killed, so a test never leaves one behind.
+rank) is killed, so a test never leaves one behind. :func:`survivors` is how the survivors of
+such a world agree on who died; :func:`lose_rank` kills a rank and has the others detect and
+agree on it; :func:`kept_after_shrink` checks the outcome of a restart at tp 2 × dp 2.
 """
 
 from __future__ import annotations
@@ -81,3 +83,67 @@ def run_world(
                 p.kill()
                 p.join(timeout=5)
     return results
+
+
+def survivors(store: Any, rank: int, world: int, epoch: int, wait_s: float) -> list[int]:
+    """The ranks that answer within ``wait_s`` (each survivor leaves a mark in ``store``; the dead cannot)."""
+    store.set(f"alive/{epoch}/{rank}", "")
+    deadline = time.monotonic() + wait_s
+    alive = []
+    for r in range(world):
+        try:
+            store.wait([f"alive/{epoch}/{r}"], timedelta(seconds=max(deadline - time.monotonic(), 0.01)))
+            alive.append(r)
+        except Exception:  # noqa: BLE001 - no mark in time: dead
+            pass
+    return alive
+
+
+def lose_rank(rank: int, world: int, lost: int, detect_s: float, agree_s: float) -> dict[str, Any]:
+    """Rank ``lost`` exits; the others detect it and agree on the dead (on every survivor).
+
+    Every group of the engine and the default group get a collective timeout of ``detect_s``;
+    after a barrier, ``lost`` exits and the survivors all-reduce over the default group (gloo
+    raises at once next to the dead rank, the others time out), then agree through the store
+    (:func:`survivors`, waiting up to ``agree_s``: more than ``detect_s``, since a survivor that
+    timed out marks late). ``{"detected", "detect_s", "dead"}``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from parallel_state_ng.core import naming
+
+    for group in [None, *naming.live_groups()]:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=detect_s), group)
+    dist.barrier()
+    if rank == lost:
+        os._exit(1)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1))
+        detected = False
+    except RuntimeError:
+        detected = True
+    seconds = time.monotonic() - start
+    alive = survivors(dist.distributed_c10d._get_default_store(), rank, world, 0, agree_s)
+    return {"detected": detected, "detect_s": seconds, "dead": sorted(set(range(world)) - set(alive))}
+
+
+def kept_after_shrink(results: dict[int, Any], lost: int = 3) -> dict[int, dict[str, Any]]:
+    """Check a restart of 4 ranks at tp 2 × dp 2 after ``lost`` (3) died; the kept ranks' results.
+
+    Every survivor reported a dict with ``detected``, ``dead`` == [lost], ``abort_s`` < 3 and
+    ``new_rank``; the tp groups are [0, 1] and [2, 3], so replica 0 (ranks 0, 1) goes on at
+    the same ranks with its own state (``source``) and the other rank of replica 1 leaves.
+    """
+    assert lost in (2, 3), "a rank of replica 1, so that replica 0 survives"
+    assert sorted(results) == [r for r in range(4) if r != lost], results
+    for rank, r in results.items():
+        assert isinstance(r, dict), (rank, r)
+        assert r["detected"] and r["dead"] == [lost] and r["abort_s"] < 3.0, r
+    kept = {rank: r for rank, r in results.items() if r["new_rank"] is not None}
+    other = 5 - lost  # the other rank of replica 1
+    assert sorted(kept) == [0, 1] and results[other]["new_rank"] is None, results
+    for rank, r in kept.items():
+        assert r["new_rank"] == rank and r["source"] == rank, r  # its own state, nothing to move
+    return kept
