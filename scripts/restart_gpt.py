@@ -203,25 +203,13 @@ def _steps(cfg: TrainConfig, t: Training, first: int, count: int) -> list[float]
     return losses if t.last_stage else []
 
 
-def _survivors(store: Any, rank: int, world: int, wait_s: float) -> list[int]:
-    store.set(f"alive/{rank}", "")
-    deadline = time.monotonic() + wait_s
-    alive = []
-    for r in range(world):
-        try:
-            store.wait([f"alive/{r}"], timedelta(seconds=max(deadline - time.monotonic(), 0.01)))
-            alive.append(r)
-        except Exception:  # noqa: BLE001 - no mark in time: dead
-            pass
-    return alive
-
-
 def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, directory: str) -> dict[str, Any]:
     """Phase A at dp 2, the kill, detection / abort / rebuild / restore, phase B at dp 1."""
     import torch
     import torch.distributed as dist
 
     from parallel_state_ng.core import naming
+    from parallel_state_ng.core.liveness import agree_on_survivors
     from parallel_state_ng.mcore.rebuild import plan_rebuild
 
     groups = GROUPS[args.groups]()
@@ -242,7 +230,7 @@ def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, direct
         failed_in_step = False
     except RuntimeError:
         failed_in_step = True
-    alive = _survivors(store, rank, cfg.world_size, args.agree_wait)
+    alive = agree_on_survivors(store, rank, cfg.world_size, wait_s=args.agree_wait)
     dead = sorted(set(range(cfg.world_size)) - set(alive))
     t_detect = time.monotonic()
     groups.abort()

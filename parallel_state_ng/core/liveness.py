@@ -51,6 +51,7 @@ __all__ = [
     "failure_timeout",
     "creation_timeout",
     "guarded_create",
+    "agree_on_survivors",
 ]
 
 #: Environment variable: seconds within which survivors raise when a rank dies during group
@@ -320,3 +321,30 @@ class InitWatch:
             where = f"{named}; rank {reporter} saw it while {info['step']}: {info['error']}"
         message = f"rank {self.rank}: {self.name} failed during {self.step}: {where}"
         return RankFailureError(message, dead=dead, step=f"{self.name}: {self.step}", reporter=reporter)
+
+
+def agree_on_survivors(store: Any, rank: int, world_size: int, *, wait_s: float, epoch: int = 0) -> list[int]:
+    """The ranks of ``0 .. world_size - 1`` that are still alive, as every survivor sees them.
+
+    For an in-process restart after a failure was detected (a collective raised or timed
+    out): each survivor leaves a mark in ``store`` (the old world's store, which must still
+    be served) and waits up to ``wait_s`` seconds for the others' marks; the dead leave none.
+    ``wait_s`` must exceed the collective timeout that detected the failure, since a survivor
+    blocked until that timeout marks late. ``epoch`` tells successive failures apart (every
+    survivor passes the same). Survivors agree as long as each marks within the others'
+    wait: one wait for all marks, then, when some are missing, one ``check`` per rank.
+
+    Raises:
+        ValueError: ``rank`` is not in the world, or ``wait_s`` is not positive.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of {world_size} ranks")
+    if not wait_s > 0:
+        raise ValueError(f"wait_s must be > 0 seconds, got {wait_s!r}")
+    keys = [f"psng-alive/{epoch}/{r}" for r in range(world_size)]
+    store.set(keys[rank], "")
+    try:
+        store.wait(keys, timedelta(seconds=wait_s))
+        return list(range(world_size))
+    except Exception:  # noqa: BLE001 - some mark did not come in time: find out whose
+        return [r for r, key in enumerate(keys) if store.check([key])]

@@ -85,33 +85,20 @@ def run_world(
     return results
 
 
-def survivors(store: Any, rank: int, world: int, epoch: int, wait_s: float) -> list[int]:
-    """The ranks that answer within ``wait_s`` (each survivor leaves a mark in ``store``; the dead cannot)."""
-    store.set(f"alive/{epoch}/{rank}", "")
-    deadline = time.monotonic() + wait_s
-    alive = []
-    for r in range(world):
-        try:
-            store.wait([f"alive/{epoch}/{r}"], timedelta(seconds=max(deadline - time.monotonic(), 0.01)))
-            alive.append(r)
-        except Exception:  # noqa: BLE001 - no mark in time: dead
-            pass
-    return alive
-
-
 def lose_rank(rank: int, world: int, lost: int, detect_s: float, agree_s: float) -> dict[str, Any]:
     """Rank ``lost`` exits; the others detect it and agree on the dead (on every survivor).
 
     Every group of the engine and the default group get a collective timeout of ``detect_s``;
     after a barrier, ``lost`` exits and the survivors all-reduce over the default group (gloo
     raises at once next to the dead rank, the others time out), then agree through the store
-    (:func:`survivors`, waiting up to ``agree_s``: more than ``detect_s``, since a survivor that
-    timed out marks late). ``{"detected", "detect_s", "dead"}``.
+    (:func:`parallel_state_ng.core.liveness.agree_on_survivors`, waiting up to ``agree_s``:
+    more than ``detect_s``, since a survivor that timed out marks late). ``{"detected", "detect_s", "dead"}``.
     """
     import torch
     import torch.distributed as dist
 
     from parallel_state_ng.core import naming
+    from parallel_state_ng.core.liveness import agree_on_survivors
 
     for group in [None, *naming.live_groups()]:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=detect_s), group)
@@ -125,7 +112,7 @@ def lose_rank(rank: int, world: int, lost: int, detect_s: float, agree_s: float)
     except RuntimeError:
         detected = True
     seconds = time.monotonic() - start
-    alive = survivors(dist.distributed_c10d._get_default_store(), rank, world, 0, agree_s)
+    alive = agree_on_survivors(dist.distributed_c10d._get_default_store(), rank, world, wait_s=agree_s)
     return {"detected": detected, "detect_s": seconds, "dead": sorted(set(range(world)) - set(alive))}
 
 
