@@ -13,14 +13,11 @@ import time
 
 import pytest
 
-from tests.support.failure_world import kept_after_shrink, lose_rank, run_world
+from tests.support.failure_world import RESTART_CASE, kept_after_shrink, lose_rank, run_world
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
-WORLD = 4
-LOST = 3
-DETECT_S = 1.5  # collective timeout after the loss
-AGREE_S = 6.0  # > DETECT_S plus seconds of load: the ranks next to the dead one raise at once, the others later
+WORLD, LOST, DETECT_S, AGREE_S = RESTART_CASE
 
 
 def restart_after_loss(rank: int, directory: str) -> dict:

@@ -85,6 +85,12 @@ def run_world(
     return results
 
 
+#: The restart tests' case: 4 ranks (tp 2 x dp 2), rank 3 dies; the collective timeout after
+#: the loss; how long survivors wait for each other's marks (more than the timeout plus seconds
+#: of load: the ranks next to the dead one raise at once, the others only at the timeout).
+RESTART_CASE = (4, 3, 1.5, 6.0)
+
+
 def lose_rank(rank: int, world: int, lost: int, detect_s: float, agree_s: float) -> dict[str, Any]:
     """Rank ``lost`` exits; the others detect it and agree on the dead (on every survivor).
 
