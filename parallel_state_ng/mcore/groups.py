@@ -292,10 +292,14 @@ def global_values(state: ModelParallelGroups | None, initial: dict[str, Any]) ->
         else:
             values[fill.name] = None if value is _UNBUILT else value
 
-    def resolve(name: str) -> Any:
-        return resolve(fallbacks[name]) if name in fallbacks else values.get(name)
-
-    values.update({name: resolve(name) for name in fallbacks})
+    # A loop, not a recursive closure: a closure that refers to itself is a reference cycle,
+    # which would keep ``values`` (and every group in it) alive until the garbage collector
+    # runs, and a gloo group freed then blocks whatever this rank is doing at that moment.
+    for name in fallbacks:
+        target = name
+        while target in fallbacks:
+            target = fallbacks[target]
+        values[name] = values.get(target)
     # 0.12-0.13: the first decoder stage of a pipeline that starts with an encoder
     values["_PIPELINE_MODEL_PARALLEL_DECODER_START"] = state.layout.encoder_pipeline_model_parallel_size or None
     values["_global_process_group_list"] = state.process_group_list
