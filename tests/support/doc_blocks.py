@@ -389,19 +389,24 @@ def missing_output(shown: list[str], actual: str) -> str | None:
     return None
 
 
+def _bash(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``bash *args`` from the repository root with the docs' environment; stdout and stderr together."""
+    return subprocess.run(
+        ["bash", *args],
+        cwd=ROOT,
+        env=shell_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def run_console_block(block: Block, timeout: float = BLOCK_TIMEOUT) -> list[str]:
     """Run a console block's commands; the problems found (empty: the block is true)."""
     problems = []
     for command in console_commands(block.code):
-        proc = subprocess.run(
-            ["bash", "-c", command.text],
-            cwd=ROOT,
-            env=shell_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-        )
+        proc = _bash(["-c", command.text], timeout)
         if proc.returncode != block.exit_code:
             problems.append(f"$ {command.text}: exit {proc.returncode}, expected {block.exit_code}:\n{proc.stdout}")
         elif (stretch := missing_output(command.shown, proc.stdout)) is not None:
@@ -411,15 +416,7 @@ def run_console_block(block: Block, timeout: float = BLOCK_TIMEOUT) -> list[str]
 
 def run_shell_block(block: Block, timeout: float = BLOCK_TIMEOUT) -> list[str]:
     """Run a bash block (``set -euo pipefail``); the problems found."""
-    proc = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", block.code],
-        cwd=ROOT,
-        env=shell_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
+    proc = _bash(["-euo", "pipefail", "-c", block.code], timeout)
     return [] if proc.returncode == 0 else [f"exit {proc.returncode}:\n{proc.stdout}"]
 
 
