@@ -23,8 +23,9 @@ import re
 from collections.abc import Sequence
 from typing import Any, cast
 
-from parallel_state_ng.mcore.layout import GROUP_KINDS, MegatronLayout
+from parallel_state_ng.mcore.layout import MegatronLayout
 from parallel_state_ng.tools import UsageError
+from parallel_state_ng.tools.report_text import dims_text, format_ranks, kind_text, plural, write_output
 
 __all__ = [
     "add_arguments",
@@ -45,7 +46,6 @@ DEFAULT_GPUS_PER_NODE = 8
 TENSOR_PARALLEL_KINDS = ("tp", "ep_tp")
 
 _GROUPS_SHOWN_HEAD, _GROUPS_SHOWN_TAIL, _GROUPS_SHOWN_MAX = 3, 2, 8
-_RANKS_SHOWN_MAX, _RANKS_SHOWN_HEAD, _RANKS_SHOWN_TAIL = 16, 8, 2
 
 # MegatronLayout's argument names as they appear in its error messages -> CLI options.
 _OPTION_OF_ARGUMENT = (
@@ -198,15 +198,6 @@ def resolve_gpus_per_node(world_size: int, requested: int | None) -> int:
     return requested
 
 
-def _kind_text(kind: str) -> tuple[str, str]:
-    """(MCore group_desc, description) of a kind."""
-    if kind in GROUP_KINDS:
-        return GROUP_KINDS[kind].desc, GROUP_KINDS[kind].what
-    if kind.startswith("hcp"):
-        return f"HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{kind[3:]}", f"hierarchical context parallel, level {kind[3:]}"
-    return kind.upper(), kind
-
-
 def _expert_dim_name(name: str) -> str:
     return {"tp": "etp", "dp": "edp", "gtp_remat": "egtp_remat"}.get(name, name)
 
@@ -277,7 +268,7 @@ def build_report(
     locality = {kind: node_locality(groups, gpus_per_node) for kind, groups in enumerated.items()}
     kinds_out = {}
     for kind in shown:
-        desc, what = _kind_text(kind)
+        desc, what = kind_text(kind)
         groups = enumerated[kind]
         sizes = sorted({len(g) for g in groups})
         kinds_out[kind] = {
@@ -323,27 +314,6 @@ def build_report(
 
 
 # --------------------------------------------------------------------------- text
-def format_ranks(ranks: Sequence[int], full: bool = False) -> str:
-    """A rank list for people: short lists in full, long ones abbreviated (with the count)."""
-    n = len(ranks)
-    if full or n <= _RANKS_SHOWN_MAX:
-        return "[" + ", ".join(map(str, ranks)) + "]"
-    step = ranks[1] - ranks[0]
-    if step > 0 and all(ranks[i + 1] - ranks[i] == step for i in range(n - 1)):
-        return f"[{ranks[0]}, {ranks[1]}, {ranks[2]}, ..., {ranks[-1]}] ({n} ranks, step {step})"
-    head = ", ".join(map(str, ranks[:_RANKS_SHOWN_HEAD]))
-    tail = ", ".join(map(str, ranks[-_RANKS_SHOWN_TAIL:]))
-    return f"[{head}, ..., {tail}] ({n} ranks)"
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
-def _dims_text(dims: dict[str, int]) -> str:
-    return " ".join(f"{name}={size}" for name, size in dims.items())
-
-
 def _span_text(loc: dict[str, int]) -> str:
     return str(loc["min_nodes"]) if loc["min_nodes"] == loc["max_nodes"] else f"{loc['min_nodes']}-{loc['max_nodes']}"
 
@@ -355,8 +325,8 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
         f"Megatron-Core process groups for world size {cfg['world_size']} (pure layout math: no processes, no GPUs)",
         f"sizes: tp={cfg['tp']} pp={cfg['pp']} cp={cfg['cp']} dp={cfg['dp']} ep={cfg['ep']} "
         f"etp={cfg['etp']} edp={cfg['edp']} order={cfg['order']}",
-        f"dense layout (fastest first):  {_dims_text(cfg['dense_dims'])}",
-        f"expert layout (fastest first): {_dims_text(cfg['expert_dims'])}",
+        f"dense layout (fastest first):  {dims_text(cfg['dense_dims'])}",
+        f"expert layout (fastest first): {dims_text(cfg['expert_dims'])}",
         f"distributed-optimizer instances: {cfg['num_distributed_optimizer_instances']}"
         + (
             f"; hierarchical cp sizes: {cfg['hierarchical_context_parallel_sizes']}"
@@ -371,8 +341,8 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
     lines.append(f"Groups ({len(kinds)} kinds{note}):")
     for kind, info in kinds.items():
         size = info["group_size"]
-        size_text = _plural(size, "rank") if isinstance(size, int) else f"{size} ranks (sizes vary)"
-        lines.append(f"{kind} - {info['what']} [{info['desc']}]: {_plural(info['num_groups'], 'group')} of {size_text}")
+        size_text = plural(size, "rank") if isinstance(size, int) else f"{size} ranks (sizes vary)"
+        lines.append(f"{kind} - {info['what']} [{info['desc']}]: {plural(info['num_groups'], 'group')} of {size_text}")
         groups = info["groups"]
         width = len(str(len(groups) - 1))
         if full or len(groups) <= _GROUPS_SHOWN_MAX:
@@ -394,8 +364,8 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
         lines += [
             "",
             f"Rank {view['rank']} (node {view['node']}):",
-            f"  dense coordinate:  {_dims_text(view['dense_coord'])}",
-            f"  expert coordinate: {_dims_text(view['expert_coord'])}",
+            f"  dense coordinate:  {dims_text(view['dense_coord'])}",
+            f"  expert coordinate: {dims_text(view['expert_coord'])}",
             f"  pipeline: stage {pipe['stage']} of {pipe['stages']}; first {pipe['first']}, last {pipe['last']}, "
             f"next {pipe['next']}, prev {pipe['prev']}",
         ]
@@ -435,17 +405,6 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
 
 
 # --------------------------------------------------------------------------- command
-def _write(text: str, output: str | None, stdout: Any) -> None:
-    if output is None:
-        stdout.write(text)
-        return
-    try:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    except OSError as err:
-        raise UsageError(f"cannot write {output!r}: {err.strerror}", "--output") from None
-
-
 def run(args: argparse.Namespace, stdout: Any) -> int:
     """Run the ``layout`` command for parsed ``args``; returns the exit code."""
     layout = build_layout(args)
@@ -483,7 +442,7 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
             gpus_per_node=gpus_per_node,
             groups=groups,
             kind=args.color_kind,
-            title=f"{args.color_kind} groups ({_kind_text(args.color_kind)[1]}) - {cfg}",
+            title=f"{args.color_kind} groups ({kind_text(args.color_kind)[1]}) - {cfg}",
             group_labels=[format_ranks(g) for g in groups],
             highlight_rank=args.rank,
         )
@@ -495,5 +454,5 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
             ranks = [0, args.world_size - 1] + ([] if args.rank is None else [args.rank])
             report["communicators"] = communicator_report(layout, ranks, gloo=not args.no_gloo_twins)
         text = json.dumps(report) + "\n" if args.format == "json" else render_text(report, full=args.full)
-    _write(text, args.output, stdout)
+    write_output(text, args.output, stdout)
     return 0

@@ -34,7 +34,8 @@ from parallel_state_ng.mcore.topology_spec import (
     validate_topology,
 )
 from parallel_state_ng.tools import UsageError
-from parallel_state_ng.tools.layout_report import _dims_text, _kind_text, _plural, _write, format_ranks, rank_view
+from parallel_state_ng.tools.layout_report import rank_view
+from parallel_state_ng.tools.report_text import dims_text, format_ranks, kind_text, plural, write_output
 
 __all__ = [
     "add_arguments",
@@ -246,7 +247,7 @@ def _module_report(placement: ModulePlacement, kinds: Sequence[str] | None) -> d
     shown = own if kinds is None else [k for k in kinds if k in own]
     kinds_out = {}
     for kind in shown:
-        desc, what = _kind_text(kind)
+        desc, what = kind_text(kind)
         groups = placement.layout.enumerate(kind)
         sizes = sorted({len(g) for g in groups})
         kinds_out[kind] = {
@@ -326,7 +327,7 @@ def render_topology_text(report: dict[str, Any], full: bool = False) -> str:
     """The report for people (long lists abbreviated unless ``full``)."""
     modules = report["modules"]
     lines = [
-        f"Topology of {report['world_size']} ranks, {_plural(len(modules), 'module')}, megatron-core "
+        f"Topology of {report['world_size']} ranks, {plural(len(modules), 'module')}, megatron-core "
         f"{report['release']} (pure layout math: no processes, no GPUs)",
         f"language module: {report['language_module']}",
     ]
@@ -338,7 +339,7 @@ def render_topology_text(report: dict[str, Any], full: bool = False) -> str:
     for m in modules:
         lines += [
             "",
-            f"Module {m['name']}: ranks {_span(m['ranks'])} ({_plural(m['num_ranks'], 'rank')})"
+            f"Module {m['name']}: ranks {_span(m['ranks'])} ({plural(m['num_ranks'], 'rank')})"
             + (f", colocated with {', '.join(m['colocated_with'])}" if m["colocated_with"] else ""),
             f"  sizes: {_sizes_text(m)}",
             "  language module: yes (embedding groups)"
@@ -347,24 +348,24 @@ def render_topology_text(report: dict[str, Any], full: bool = False) -> str:
         ]
         if m["options"]:
             lines.append("  options: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in m["options"].items()))
-        lines.append(f"  groups ({_plural(len(m['kinds']), 'kind')}{note}):")
+        lines.append(f"  groups ({plural(len(m['kinds']), 'kind')}{note}):")
         for kind, info in m["kinds"].items():
             size = info["group_size"]
-            size_text = _plural(size, "rank") if isinstance(size, int) else f"{size} ranks (sizes vary)"
+            size_text = plural(size, "rank") if isinstance(size, int) else f"{size} ranks (sizes vary)"
             lines.append(
-                f"    {kind} - {info['what']} [{info['desc']}]: {_plural(info['num_groups'], 'group')} of {size_text}"
+                f"    {kind} - {info['what']} [{info['desc']}]: {plural(info['num_groups'], 'group')} of {size_text}"
             )
             lines += _group_lines(info["groups"], full)
     view = report["rank"]
     if view is not None:
-        runs = f"{_plural(len(view['modules']), 'module')}: {', '.join(view['modules'])}"
+        runs = f"{plural(len(view['modules']), 'module')}: {', '.join(view['modules'])}"
         lines += ["", f"Rank {view['rank']} runs {runs}"]
         for name, v in view["views"].items():
             pipe = v["pipeline"]
             lines += [
                 f"  {name}:",
-                f"    dense coordinate:  {_dims_text(v['dense_coord'])}",
-                f"    expert coordinate: {_dims_text(v['expert_coord'])}",
+                f"    dense coordinate:  {dims_text(v['dense_coord'])}",
+                f"    expert coordinate: {dims_text(v['expert_coord'])}",
                 f"    pipeline: stage {pipe['stage']} of {pipe['stages']}; first {pipe['first']}, last {pipe['last']}, "
                 f"next {pipe['next']}, prev {pipe['prev']}",
             ]
@@ -397,5 +398,5 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
     else:
         report = build_topology_report(placements, kinds=args.kinds, rank=args.rank)
         text = json.dumps(report) + "\n" if args.format == "json" else render_topology_text(report, full=args.full)
-    _write(text, args.output, stdout)
+    write_output(text, args.output, stdout)
     return 0
