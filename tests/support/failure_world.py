@@ -2,9 +2,10 @@
 
 :class:`tests.support.gloo_world.GlooWorld` keeps its workers for many tests and is closed
 as soon as one dies; failure tests need the opposite: a fresh world per test whose ranks may
-``os._exit`` or ``SIGSTOP`` themselves. :func:`run_world` spawns ``world_size`` processes,
-joins them in a gloo world over a ``FileStore`` in ``directory`` (no ports: ``pytest -n auto``
-safe), runs ``fn(rank, directory, *args)`` on each and returns ``{rank: result}`` for the
+``os._exit`` or ``SIGSTOP`` themselves. :func:`run_world` starts ``world_size`` processes
+(forked from the fork server of :mod:`tests.support.gloo_world`, which has imported torch;
+spawned where that cannot serve the environment), joins them in a gloo world over a
+``FileStore`` in ``directory`` (no ports: ``pytest -n auto`` safe), runs ``fn(rank, directory, *args)`` on each and returns ``{rank: result}`` for the
 ranks that reported (a rank that died reports nothing; a rank whose ``fn`` raised reports
 ``("raised", type name, message, seconds)``). Every process still alive at the end (a stopped
 rank) is killed, so a test never leaves one behind. :func:`survivors` is how the survivors of
@@ -14,7 +15,6 @@ agree on it; :func:`kept_after_shrink` checks the outcome of a restart at tp 2 Ã
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import time
@@ -23,8 +23,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from tests.support.gloo_world import worker_context
+
 
 def _worker(rank: int, world_size: int, directory: str, fn: Callable[..., Any], args: tuple, outbox, env: dict) -> None:
+    os.environ.clear()  # the parent's environment plus the test's, as a spawned process gets it
     os.environ.update(env)
     import torch.distributed as dist
 
@@ -54,9 +57,9 @@ def run_world(
     Collects results until ``expect`` ranks (default: all) reported or ``timeout`` seconds
     passed, then kills every process still alive.
     """
-    ctx = mp.get_context("spawn")
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    ctx = worker_context(full_env)  # forked from the fork server that has imported torch
     outbox = ctx.Queue()
-    full_env = {"OMP_NUM_THREADS": "1", **(env or {})}
     procs = [
         ctx.Process(target=_worker, args=(r, world_size, directory, fn, args, outbox, full_env), daemon=True)
         for r in range(world_size)

@@ -69,7 +69,7 @@ def _environ(env: dict[str, str]):
         os.environ.update(saved)
 
 
-def _context(env: dict[str, str]) -> Any:
+def worker_context(env: dict[str, str]) -> Any:
     """The ``forkserver`` context, its server running with ``env``; ``spawn`` where it cannot."""
     if os.environ.get(DISABLE_VAR) == "0" or (_SERVER_ENV and _SERVER_ENV[0] != _env_key(env)):
         return mp.get_context("spawn")
@@ -120,7 +120,7 @@ class GlooWorld:
         overrides = dict(env or {})
         overrides.setdefault("OMP_NUM_THREADS", "1")
         env = {**os.environ, **overrides}
-        ctx = _context(env)
+        ctx = worker_context(env)
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(world_size)]
         self._procs = [
