@@ -38,7 +38,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch.distributed as dist
 
@@ -66,15 +66,9 @@ _PEER_TROUBLE = re.compile(r"timeout|timed out|connect|peer|socket|closed|reset|
 _sequences: dict[str, int] = {}
 
 
-# The world's creation context per setting of the bound, and under "world" the default group
-# it belongs to: see _creation_context.
-_contexts: dict[str, Any] = {}
-
-
 def reset_world_state() -> None:
     """Forget the per-world round counters (a new default group: every rank counts from 0)."""
     _sequences.clear()
-    _contexts.clear()
 
 
 class RankFailureError(RuntimeError):
@@ -135,36 +129,6 @@ def _watched() -> bool:
     return dist.is_initialized() and "fake" not in str(dist.get_backend()) and failure_timeout() > 0
 
 
-class _CreationContext(NamedTuple):
-    """What every bounded creation in one world needs, looked up once (not per group)."""
-
-    bound: float  # creation_timeout()
-    store: Any  # the default store (arrival marks, failure records)
-    rank: int  # this process's global rank
-    backend: str  # the default group's backend, for creations that name none
-
-
-def _creation_context() -> _CreationContext | None:
-    """The current world's context when creations are watched, else ``None``.
-
-    Cached per world (:func:`reset_world_state` runs on a new default group, through
-    :func:`parallel_state_ng.core.naming.sync_world`, which every creation calls first) and per
-    value of :data:`ENV_FAILURE_TIMEOUT`, which may change between inits.
-    """
-    setting = os.environ.get(ENV_FAILURE_TIMEOUT, "")
-    world = dist.distributed_c10d._world.default_pg
-    if _contexts.get("world") is not world:  # a caller that did not go through sync_world
-        _contexts.clear()
-        _contexts["world"] = world
-    if setting in _contexts:
-        return _contexts[setting]
-    context = None
-    if _watched():
-        context = _CreationContext(creation_timeout(), _store(), dist.get_rank(), str(dist.get_backend()))
-    _contexts[setting] = context
-    return context
-
-
 def _short(ranks: Sequence[int], limit: int = 16) -> str:
     shown = ", ".join(map(str, list(ranks)[:limit]))
     return f"[{shown}{', ...' if len(ranks) > limit else ''}] ({len(ranks)} ranks)"
@@ -218,11 +182,12 @@ def guarded_create(create: Callable[[dict], Any], ranks: Sequence[int], name: st
     the short timeout, then the caller's timeout restored. A creation that fails raises
     :class:`RankFailureError` naming the members that never arrived.
     """
-    context = _creation_context() if len(ranks) > 1 else None
-    backend = (kwargs.get("backend") or context.backend) if context else None
-    if not context or not context.bound or "gloo" not in str(backend):
+    backend = kwargs.get("backend") or (dist.get_backend() if dist.is_initialized() else None)
+    bound = creation_timeout() if _watched() and "gloo" in str(backend) and len(ranks) > 1 else 0.0
+    if not bound:
         return create(kwargs)
-    bound, store, rank = context.bound, context.store, context.rank
+    store = _store()
+    rank = dist.get_rank()
     store.set(f"{_ARRIVE}{name}/{rank}", "")
     wanted = kwargs.get("timeout")
     if not isinstance(wanted, timedelta):
