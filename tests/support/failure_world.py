@@ -5,8 +5,9 @@ as soon as one dies; failure tests need the opposite: a fresh world per test who
 ``os._exit`` or ``SIGSTOP`` themselves. :func:`run_world` starts ``world_size`` processes
 (forked from the fork server of :mod:`tests.support.gloo_world`, which has imported torch;
 spawned where that cannot serve the environment), joins them in a gloo world over a
-``FileStore`` in ``directory`` (no ports: ``pytest -n auto`` safe), runs ``fn(rank, directory, *args)`` on each and returns ``{rank: result}`` for the
-ranks that reported (a rank that died reports nothing; a rank whose ``fn`` raised reports
+``FileStore`` in ``directory`` (no ports: ``pytest -n auto`` safe), runs
+``fn(rank, directory, *args)`` on each and returns ``{rank: result}`` for the ranks that
+reported (a rank that died reports nothing; a rank whose ``fn`` raised reports
 ``("raised", type name, message, seconds)``). Every process still alive at the end (a stopped
 rank) is killed, so a test never leaves one behind. :func:`survivors` is how the survivors of
 such a world agree on who died; :func:`lose_rank` kills a rank and has the others detect and
