@@ -160,11 +160,11 @@ def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[s
     dist.barrier()
     for c in clocks.values():
         c.total = 0.0
-    t0 = time.perf_counter()
+    cpu0, t0 = time.process_time(), time.perf_counter()
     mod.initialize_model_parallel(**kwargs)
     t_init = time.perf_counter() - t0
     sums = _all_reduce_ranks([mod.get_tensor_model_parallel_group(), mod.get_data_parallel_group()])
-    t_total = time.perf_counter() - t0
+    t_total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     split = {name: c.total for name, c in clocks.items()}
     created = [pg for pg in world.pg_map if pg not in before]
     lists = getattr(mod, "_global_process_group_list", None) or []
@@ -180,7 +180,7 @@ def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[s
     os.environ.pop("PSNG_FAILURE_TIMEOUT", None)
     assert all(a == b for a, b in sums), sums
     assert not [pg for pg in world.pg_map if pg not in before], "groups left after destroy"
-    return {"total": t_total, "init": t_init, "destroy": t_destroy, "communicators": len(created), **split}
+    return {"total": t_total, "init": t_init, "destroy": t_destroy, "communicators": len(created), "cpu": cpu, **split}
 
 
 def _all_reduce_ranks(groups: list[Any]) -> list[tuple[float, float]]:
@@ -206,11 +206,11 @@ def _one_floor(kwargs: dict[str, Any], clocks: dict[str, _Clock]) -> dict[str, A
     dist.barrier()
     for c in clocks.values():
         c.total = 0.0
-    t0 = time.perf_counter()
+    cpu0, t0 = time.process_time(), time.perf_counter()
     made, by_key = _floor_init(steps)
     t_init = time.perf_counter() - t0
     sums = _all_reduce_ranks([by_key["tp"], by_key["dp"]])
-    t_total = time.perf_counter() - t0
+    t_total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     split = {name: c.total for name, c in clocks.items()}
     created = [pg for pg in world.pg_map if pg not in before]
     t1 = time.perf_counter()
@@ -219,7 +219,7 @@ def _one_floor(kwargs: dict[str, Any], clocks: dict[str, _Clock]) -> dict[str, A
     t_destroy = time.perf_counter() - t1
     assert all(a == b for a, b in sums), sums
     assert len(created) == len(steps), (len(created), len(steps))
-    return {"total": t_total, "init": t_init, "destroy": t_destroy, "communicators": len(created), **split}
+    return {"total": t_total, "init": t_init, "destroy": t_destroy, "communicators": len(created), "cpu": cpu, **split}
 
 
 def _worker(rank: int, world_size: int, inbox: Any, outbox: Any, impls: list[str], plan: list[dict]) -> None:
@@ -358,9 +358,11 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
                 "slowest": [],
                 "communicators": [],
                 "destroy": [],
+                "cpus": [],
             },
         )
         row["jobs"].append(slowest["total"])
+        row["cpus"].append(sum(x.get("cpu", 0.0) for x in recs))
         row["slowest"].append(slowest)
         row["communicators"].append(statistics.median(x["communicators"] for x in recs))
         row["destroy"].append(max(x["destroy"] for x in recs))
@@ -372,6 +374,7 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
             min=min(row["jobs"]),
             max=max(row["jobs"]),
             communicators=statistics.median(row["communicators"]),
+            cpu=statistics.median(row["cpus"]),
             destroy=statistics.median(row["destroy"]),
             check=statistics.median(x["check"] for x in s),
             create=statistics.median(x["create"] for x in s),
@@ -382,13 +385,16 @@ def summarize(per_rank: list[list[dict]]) -> list[dict]:
     return out
 
 
-def _ratios(row: dict, rows: list[dict], impl: str) -> tuple[float | None, float | None]:
-    """``row``'s median job time over ``impl``'s (same gloo mode), and the median of the per-round ratios."""
+def _ratios(row: dict, rows: list[dict], impl: str, series: str = "jobs") -> tuple[float | None, float | None]:
+    """``row``'s median of ``series`` over ``impl``'s (same gloo mode), and the median of the per-round ratios.
+
+    ``series``: ``"jobs"`` (job times) or ``"cpus"`` (CPU seconds of all ranks together).
+    """
     ref = next((x for x in rows if x["impl"] == impl and x["gloo"] == row["gloo"]), None)
     if ref is None:
         return None, None
-    paired = statistics.median(a / b for a, b in zip(row["jobs"], ref["jobs"], strict=False))
-    return row["median"] / ref["median"], paired
+    paired = statistics.median(a / b for a, b in zip(row[series], ref[series], strict=False))
+    return statistics.median(row[series]) / statistics.median(ref[series]), paired
 
 
 def _ratio_text(pair: tuple[float | None, float | None]) -> str:
@@ -402,6 +408,7 @@ def _report(w: int, per_rank: list[list[dict]]) -> list[dict]:
         row["world"], row["rounds"] = w, len(row["jobs"])
         row["vs_mcore"], row["paired"] = _ratios(row, rows, "mcore")
         row["vs_floor"], row["paired_floor"] = _ratios(row, rows, "floor")
+        row["cpu_vs_floor"], row["cpu_paired_floor"] = _ratios(row, rows, "floor", "cpus")
         split = (
             f"{row['check']:6.3f} {row['create']:6.3f} {row['sync']:6.3f} {row['rest']:6.3f}"
             if row["impl"] != "mcore"
@@ -412,7 +419,7 @@ def _report(w: int, per_rank: list[list[dict]]) -> list[dict]:
         print(
             f"{w:>3} {row['layout']:<16} {'on' if row['gloo'] else 'off':<4} {row['impl']:<13} {row['median']:7.3f} "
             f"{row['min']:7.3f} {row['max']:7.3f} {row['communicators']:5.0f} {ratios} | {split} | "
-            f"{row['destroy']:7.3f}"
+            f"{row['destroy']:7.3f} | {row['cpu']:6.3f} {_ratio_text((row['cpu_vs_floor'], row['cpu_paired_floor']))}"
         )
     sys.stdout.flush()
     return rows
@@ -458,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"{'W':>3} {'layout':<16} {'gloo':<4} {'impl':<13} {'median':>7} {'min':>7} {'max':>7} "
         f"{'comms':>5} {'vs mcore':>8} {'paired':>6} {'vs floor':>8} {'paired':>6} | "
-        f"{'check':>6} {'create':>6} {'sync':>6} {'rest':>6} | {'destroy':>7}"
+        f"{'check':>6} {'create':>6} {'sync':>6} {'rest':>6} | {'destroy':>7} | "
+        f"{'cpu':>6} {'vs floor':>8} {'paired':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -480,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"vs mcore / vs floor = the median job time over MCore's / the floor's; paired = median over rounds of the "
         f"same ratio within a round (same processes, minutes apart at most); comms = communicators per rank; "
+        f"cpu = CPU seconds of all ranks together (every thread: user + system), median over rounds; "
         f"load after {_load()}; "
         f"took {time.time() - started:.0f} s"
     )

@@ -11,10 +11,10 @@ number, so repeated checks never meet old keys):
 2. the rank whose ``add`` returns the participant count (the last to arrive; exactly one) reads
    every hash in one ``multi_get``, compares, and publishes a verdict (``compare_set``: the
    first verdict wins);
-3. every other rank waits for the verdict, bounded by ``timeout``, and reads it; the last
-   arrival has it from its ``compare_set`` already.
+3. every other rank waits for the verdict, bounded by ``timeout``, and reads it in one round
+   trip (:func:`read_present`); the last arrival has it from its ``compare_set`` already.
 
-A rank therefore does 5 store operations whatever the world size (set, set, add, wait, get;
+A rank therefore does 5 store operations whatever the world size (set, set, add, wait, read;
 the last arrival: set, set, add, multi_get, compare_set), two of them without a reply (``set``),
 and only the last arrival reads O(world) data, in one request per 8,192 ranks. Each rank's
 ``fp`` key is deleted later, off the critical path (:func:`flush_deferred_deletes`: while the
@@ -54,6 +54,7 @@ __all__ = [
     "run_round",
     "flush_deferred_deletes",
     "forget_deferred_deletes",
+    "read_present",
 ]
 
 _MULTI_GET_CHUNK = 8192
@@ -276,6 +277,11 @@ class _Ops:
                 out.extend(self.store.get(k) for k in chunk)
         return out
 
+    def read_present(self, key: str) -> bytes:
+        """The value of ``key``, which must exist (see :func:`read_present`)."""
+        self.count += 1
+        return read_present(self.store, key)
+
     def wait_for(self, key: str, seconds: float) -> bool:
         """Wait up to ``seconds`` for ``key``; False on timeout."""
         self.count += 1
@@ -288,6 +294,20 @@ class _Ops:
             if "timeout" in str(exc).lower() or time.monotonic() - start >= seconds:
                 return False
             raise
+
+
+#: A value no verdict ever has (verdicts are JSON text).
+_NEVER = "\x00"
+
+
+def read_present(store: Any, key: str) -> bytes:
+    """The value of ``key``, which the caller knows exists (it waited for it), in one round trip.
+
+    ``TCPStore.get`` first waits for the key (one round trip) and then reads it (another);
+    ``compare_set`` with an expected value the key never holds changes nothing and answers
+    the current value in one.
+    """
+    return store.compare_set(key, _NEVER, _NEVER)
 
 
 def _compare(ops: _Ops, ranks: Sequence[int]) -> dict:
@@ -395,7 +415,7 @@ def run_round(
             if not ops.wait_for("verdict", timeout):
                 arrived = min(int(ops.add("arrived", 0)), n)
                 _raise_for({"status": "timeout", "missing": None, "arrived": arrived}, name, n, timeout, False)
-        text = ops.get("verdict")
+        text = ops.read_present("verdict")
     verdict = json.loads(text)
     late = False
     if verdict.get("status") == "timeout":

@@ -37,12 +37,13 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
-from parallel_state_ng.core.agreement_protocol import flush_deferred_deletes
+from parallel_state_ng.core.agreement_protocol import flush_deferred_deletes, read_present
 
 __all__ = [
     "RankFailureError",
@@ -51,6 +52,7 @@ __all__ = [
     "failure_timeout",
     "creation_timeout",
     "guarded_create",
+    "CreationContext",
     "agree_on_survivors",
 ]
 
@@ -175,32 +177,73 @@ def _root_cause(store: Any, missing: list[int], rank: int) -> list[int]:
     return sorted(dead)
 
 
-def guarded_create(create: Callable[[dict], Any], ranks: Sequence[int], name: str, kwargs: dict) -> Any:
+@dataclass(frozen=True)
+class CreationContext:
+    """What :func:`guarded_create` reads once per build instead of once per group.
+
+    One build (an ``initialize_model_parallel``, a collection, a grid) creates many groups in
+    the same world under the same settings; :meth:`current` reads them (environment, default
+    backend, rank, store) and the build passes the object to every creation. It lives as long
+    as the build: nothing is kept between builds.
+
+    Attributes:
+        bound: seconds a gloo group's creation may wait for its members (0: unbounded).
+        default_backend: the default process group's backend (a group's when it names none).
+        rank: this process's global rank.
+        store: the default store (arrival marks, failure records); ``None`` when unbounded.
+    """
+
+    bound: float
+    default_backend: str
+    rank: int
+    store: Any
+
+    @classmethod
+    def current(cls) -> CreationContext:
+        """The settings in force now (unbounded when failures are not watched here)."""
+        if not dist.is_initialized():
+            return cls(0.0, "", 0, None)
+        backend = str(dist.get_backend())
+        bound = creation_timeout() if "fake" not in backend else 0.0
+        return cls(bound, backend, dist.get_rank(), _store() if bound else None)
+
+
+def guarded_create(
+    create: Callable[[dict], Any],
+    ranks: Sequence[int],
+    name: str,
+    kwargs: dict,
+    context: CreationContext | None = None,
+) -> Any:
     """``create(kwargs)`` for group ``name`` over ``ranks``, bounded and with a named failure.
 
     For a gloo group with the bound on: this member's arrival mark first, the creation with
     the short timeout, then the caller's timeout restored. A creation that fails raises
-    :class:`RankFailureError` naming the members that never arrived.
+    :class:`RankFailureError` naming the members that never arrived. ``context``: the
+    build's :class:`CreationContext` (default: read now).
     """
-    backend = kwargs.get("backend") or (dist.get_backend() if dist.is_initialized() else None)
-    bound = creation_timeout() if _watched() and "gloo" in str(backend) and len(ranks) > 1 else 0.0
-    if not bound:
+    if context is None:
+        context = CreationContext.current()
+    if not context.bound or len(ranks) < 2:
         return create(kwargs)
-    store = _store()
-    rank = dist.get_rank()
+    backend = kwargs.get("backend") or context.default_backend
+    if "gloo" not in str(backend):
+        return create(kwargs)
+    bound = timedelta(seconds=context.bound)
+    store, rank = context.store, context.rank
     store.set(f"{_ARRIVE}{name}/{rank}", "")
     wanted = kwargs.get("timeout")
     if not isinstance(wanted, timedelta):
         wanted = dist.distributed_c10d._get_default_timeout(backend)  # type: ignore[arg-type]
     start = time.monotonic()
     try:
-        group = create({**kwargs, "timeout": min(wanted, timedelta(seconds=bound))})
+        group = create({**kwargs, "timeout": min(wanted, bound)})
     except Exception as exc:
         if not _PEER_TROUBLE.search(str(exc)):
             raise  # a local error (bad arguments, ...), not a peer's failure
         label = f"{kwargs['group_desc']} ({name})" if kwargs.get("group_desc") else name
         raise _creation_failure(store, rank, name, ranks, exc, time.monotonic() - start, label) from exc
-    if wanted > timedelta(seconds=bound) and isinstance(group, dist.ProcessGroup):
+    if wanted > bound and isinstance(group, dist.ProcessGroup):
         dist.distributed_c10d._set_pg_timeout(wanted, group)
     return group
 
@@ -309,7 +352,7 @@ class InitWatch:
             missing = [r for i, r in enumerate(self.ranks) if not self.store.check([f"in/{i}"])]
             info = {"reporter": self.rank, "step": "the closing check", "dead": missing, "error": "timeout"}
             self.store.compare_set("verdict", "", json.dumps(info))
-        return self.store.get("verdict").decode()
+        return read_present(self.store, "verdict").decode()
 
     def _error(self, verdict: str) -> RankFailureError:
         info = json.loads(verdict)

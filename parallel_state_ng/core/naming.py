@@ -172,7 +172,7 @@ def member_set_digest(ranks: Sequence[int]) -> str:
     return hashlib.sha1(array("q", ranks), usedforsecurity=False).hexdigest()[:24]
 
 
-def new_member_group(ranks: Sequence[int], **kwargs: Any):
+def new_member_group(ranks: Sequence[int], *, context: liveness.CreationContext | None = None, **kwargs: Any):
     """``new_group(ranks, use_local_synchronization=True, **kwargs)`` under a stable name.
 
     Only the members call it, with the same rank list (same order); each member must create
@@ -180,7 +180,9 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
     may be destroyed right away through :func:`destroy_groups`, which first waits for every
     member to finish creating it (see the module docstring). Other keyword arguments
     (``timeout``, ``backend``, ``pg_options``, ``group_desc``) go to
-    ``torch.distributed.new_group``.
+    ``torch.distributed.new_group``. A build that creates many groups passes one
+    :class:`~parallel_state_ng.core.liveness.CreationContext` to all of them (``context``;
+    default: read for this group).
 
     Raises:
         RankFailureError: a member died or stopped before the gloo group was connected; raised
@@ -199,7 +201,7 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
         c10d._process_group_name = lambda _ranks, use_hashed_name=False: name
     try:
         group = liveness.guarded_create(
-            lambda kw: dist.new_group(ranks=ranks, use_local_synchronization=True, **kw), ranks, name, kwargs
+            lambda kw: dist.new_group(ranks=ranks, use_local_synchronization=True, **kw), ranks, name, kwargs, context
         )
     except liveness.RankFailureError as err:
         mark_dead(err.dead)  # no later destroy waits for them
@@ -208,9 +210,9 @@ def new_member_group(ranks: Sequence[int], **kwargs: Any):
         if original is not None:
             c10d._process_group_name = original
     _created_by_member_set[digest] = count + 1
-    track_group(group)
-    if not _rounds_open[0] and isinstance(group, dist.ProcessGroup) and len(ranks) > 1:
-        if "gloo" in str(dist.get_backend(group)):
+    if isinstance(group, dist.ProcessGroup):
+        _live[id(group)] = group  # track_group, without its second sync_world
+        if not _rounds_open[0] and len(ranks) > 1 and "gloo" in str(dist.get_backend(group)):
             _mark_ready(group, name, len(ranks))
     return group
 

@@ -16,6 +16,7 @@ exports one as a ``ProcessGroupCollection``.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from parallel_state_ng.core.handles import GroupHandle
-from parallel_state_ng.core.liveness import InitWatch
-from parallel_state_ng.core.naming import creation_round, destroy_groups, sync_world
+from parallel_state_ng.core.liveness import CreationContext, InitWatch
+from parallel_state_ng.core.naming import creation_round, destroy_groups, new_member_group, sync_world
 from parallel_state_ng.core.sharing import GroupPool
 from parallel_state_ng.mcore.kinds import GROUP_KINDS, Fill, fills
 from parallel_state_ng.mcore.layout import MegatronLayout
@@ -146,10 +147,11 @@ def nccl_options_from_config(pg_name: str, nccl_comm_cfgs: dict[str, Any]) -> An
 class _Creator:
     """Creates this rank's groups and records them for rollback and ``update_pg_timeout``."""
 
-    def __init__(self, state: ModelParallelGroups, timeout: timedelta) -> None:
+    def __init__(self, state: ModelParallelGroups, timeout: timedelta, context: CreationContext | None = None) -> None:
         self.state = state
         self.timeout = timeout
-        self.pool = GroupPool()  # shares a group between kinds only when sharing is on
+        # shares a group between kinds only when sharing is on; one creation context per build
+        self.pool = GroupPool(create=functools.partial(new_member_group, context=context or CreationContext.current()))
 
     def make(
         self,
@@ -193,8 +195,8 @@ def create_model_groups(
     rolls back.
     """
     state = ModelParallelGroups(layout=layout, rank=rank)
-    creator = _Creator(state, timeout)
     sync_world()
+    creator = _Creator(state, timeout, CreationContext.current())
     watch = InitWatch(name, range(layout.rank_offset, layout.rank_offset + layout.layout_world_size))
     try:
         # The closing round (watch.finish) covers early destroys: no readiness marks needed.

@@ -22,7 +22,6 @@ and with one distributed-optimizer instance the intra-partial globals hold the f
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 
 from parallel_state_ng.mcore.group_kind import Fill, FillValue, GroupKind  # noqa: F401 (FillValue re-exported)
 from parallel_state_ng.mcore.order import GTP_TOKEN
@@ -414,11 +413,10 @@ def kind_exists(kind: str, facts: ReleaseFacts) -> bool:
     return not needed or any(getattr(facts, fact) for fact in needed)
 
 
-def fills() -> Iterator[tuple[GroupKind, Fill]]:
-    """Every (kind, global) pair of the table, in table order."""
-    for kind in GROUP_KINDS.values():
-        for fill in kind.fills:
-            yield kind, fill
+@functools.cache
+def fills() -> tuple[tuple[GroupKind, Fill], ...]:
+    """Every (kind, global) pair of the table, in table order (built once: the table is constant)."""
+    return tuple((kind, fill) for kind in GROUP_KINDS.values() for fill in kind.fills)
 
 
 @functools.cache

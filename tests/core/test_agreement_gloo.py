@@ -193,7 +193,7 @@ def test_store_operations_per_rank_are_constant(gloo_world):
     results = world.run(_check_direct, {"tensor_model_parallel_size": 4, "order": "tp-cp-ep-dp-pp"})
     ops = sorted(r[0] for r in results)
     assert [r[1] for r in results].count(True) == 1  # exactly one rank compared
-    assert ops == [5, 5, 5, 5]  # set, set, add, wait, get (the last arrival: set, set, add, multi_get, compare_set)
+    assert ops == [5, 5, 5, 5]  # set, set, add, wait, read (the last arrival: set, set, add, multi_get, compare_set)
     assert not any(r[2] for r in results)
 
 
