@@ -200,7 +200,9 @@ def _callable_name(fn: Any) -> str:
 
 def _canonical(value: Any) -> Any:
     """A JSON value that is equal on two processes exactly when the settings mean the same."""
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or type(value) in (bool, str, int):  # the common cases first
+        return value
+    if isinstance(value, (bool, str)):
         return value
     if isinstance(value, enum.Enum):
         return {"enum": f"{type(value).__qualname__}.{value.name}"}

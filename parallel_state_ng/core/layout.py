@@ -48,9 +48,10 @@ class UnknownDimError(ValueError, KeyError, RuntimeError):
 
 
 def _check_int(value: object, what: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
-    value = int(value)
+    if type(value) is not int:  # the common case skips the (slow) abstract-class checks
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
+        value = int(value)
     if value < minimum:
         raise ValueError(f"{what} must be >= {minimum}, got {value}")
     return value
@@ -62,9 +63,11 @@ def validate_dims(shape: Sequence[int], dim_names: Sequence[str]) -> tuple[tuple
     Raises ``ValueError`` for a length mismatch, an empty or duplicated name, or a size < 1,
     and ``TypeError`` for a size that is not an int (bools and floats included).
     """
-    if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
+    if type(shape) not in (list, tuple) and (isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable)):
         raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
-    if isinstance(dim_names, (str, bytes)) or not isinstance(dim_names, Iterable):
+    if type(dim_names) not in (list, tuple) and (
+        isinstance(dim_names, (str, bytes)) or not isinstance(dim_names, Iterable)
+    ):
         raise TypeError(f"dim_names must be a sequence of str, got {dim_names!r}")
     shape, dim_names = list(shape), list(dim_names)
     if len(shape) != len(dim_names):
@@ -181,7 +184,7 @@ class Layout:
         """
         if isinstance(dims, str):
             dims = (dims,)
-        elif not isinstance(dims, Iterable):
+        elif type(dims) not in (list, tuple) and not isinstance(dims, Iterable):
             raise TypeError(f"dims must be a dim name or a sequence of dim names, got {dims!r}")
         dims = tuple(dims)
         idx = [self._index(d) for d in dims]

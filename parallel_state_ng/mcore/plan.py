@@ -13,6 +13,7 @@ steps, the tools count them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -21,6 +22,7 @@ from parallel_state_ng.mcore.kinds import GROUP_KINDS, GroupKind, kind_exists
 
 if TYPE_CHECKING:  # the layout imports this module to list its kinds
     from parallel_state_ng.mcore.layout import MegatronLayout
+    from parallel_state_ng.mcore.releases.facts import ReleaseFacts
 
 __all__ = [
     "PlanOptions",
@@ -272,10 +274,16 @@ def group_plan(layout: MegatronLayout, rank: int, options: PlanOptions | None = 
     c = _Context(layout, options or PlanOptions())
     made: dict[str, list[int]] = {}
     steps: list[Step] = []
-    for row in CREATION_ORDER:
-        if kind_exists(row.kind, layout.facts) and (row.when or _always)(c):
+    for row in _release_rows(layout.facts):
+        if (row.when or _always)(c):
             steps.extend(_row_steps(row, c, rank, made))
     return steps
+
+
+@functools.cache
+def _release_rows(facts: ReleaseFacts) -> tuple[_Row, ...]:
+    """The rows of :data:`CREATION_ORDER` whose kind the release of ``facts`` builds (per release: cached)."""
+    return tuple(row for row in CREATION_ORDER if kind_exists(row.kind, facts))
 
 
 def creation_kinds(layout: MegatronLayout) -> list[str]:
