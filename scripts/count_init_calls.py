@@ -1,0 +1,145 @@
+"""Python calls one rank makes in ``initialize_model_parallel``, by part, against the floor.
+
+On this 2-core machine a real gloo world of 8-32 processes is CPU-bound, so the job time of
+an init follows the CPU all ranks spend (``scripts/bench_world_init.py`` prints both), and
+run-to-run noise (about ±4 %) hides changes of a few percent. The number of Python calls is
+exact and repeatable: this script starts a real gloo world, and on one rank counts every
+Python and C function call made during one ``compat.parallel_state.initialize_model_parallel``
+and during the floor's creation of the same communicators (the benchmark's ``floor``), each
+call charged to the part of the init it happens in (agreement check, layout, group plan, each
+group's creation, torch's ``new_group``, the closing round, publishing the globals, ...).
+
+Usage::
+
+    python scripts/count_init_calls.py                      # 16 processes, tp2-pp2-cp2, twins off
+    python scripts/count_init_calls.py --world 8 --gloo on --rank 1
+
+A measurement, not a test: it prints counts and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import multiprocessing as mp
+import os
+import sys
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]  # count this checkout's code
+
+import bench_world_init as bench  # noqa: E402 (the floor and the layouts of the benchmark)
+
+#: (function name, file name) -> the part a call inside it is charged to (innermost wins).
+PARTS: dict[tuple[str, str], str] = {
+    ("initialize_model_parallel", "_init.py"): "initialize_model_parallel (its own code)",
+    ("check_initialize_agreement", "agreement.py"): "agreement check",
+    ("validate_initialize_args", "validate.py"): "argument validation",
+    ("__init__", "layout.py"): "layout",
+    ("__post_init__", "layout.py"): "layout",
+    ("group_plan", "plan.py"): "group plan",
+    ("create_model_groups", "groups.py"): "create_model_groups (its own code)",
+    ("__init__", "liveness.py"): "closing round",
+    ("finish", "liveness.py"): "closing round",
+    ("_execute", "groups.py"): "per group: plan step and pool",
+    ("new_member_group", "naming.py"): "per group: naming and tracking",
+    ("guarded_create", "liveness.py"): "per group: bounded creation",
+    ("new_group", "distributed_c10d.py"): "torch new_group",
+    ("set_active", "_scoping.py"): "publishing the globals",
+    ("set_global_memory_buffer", "_expert.py"): "memory buffer",
+    ("_floor_init", "bench_world_init.py"): "floor loop",
+}
+
+
+def _counter() -> tuple[Any, collections.Counter]:
+    """A ``sys.setprofile`` hook and the counter it fills."""
+    stack: list[tuple[str, Any]] = []
+    counts: collections.Counter = collections.Counter()
+
+    def hook(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call":
+            part = PARTS.get((frame.f_code.co_name, os.path.basename(frame.f_code.co_filename)))
+            if part is not None and (not stack or stack[-1][0] != part):
+                stack.append((part, frame))
+            counts[stack[-1][0] if stack else "other"] += 1
+        elif event == "c_call":
+            counts[stack[-1][0] if stack else "other"] += 1
+        elif event == "return" and stack and stack[-1][1] is frame:
+            stack.pop()
+
+    return hook, counts
+
+
+def _worker(rank: int, world: int, port_box: Any, out: Any, kwargs: dict, counted_rank: int) -> None:
+    import torch.distributed as dist
+
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+        for _ in range(world - 1):
+            port_box.put(store.port)
+    else:
+        store = dist.TCPStore("127.0.0.1", port_box.get(), world, is_master=False)
+    dist.init_process_group("gloo", rank=rank, world_size=world, store=store)
+    import compat.parallel_state as ps
+
+    result = {}
+    for round_ in range(2):  # the first round warms up (imports, caches); the second is counted
+        for impl in ("compat", "floor"):
+            steps = bench._floor_steps(kwargs)
+            dist.barrier()
+            hook, counts = _counter()
+            if rank == counted_rank and round_ == 1:
+                sys.setprofile(hook)
+            if impl == "floor":
+                made, _ = bench._floor_init(steps)
+            else:
+                ps.initialize_model_parallel(**kwargs)
+            sys.setprofile(None)
+            result[impl] = dict(counts)
+            dist.barrier()
+            if impl == "floor":
+                for group in made:
+                    dist.destroy_process_group(group)
+                del made
+            else:
+                ps.destroy_model_parallel()
+    dist.barrier()
+    if rank == counted_rank:
+        out.put(result)
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, count on one rank of a real gloo world and print the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=16, help="number of processes (8, 16 or 32 have default layouts)")
+    p.add_argument("--layout", help="e.g. tp2-pp2-cp2 (default: the benchmark's layout for --world)")
+    p.add_argument("--gloo", choices=("on", "off"), default="off", help="create_gloo_process_groups")
+    p.add_argument("--rank", type=int, default=3, help="the rank whose calls are counted")
+    a = p.parse_args(argv)
+    layout = a.layout or bench.DEFAULT_LAYOUTS.get(a.world, "tp2-pp2")
+    kwargs = {**bench.parse_layout(layout), "create_gloo_process_groups": a.gloo == "on"}
+    ctx = mp.get_context("spawn")
+    port_box, out = ctx.Queue(), ctx.Queue()
+    procs = [
+        ctx.Process(target=_worker, args=(r, a.world, port_box, out, kwargs, a.rank), daemon=True)
+        for r in range(a.world)
+    ]
+    for proc in procs:
+        proc.start()
+    result = out.get(timeout=600)
+    for proc in procs:
+        proc.join(timeout=60)
+    print(f"Python calls on rank {a.rank} of {a.world} processes, {layout}, gloo twins {a.gloo}")
+    totals = {impl: sum(counts.values()) for impl, counts in result.items()}
+    for impl in ("compat", "floor"):
+        print(f"{impl}: {totals[impl]} calls")
+        for part, n in sorted(result[impl].items(), key=lambda item: -item[1]):
+            print(f"  {part:<44} {n:6d}")
+    print(f"compat / floor: {totals['compat'] / totals['floor']:.2f}x the calls")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
