@@ -8,6 +8,7 @@ release) rejects arguments the release does not have.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Callable
@@ -187,7 +188,7 @@ def initialize_model_parallel(
         layout,
         dist.get_rank(),
         timeout=timedelta(minutes=distributed_timeout_minutes),
-        nccl_options=lambda name: get_nccl_options(name, nccl_comm_cfgs),
+        nccl_options=functools.partial(get_nccl_options, nccl_comm_cfgs=nccl_comm_cfgs),
         options=PlanOptions(
             create_gloo_process_groups=create_gloo_process_groups,
             create_all_gather_group=bool(create_all_gather_group),

@@ -190,7 +190,8 @@ def new_member_group(ranks: Sequence[int], *, context: liveness.CreationContext 
     """
     if not isinstance(ranks, list):
         ranks = list(ranks)
-    sync_world()
+    if context is None:  # a build that passes its context synchronized the world when it started
+        sync_world()
     digest = member_set_digest(ranks)
     count = _created_by_member_set.get(digest, 0)
     name = f"psng-{digest}-{count}"

@@ -150,8 +150,11 @@ class _Creator:
     def __init__(self, state: ModelParallelGroups, timeout: timedelta, context: CreationContext | None = None) -> None:
         self.state = state
         self.timeout = timeout
+        if context is None:  # one group made on request: its own context, in the current world
+            sync_world()
+            context = CreationContext.current()
         # shares a group between kinds only when sharing is on; one creation context per build
-        self.pool = GroupPool(create=functools.partial(new_member_group, context=context or CreationContext.current()))
+        self.pool = GroupPool(create=functools.partial(new_member_group, context=context))
 
     def make(
         self,
