@@ -9,6 +9,11 @@ and during the floor's creation of the same communicators (the benchmark's ``flo
 call charged to the part of the init it happens in (agreement check, layout, group plan, each
 group's creation, torch's ``new_group``, the closing round, publishing the globals, ...).
 
+Then ``--cpu-rounds`` more rounds time the main thread's CPU in the large parts (agreement
+check, layout, plan, closing round, publishing, the per-group timeout restore, torch's
+``new_group``) on every rank; the rest is the per-group glue. On this machine the job time
+follows the CPU, so this says what each part costs the job.
+
 Usage::
 
     python scripts/count_init_calls.py                      # 16 processes, tp2-pp2-cp2, twins off
@@ -71,7 +76,42 @@ def _counter() -> tuple[Any, collections.Counter]:
     return hook, counts
 
 
-def _worker(rank: int, world: int, port_box: Any, out: Any, kwargs: dict, counted_rank: int) -> None:
+#: (module, attribute, part) timed by ``--cpu-rounds``: a few large parts, so that the timer's own
+#: cost (two clock reads per call) stays small against them.
+TIMED = (
+    ("compat._init", "check_initialize_agreement", "agreement check"),
+    ("compat._init", "MegatronLayout", "layout"),
+    ("parallel_state_ng.mcore.groups", "group_plan", "group plan"),
+    ("parallel_state_ng.core.liveness.InitWatch", "finish", "closing round"),
+    ("compat._scoping", "set_active", "publishing the globals"),
+    ("torch.distributed.distributed_c10d", "_set_pg_timeout", "per group: timeout restore"),
+    ("torch.distributed", "new_group", "torch new_group"),
+)
+
+
+def _install_timers(spent: dict[str, float]) -> None:
+    """Wrap the :data:`TIMED` functions so that their thread CPU adds up in ``spent``."""
+    import importlib
+    import time
+
+    for where, attr, part in TIMED:
+        module_name, _, cls = where.partition(".InitWatch")
+        owner: Any = importlib.import_module(module_name)
+        if cls or where.endswith("InitWatch"):
+            owner = owner.InitWatch
+        fn = getattr(owner, attr)
+
+        def timed(*args: Any, _fn: Any = fn, _part: str = part, **kw: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return _fn(*args, **kw)
+            finally:
+                spent[_part] = spent.get(_part, 0.0) + time.thread_time() - start
+
+        setattr(owner, attr, timed)
+
+
+def _worker(rank: int, world: int, port_box: Any, out: Any, kwargs: dict, counted_rank: int, cpu_rounds: int) -> None:
     import torch.distributed as dist
 
     if rank == 0:
@@ -92,7 +132,7 @@ def _worker(rank: int, world: int, port_box: Any, out: Any, kwargs: dict, counte
             if rank == counted_rank and round_ == 1:
                 sys.setprofile(hook)
             if impl == "floor":
-                made, _ = bench._floor_init(steps)
+                made, by_key = bench._floor_init(steps)
             else:
                 ps.initialize_model_parallel(**kwargs)
             sys.setprofile(None)
@@ -101,12 +141,34 @@ def _worker(rank: int, world: int, port_box: Any, out: Any, kwargs: dict, counte
             if impl == "floor":
                 for group in made:
                     dist.destroy_process_group(group)
-                del made
+                del made, by_key  # freed here, not inside the next round's clock
+            else:
+                ps.destroy_model_parallel()
+    import time
+
+    spent: dict[str, float] = {}
+    _install_timers(spent)
+    cpu: dict[str, list[dict[str, float]]] = {"compat": [], "floor": []}
+    for round_ in range(cpu_rounds):
+        for impl in ("compat", "floor") if round_ % 2 == 0 else ("floor", "compat"):
+            steps = bench._floor_steps(kwargs)
+            dist.barrier()
+            spent.clear()
+            start = time.thread_time()
+            if impl == "floor":
+                made, by_key = bench._floor_init(steps)
+            else:
+                ps.initialize_model_parallel(**kwargs)
+            cpu[impl].append({**spent, "total": time.thread_time() - start})
+            dist.barrier()
+            if impl == "floor":
+                for group in made:
+                    dist.destroy_process_group(group)
+                del made, by_key  # freed here, not inside the next round's clock
             else:
                 ps.destroy_model_parallel()
     dist.barrier()
-    if rank == counted_rank:
-        out.put(result)
+    out.put((rank, result if rank == counted_rank else None, cpu))
     dist.destroy_process_group()
 
 
@@ -117,20 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layout", help="e.g. tp2-pp2-cp2 (default: the benchmark's layout for --world)")
     p.add_argument("--gloo", choices=("on", "off"), default="off", help="create_gloo_process_groups")
     p.add_argument("--rank", type=int, default=3, help="the rank whose calls are counted")
+    p.add_argument("--cpu-rounds", type=int, default=12, help="rounds that time the main parts' thread CPU (0: none)")
     a = p.parse_args(argv)
     layout = a.layout or bench.DEFAULT_LAYOUTS.get(a.world, "tp2-pp2")
     kwargs = {**bench.parse_layout(layout), "create_gloo_process_groups": a.gloo == "on"}
     ctx = mp.get_context("spawn")
     port_box, out = ctx.Queue(), ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(r, a.world, port_box, out, kwargs, a.rank), daemon=True)
+        ctx.Process(target=_worker, args=(r, a.world, port_box, out, kwargs, a.rank, a.cpu_rounds), daemon=True)
         for r in range(a.world)
     ]
     for proc in procs:
         proc.start()
-    result = out.get(timeout=600)
+    replies = [out.get(timeout=900) for _ in range(a.world)]
     for proc in procs:
         proc.join(timeout=60)
+    result = next(counts for _, counts, _ in replies if counts is not None)
     print(f"Python calls on rank {a.rank} of {a.world} processes, {layout}, gloo twins {a.gloo}")
     totals = {impl: sum(counts.values()) for impl, counts in result.items()}
     for impl in ("compat", "floor"):
@@ -138,7 +202,27 @@ def main(argv: list[str] | None = None) -> int:
         for part, n in sorted(result[impl].items(), key=lambda item: -item[1]):
             print(f"  {part:<44} {n:6d}")
     print(f"compat / floor: {totals['compat'] / totals['floor']:.2f}x the calls")
+    if a.cpu_rounds:
+        _print_cpu([cpu for _, _, cpu in replies], a.cpu_rounds)
     return 0
+
+
+def _print_cpu(per_rank: list[dict[str, list[dict[str, float]]]], rounds: int) -> None:
+    """Per part: the median over ranks of each rank's median thread CPU over the rounds (ms)."""
+    import statistics
+
+    def typical(impl: str, part: str) -> float:
+        return 1e3 * statistics.median(statistics.median(r.get(part, 0.0) for r in rank[impl]) for rank in per_rank)
+
+    print(f"main-thread CPU per init, ms: median over {len(per_rank)} ranks of each rank's median of {rounds} rounds")
+    for impl in ("compat", "floor"):
+        total = typical(impl, "total")
+        parts = {part: typical(impl, part) for _, _, part in TIMED}
+        print(f"{impl}: {total:.3f} ms")
+        for part, ms in parts.items():
+            if ms:
+                print(f"  {part:<44} {ms:7.3f}")
+        print(f"  {'the rest (per-group glue, validation, ...)':<44} {total - sum(parts.values()):7.3f}")
 
 
 if __name__ == "__main__":
