@@ -111,6 +111,35 @@ def _install_timers(spent: dict[str, float]) -> None:
         setattr(owner, attr, timed)
 
 
+def _init_once(impl: str, kwargs: dict, ps: Any, on_start: Any) -> float:
+    """One init of ``impl`` between two world barriers, then its destroy; its thread CPU (s).
+
+    ``on_start()`` runs right before the init and profiling is switched off right after it.
+    """
+    import time
+
+    import torch.distributed as dist
+
+    steps = bench._floor_steps(kwargs)
+    dist.barrier()
+    start = time.thread_time()
+    on_start()
+    if impl == "floor":
+        made, by_key = bench._floor_init(steps)
+    else:
+        ps.initialize_model_parallel(**kwargs)
+    sys.setprofile(None)
+    took = time.thread_time() - start
+    dist.barrier()
+    if impl == "floor":
+        for group in made:
+            dist.destroy_process_group(group)
+        del made, by_key  # freed here, not inside the next round's clock
+    else:
+        ps.destroy_model_parallel()
+    return took
+
+
 def _worker(rank: int, world: int, port_box: Any, out: Any, kwargs: dict, counted_rank: int, cpu_rounds: int) -> None:
     import torch.distributed as dist
 
@@ -126,47 +155,21 @@ def _worker(rank: int, world: int, port_box: Any, out: Any, kwargs: dict, counte
     result = {}
     for round_ in range(2):  # the first round warms up (imports, caches); the second is counted
         for impl in ("compat", "floor"):
-            steps = bench._floor_steps(kwargs)
-            dist.barrier()
             hook, counts = _counter()
             if rank == counted_rank and round_ == 1:
-                sys.setprofile(hook)
-            if impl == "floor":
-                made, by_key = bench._floor_init(steps)
+                _init_once(impl, kwargs, ps, lambda hook=hook: sys.setprofile(hook))
             else:
-                ps.initialize_model_parallel(**kwargs)
-            sys.setprofile(None)
+                _init_once(impl, kwargs, ps, lambda: None)
             result[impl] = dict(counts)
-            dist.barrier()
-            if impl == "floor":
-                for group in made:
-                    dist.destroy_process_group(group)
-                del made, by_key  # freed here, not inside the next round's clock
-            else:
-                ps.destroy_model_parallel()
-    import time
 
     spent: dict[str, float] = {}
     _install_timers(spent)
     cpu: dict[str, list[dict[str, float]]] = {"compat": [], "floor": []}
     for round_ in range(cpu_rounds):
         for impl in ("compat", "floor") if round_ % 2 == 0 else ("floor", "compat"):
-            steps = bench._floor_steps(kwargs)
-            dist.barrier()
             spent.clear()
-            start = time.thread_time()
-            if impl == "floor":
-                made, by_key = bench._floor_init(steps)
-            else:
-                ps.initialize_model_parallel(**kwargs)
-            cpu[impl].append({**spent, "total": time.thread_time() - start})
-            dist.barrier()
-            if impl == "floor":
-                for group in made:
-                    dist.destroy_process_group(group)
-                del made, by_key  # freed here, not inside the next round's clock
-            else:
-                ps.destroy_model_parallel()
+            took = _init_once(impl, kwargs, ps, spent.clear)
+            cpu[impl].append({**spent, "total": took})
     dist.barrier()
     out.put((rank, result if rank == counted_rank else None, cpu))
     dist.destroy_process_group()
