@@ -17,16 +17,14 @@ implementation:
 * ``compat_unwatched`` — compat with the failure detection off (``PSNG_FAILURE_TIMEOUT=0``:
   no bounded creation, arrival marks or closing round; what compat did before it).
 
-What is timed on every rank, from the end of a world barrier: ``initialize_model_parallel``
-plus one all-reduce on the tensor- and on the data-parallel group (checked for the right sum).
-The job's time is the slowest rank's; the table gives its median / min / max over rounds.
-Also per implementation: communicators per rank (process groups the init added to torch's
-registry, median over ranks) and, for compat, where the slowest rank's time went: agreement
-check, group creation (``torch.distributed.new_group``), synchronization
-(``torch.distributed.barrier`` and the readiness marks of :mod:`parallel_state_ng.core.naming`)
-and the rest (layout math, Python). Destroy time is reported separately (not in the job time).
-MCore's ``destroy_model_parallel`` leaves its non-gloo groups alive; the benchmark destroys
-them after each round so that rounds do not accumulate sockets.
+Timed on every rank, from the end of a world barrier: ``initialize_model_parallel`` plus one
+all-reduce on the tensor- and on the data-parallel group (checked for the right sum). The job's
+time is the slowest rank's (median / min / max over rounds); its CPU is that of all ranks
+together, every thread (on a machine with fewer cores than processes the job is CPU-bound and
+the two ratios agree). Also: communicators per rank, and where compat's slowest rank spent its
+time (agreement check, ``new_group``, barriers and readiness marks, the rest). Destroy time is
+reported apart; MCore's non-gloo groups, which its destroy leaves alive, are destroyed after
+each round so that rounds do not accumulate sockets.
 
 Usage::
 

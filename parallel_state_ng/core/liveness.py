@@ -204,7 +204,7 @@ class CreationContext:
         if not dist.is_initialized():
             return cls(0.0, "", 0, None)
         backend = str(dist.get_backend())
-        bound = creation_timeout() if "fake" not in backend else 0.0
+        bound = creation_timeout() if _watched() else 0.0  # once per build
         return cls(bound, backend, dist.get_rank(), _store() if bound else None)
 
 
