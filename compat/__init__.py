@@ -30,13 +30,13 @@ def install(hyper_comm_grid: bool = False) -> None:
 
     With ``hyper_comm_grid=True`` also ``megatron.core.hyper_comm_grid.HyperCommGrid`` and every
     name bound to it by ``from megatron.core.hyper_comm_grid import HyperCommGrid`` become
-    :class:`parallel_state_ng.core.grid.HyperCommGrid`, so Megatron's multi-module code (bridge and
+    :class:`parallel_state_ng.builders.grid.HyperCommGrid`, so Megatron's multi-module code (bridge and
     multimodule communicators, MIMO) runs on our grid (megatron's grid module is imported for
     this if it is not loaded yet). Calling it twice is harmless (a second call may add
     ``hyper_comm_grid=True``). :func:`uninstall` undoes everything.
 
     Raises:
-        parallel_state_ng.mcore.releases.UnsupportedReleaseError: ``hyper_comm_grid=True`` while
+        parallel_state_ng.releases.UnsupportedReleaseError: ``hyper_comm_grid=True`` while
             serving 0.12 or 0.13, which have no ``HyperCommGrid`` (nothing is installed then).
     """
     from ._install import install as _install
@@ -62,13 +62,13 @@ def is_installed() -> bool:
 def no_globals(owner: object = None) -> AbstractContextManager[Any]:
     """A ``with`` block in which ``compat.parallel_state``'s global getters raise instead of answering.
 
-    The engine's :func:`parallel_state_ng.mcore.scope.no_globals` (see there): for code that
+    The engine's :func:`parallel_state_ng.builders.scope.no_globals` (see there): for code that
     takes its groups from a ``ProcessGroupCollection`` while the module globals hold another
     grid. ``owner`` names the scope in the errors.
 
     Raises:
         ValueError: ``owner`` is an empty string.
     """
-    from parallel_state_ng.mcore.scope import no_globals as _no_globals
+    from parallel_state_ng.builders.scope import no_globals as _no_globals
 
     return _no_globals(owner, frames_up=1)

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import torch
 
-from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.releases import parallel_state as api
 
 from ._namespace import facade as ps
 from ._release import FACTS, RELEASE

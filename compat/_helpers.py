@@ -10,13 +10,13 @@ from typing import Any
 
 import torch
 
-from parallel_state_ng.core.layout import Layout
-from parallel_state_ng.core.naming import new_member_group
-from parallel_state_ng.mcore.groups import nccl_options_from_config
-from parallel_state_ng.mcore.kinds import GROUP_KINDS
-from parallel_state_ng.mcore.layout import normalize_order
-from parallel_state_ng.mcore.releases import parallel_state as api
-from parallel_state_ng.mcore.releases.parallel_state import REQUIRED
+from parallel_state_ng.groups.creation import new_member_group
+from parallel_state_ng.groups.megatron_groups import nccl_options_from_config
+from parallel_state_ng.layout.kinds import GROUP_KINDS
+from parallel_state_ng.layout.megatron_layout import normalize_order
+from parallel_state_ng.layout.named_layout import Layout
+from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.releases.parallel_state import REQUIRED
 
 from ._namespace import facade as ps
 from ._surface import exact_function
@@ -209,7 +209,7 @@ class _RankGenerator:
     """Rank groups for a tp/ep/dp/pp/cp (0.19: and gtp_remat) layout given by an ``order`` string.
 
     Same constructor and methods as the served release's ``RankGenerator``; groups come from
-    the engine's :class:`~parallel_state_ng.core.layout.Layout` (vectorized).
+    the engine's :class:`~parallel_state_ng.layout.named_layout.Layout` (vectorized).
     """
 
     _gtp_axis = True  # whether the served release has the gtp_remat token (set per release)

@@ -16,11 +16,11 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from parallel_state_ng.core.agreement import check_initialize_agreement
-from parallel_state_ng.mcore.groups import add_group
-from parallel_state_ng.mcore.kinds import GROUP_KINDS
-from parallel_state_ng.mcore.layout import MegatronLayout
-from parallel_state_ng.mcore.plan import PlanOptions
+from parallel_state_ng.groups.agreement import check_initialize_agreement
+from parallel_state_ng.groups.megatron_groups import add_group
+from parallel_state_ng.layout.kinds import GROUP_KINDS
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.plan import PlanOptions
 
 from . import _scoping, _state
 from ._expert import set_global_memory_buffer
@@ -112,7 +112,7 @@ def initialize_model_parallel(
     module uninitialized; and a later ``destroy_model_parallel`` destroys every group.
     """
     # Every rank must pass the same arguments: compare them across ranks before anything else
-    # (a mismatch raises on every rank instead of hanging; see parallel_state_ng.core.agreement).
+    # (a mismatch raises on every rank instead of hanging; see parallel_state_ng.groups.agreement).
     check_initialize_agreement(locals())
     if encoder_tensor_model_parallel_size != 0 or encoder_pipeline_model_parallel_size != 0:
         if FACTS.encoder_deprecation_warnings:

@@ -108,7 +108,7 @@ def _served_grid_class() -> type:
     """Our grid class with the served release's surface (``UnsupportedReleaseError`` before 0.14,
     whose releases have no ``HyperCommGrid``).
     """
-    from parallel_state_ng.mcore.grid_releases import hyper_comm_grid_class
+    from parallel_state_ng.builders.grid_releases import hyper_comm_grid_class
 
     from .parallel_state import MEGATRON_RELEASE
 

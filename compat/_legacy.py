@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import warnings
 
-from parallel_state_ng.mcore.kinds import GROUP_KINDS
-from parallel_state_ng.mcore.order import hierarchical_group
+from parallel_state_ng.layout.kinds import GROUP_KINDS
+from parallel_state_ng.layout.order import hierarchical_group
 
 from ._getters import required
 from ._helpers import _note_group_creation, member_group

@@ -2,7 +2,7 @@
 
 ``initialize_model_parallel`` builds one :class:`compat._state.ParallelState`; :func:`publish`
 writes it into the module globals MCore has (only those the served release has), reading the
-group-kind table (:data:`parallel_state_ng.mcore.kinds.GROUP_KINDS`: which kind fills which
+group-kind table (:data:`parallel_state_ng.layout.kinds.GROUP_KINDS`: which kind fills which
 global, and the aliases), and the getters read the globals, as MCore's do.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from parallel_state_ng.mcore.groups import global_values
-from parallel_state_ng.mcore.kinds import fills
-from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.groups.megatron_groups import global_values
+from parallel_state_ng.layout.kinds import fills
+from parallel_state_ng.releases import parallel_state as api
 
 from ._release import RELEASE
 from ._state import ParallelState

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from parallel_state_ng.core.abort import AbortResult, abort_groups
-from parallel_state_ng.mcore.scope import allow_globals
+from parallel_state_ng.builders.scope import allow_globals
+from parallel_state_ng.groups.abort import AbortResult, abort_groups
 
 from . import _state
 from ._namespace import facade as ps
@@ -90,7 +90,7 @@ def use_state(state: _state.ParallelState | None) -> Iterator[_state.ParallelSta
     detached there, else it is dropped on exit with its groups alive (a ``ResourceWarning``).
 
     Inside a no-globals scope (``MegatronGroups.scope()``,
-    :func:`parallel_state_ng.mcore.scope.no_globals`) the block re-opens the globals for
+    :func:`parallel_state_ng.builders.scope.no_globals`) the block re-opens the globals for
     ``state`` alone, e.g. for a legacy module called from a new-code one; the enclosing scope
     refuses again on exit.
     """
@@ -239,7 +239,7 @@ def abort_model_parallel(*, world: bool = False) -> AbortResult:
     could wait for them, this issues no collective and no store operation. Every group the
     engine created in this process is aborted and unregistered from torch (the active grid,
     detached grids, grids, ``MegatronGroups`` and topologies alike; see
-    :func:`parallel_state_ng.core.abort.abort_groups`), and every module global is reset as
+    :func:`parallel_state_ng.groups.abort.abort_groups`), and every module global is reset as
     ``destroy_model_parallel`` resets it, so ``initialize_model_parallel`` can run again (in a
     new world after an in-process restart). A later ``destroy_model_parallel`` or grid
     ``destroy()`` does nothing and returns at once. Call it outside ``use_state`` blocks (a
@@ -250,7 +250,7 @@ def abort_model_parallel(*, world: bool = False) -> AbortResult:
             (needed before ``init_process_group`` can build a new world in this process).
 
     Returns:
-        What was aborted (:class:`~parallel_state_ng.core.abort.AbortResult`).
+        What was aborted (:class:`~parallel_state_ng.groups.abort.AbortResult`).
     """
     ns = _ns()
     states = [_ACTIVE[0], *(state for state, _ in _DETACHED.values()), *_SUSPENDED]

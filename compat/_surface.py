@@ -9,9 +9,9 @@ parameter names, order and defaults (so ``inspect.signature``, positional calls 
 own ``TypeError`` for a wrong argument are those of the release) that forwards by keyword.
 
 Every served function also honours the engine's no-globals scopes
-(:mod:`parallel_state_ng.mcore.scope`): a function that reads or writes a grid raises
+(:mod:`parallel_state_ng.builders.scope`): a function that reads or writes a grid raises
 ``GlobalStateRefusedError`` inside one, an initialization probe answers "not initialized", a
-grid-free function (:data:`~parallel_state_ng.mcore.releases.new_code_path.GRID_FREE_FUNCTIONS`)
+grid-free function (:data:`~parallel_state_ng.releases.new_code_path.GRID_FREE_FUNCTIONS`)
 is unaffected. Outside every scope the check is one truth test of an empty list.
 """
 
@@ -23,10 +23,10 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from parallel_state_ng.mcore import scope
-from parallel_state_ng.mcore.releases import parallel_state as api
-from parallel_state_ng.mcore.releases.new_code_path import GRID_FREE_FUNCTIONS, INITIALIZATION_PROBES
-from parallel_state_ng.mcore.releases.parallel_state import REQUIRED, Param
+from parallel_state_ng.builders import scope
+from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.releases.new_code_path import GRID_FREE_FUNCTIONS, INITIALIZATION_PROBES
+from parallel_state_ng.releases.parallel_state import REQUIRED, Param
 
 __all__ = ["exact_function", "serve", "shape_of", "guard_of"]
 

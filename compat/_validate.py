@@ -1,11 +1,11 @@
 """Up-front checks of ``initialize_model_parallel`` arguments: the engine's, shared with its builders.
 
-See :mod:`parallel_state_ng.mcore.validate` (the checks and their MCore-compatible error types).
+See :mod:`parallel_state_ng.layout.validate` (the checks and their MCore-compatible error types).
 """
 
 from __future__ import annotations
 
-from parallel_state_ng.mcore.validate import (
+from parallel_state_ng.layout.validate import (
     BackendTypeError,
     NegativeWorldSizeError,
     OrderTypeError,

@@ -2,17 +2,17 @@
 
 It serves the API of ONE release: :data:`MEGATRON_VERSION` (the installed megatron-core, or
 ``$PSNG_MEGATRON_VERSION``, or the newest supported release; see
-:func:`parallel_state_ng.mcore.releases.select_release`). For that release the module has exactly
+:func:`parallel_state_ng.releases.select_release`). For that release the module has exactly
 its public functions (names, parameter names, order and defaults — positional callers get the
 same meaning), its ``RankGenerator`` and exactly its module globals (``_TENSOR_MODEL_PARALLEL_GROUP``,
 ``_PIPELINE_GLOBAL_RANKS``, ...), so Megatron code works unchanged after switching the import
 (or after :func:`compat.install`). What differs between releases is data
-(:mod:`parallel_state_ng.mcore.releases.parallel_state`); each behaviour has one implementation
+(:mod:`parallel_state_ng.releases.parallel_state`); each behaviour has one implementation
 (``compat._getters``, ``compat._expert``, ``compat._helpers``, ``compat._init``,
 ``compat._scoping``), served with the release's exact signature by ``compat._surface``.
 
 Underneath, ``initialize_model_parallel`` builds ONE :class:`compat._state.ParallelState` from
-the engine's :class:`~parallel_state_ng.mcore.layout.MegatronLayout`: the rank computes and
+the engine's :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`: the rank computes and
 creates only the groups it belongs to, validation happens before any group exists, a failure
 leaves nothing behind, and ``destroy_model_parallel`` destroys every group it created. The
 module globals mirror that state; the getters read the globals, as Megatron's do, so code that
@@ -26,15 +26,15 @@ in docs/compatibility.md.
 
 from __future__ import annotations
 
-from parallel_state_ng.mcore.order import default_embedding_ranks as _default_embedding_ranks
-from parallel_state_ng.mcore.order import default_position_embedding_ranks as _default_position_embedding_ranks
-from parallel_state_ng.mcore.releases import Release as _Release
-from parallel_state_ng.mcore.releases import parallel_state as _api
+from parallel_state_ng.layout.order import default_embedding_ranks as _default_embedding_ranks
+from parallel_state_ng.layout.order import default_position_embedding_ranks as _default_position_embedding_ranks
+from parallel_state_ng.releases import Release as _Release
+from parallel_state_ng.releases import parallel_state as _api
 
 from . import _expert, _getters, _helpers, _init, _legacy, _namespace, _release, _scoping
 from ._surface import serve as _serve
 
-#: The megatron-core release whose API this module serves (a :class:`~parallel_state_ng.mcore.releases.Release`).
+#: The megatron-core release whose API this module serves (a :class:`~parallel_state_ng.releases.Release`).
 MEGATRON_RELEASE: _Release = _release.RELEASE
 #: Its version string as found or requested (e.g. ``"0.19.2"``, or ``"0.19"`` from the environment).
 MEGATRON_VERSION: str = MEGATRON_RELEASE.version

@@ -8,7 +8,7 @@ globals with ``ProcessGroupCollection.use_mpu_process_groups()``;
 (the active one, or any other grid of the job, see ``compat.parallel_state.use_state``),
 every field with the group the served release's method would put there: the value of the
 module global the group-kind table names for it (:data:`FIELD_GLOBALS`; fields per release:
-:mod:`parallel_state_ng.mcore.releases.process_groups_config`).
+:mod:`parallel_state_ng.releases.process_groups_config`).
 
 megatron-core is imported only when the function is called.
 """
@@ -20,8 +20,8 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from parallel_state_ng.mcore.kinds import fills
-from parallel_state_ng.mcore.releases import process_groups_config as facts
+from parallel_state_ng.layout.kinds import fills
+from parallel_state_ng.releases import process_groups_config as facts
 
 from . import parallel_state as ps
 from ._release import RELEASE
@@ -101,8 +101,8 @@ def to_process_group_collection(state: ParallelState | None = None, required_pgs
         raise UnknownCollectionFieldError(
             f"ProcessGroupCollection of the installed megatron-core has field(s) {unknown} that "
             f"compat.pg_collection cannot fill (known: {sorted(_KNOWN_FIELDS)}); add them to "
-            f"parallel_state_ng.mcore.releases.process_groups_config.COLLECTION_FIELDS and to the "
-            f"global that fills them in parallel_state_ng.mcore.kinds.GROUP_KINDS"
+            f"parallel_state_ng.releases.process_groups_config.COLLECTION_FIELDS and to the "
+            f"global that fills them in parallel_state_ng.layout.kinds.GROUP_KINDS"
         )
     if required_pgs is None:
         wanted = fields

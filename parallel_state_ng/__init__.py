@@ -23,16 +23,16 @@ The Megatron-shaped global API lives in the separate ``compat`` package.
 """
 
 from parallel_state_ng._version import __version__
-from parallel_state_ng.core.abort import AbortResult, abort_groups
-from parallel_state_ng.core.grid import BASE_VIEW, HyperCommGrid
-from parallel_state_ng.core.handles import GroupHandle
-from parallel_state_ng.core.layout import Layout, UnknownDimError
-from parallel_state_ng.core.mesh import device_mesh
-from parallel_state_ng.mcore.collection import MegatronGroups, build_megatron_groups
-from parallel_state_ng.mcore.megatron_setup import MegatronSchedule, ensure_global_memory_buffer, megatron_schedule
-from parallel_state_ng.mcore.scope import GlobalStateRefusedError, no_globals
-from parallel_state_ng.mcore.topology import Topology, build_topology
-from parallel_state_ng.mcore.topology_spec import ModuleSpec, TopologySpecError
+from parallel_state_ng.builders.collection import MegatronGroups, build_megatron_groups
+from parallel_state_ng.builders.grid import BASE_VIEW, HyperCommGrid
+from parallel_state_ng.builders.megatron_setup import MegatronSchedule, ensure_global_memory_buffer, megatron_schedule
+from parallel_state_ng.builders.scope import GlobalStateRefusedError, no_globals
+from parallel_state_ng.builders.topology import Topology, build_topology
+from parallel_state_ng.groups.abort import AbortResult, abort_groups
+from parallel_state_ng.groups.device_mesh import device_mesh
+from parallel_state_ng.groups.handles import GroupHandle
+from parallel_state_ng.layout.named_layout import Layout, UnknownDimError
+from parallel_state_ng.layout.topology_spec import ModuleSpec, TopologySpecError
 
 __all__ = [
     "__version__",

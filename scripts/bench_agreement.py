@@ -77,11 +77,11 @@ def measure_agreement_check(
     ``median_s``, ``mean_s``, ``min_s``, ``max_s``), the world size, the store operations of
     a rank that did not compare (``store_ops_waiting``, constant) and of the comparing rank
     (``store_ops_comparing``; ``None`` if this rank never compared). ``timeout`` defaults
-    to the check's default (:data:`parallel_state_ng.core.agreement.DEFAULT_TIMEOUT_S`).
+    to the check's default (:data:`parallel_state_ng.groups.agreement.DEFAULT_TIMEOUT_S`).
     """
     import torch.distributed as dist
 
-    from parallel_state_ng.core.agreement import DEFAULT_TIMEOUT_S, check_agreement
+    from parallel_state_ng.groups.agreement import DEFAULT_TIMEOUT_S, check_agreement
 
     timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
@@ -118,7 +118,7 @@ def _worker(rank: int, world: int, store_kind: str, where: str, repeats: int, ou
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.distributed as dist
 
-    from parallel_state_ng.core import agreement
+    from parallel_state_ng.groups import agreement
 
     if store_kind == "tcp":
         store = dist.TCPStore("127.0.0.1", int(where), world, is_master=rank == 0, wait_for_workers=True)

@@ -37,8 +37,8 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from parallel_state_ng import build_megatron_groups
-from parallel_state_ng.mcore.layout import MegatronLayout
-from parallel_state_ng.mcore.plan import CreateGroup, group_plan
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.plan import CreateGroup, group_plan
 
 SIZES = {
     "tensor_model_parallel_size": 8,

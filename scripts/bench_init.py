@@ -8,7 +8,7 @@ its own subprocess (so peak memory is per side):
 * ``compat`` — ``compat.parallel_state.initialize_model_parallel``;
 * ``floor``  — ``torch.distributed.new_group(ranks, use_local_synchronization=True)`` for
   exactly the groups the rank belongs to, rank lists computed beforehand (untimed) from
-  :class:`~parallel_state_ng.mcore.layout.MegatronLayout`: what any implementation must pay.
+  :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`: what any implementation must pay.
 
 Per side and world: median wall time of ``initialize_model_parallel`` over init/destroy cycles
 (compat and floor: several fresh processes, alternating, so load changes hit both alike),
@@ -76,7 +76,7 @@ def _rank_of(spec: str, world: int) -> int:
 
 def _expected_groups(world: int, rank: int) -> tuple[list[str], list[list[int]]]:
     """Kinds the rank belongs to and their rank lists, from MegatronLayout."""
-    from parallel_state_ng.mcore.layout import MegatronLayout
+    from parallel_state_ng.layout.megatron_layout import MegatronLayout
 
     layout = MegatronLayout(world_size=world, **CONFIG)
     kinds, lists = [], []
@@ -103,7 +103,7 @@ def _worker(side: str, world: int, rank: int, repeats: int) -> dict[str, Any]:
     else:
         raise SystemExit(f"--worker must be mcore, compat or floor, got {side!r}")
 
-    import parallel_state_ng.mcore.layout  # noqa: F401  (imported before measuring the lists)
+    import parallel_state_ng.layout.megatron_layout  # noqa: F401  (imported before measuring the lists)
 
     gc.collect()
     rss0 = rss_bytes()

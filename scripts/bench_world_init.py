@@ -7,9 +7,9 @@ implementation:
 * ``mcore``        — ``megatron.core.parallel_state.initialize_model_parallel``;
 * ``compat``       — ``compat.parallel_state.initialize_model_parallel`` (default settings);
 * ``compat_share`` — the same with group sharing on
-  (:func:`parallel_state_ng.core.sharing.set_group_sharing`);
+  (:func:`parallel_state_ng.groups.sharing.set_group_sharing`);
 * ``floor``        — bare torch creating exactly compat's communicators and nothing else: the
-  rank's ``CreateGroup`` steps of :func:`parallel_state_ng.mcore.plan.group_plan` (computed before
+  rank's ``CreateGroup`` steps of :func:`parallel_state_ng.layout.plan.group_plan` (computed before
   the clock starts), each one ``torch.distributed.new_group(ranks, use_local_synchronization=True)``
   with compat's backend and timeout, under a name all members agree on (rank-list digest and a
   per-list count, as compat names its groups); no agreement check, readiness marks, layout
@@ -95,8 +95,8 @@ def _floor_steps(kwargs: dict[str, Any]) -> list[Any]:
     import torch.distributed as dist
 
     from compat._release import RELEASE
-    from parallel_state_ng.mcore.layout import MegatronLayout
-    from parallel_state_ng.mcore.plan import CreateGroup, PlanOptions, group_plan
+    from parallel_state_ng.layout.megatron_layout import MegatronLayout
+    from parallel_state_ng.layout.plan import CreateGroup, PlanOptions, group_plan
 
     sizes = {k: v for k, v in kwargs.items() if k != "create_gloo_process_groups"}
     layout = MegatronLayout(world_size=dist.get_world_size(), release=RELEASE.series, **sizes)
@@ -110,7 +110,7 @@ def _floor_init(steps: list[Any]) -> tuple[list[Any], dict[str, Any]]:
 
     import torch.distributed as dist
 
-    from parallel_state_ng.core.naming import member_set_digest
+    from parallel_state_ng.groups.creation import member_set_digest
 
     c10d: Any = dist.distributed_c10d
     original = c10d._process_group_name
@@ -143,10 +143,10 @@ def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[s
         return _one_floor(kwargs, clocks)
 
     try:
-        from parallel_state_ng.core import sharing
+        from parallel_state_ng.groups import sharing
     except ImportError:  # an older checkout (for "before" figures): no sharing there
         sharing = None
-        assert impl != "compat_share", "this checkout has no parallel_state_ng.core.sharing"
+        assert impl != "compat_share", "this checkout has no parallel_state_ng.groups.sharing"
 
     world = dist.distributed_c10d._world
     mod = mods["mcore" if impl == "mcore" else "compat"]
@@ -243,7 +243,7 @@ def _worker(rank: int, world_size: int, inbox: Any, outbox: Any, impls: list[str
             mods["mcore"] = mcore_ps
         import compat.parallel_state as compat_ps
         from compat import _init as compat_init
-        from parallel_state_ng.core import naming
+        from parallel_state_ng.groups import creation
 
         mods["compat"] = compat_ps
         # initialize_model_parallel calls the agreement check through compat._init's binding
@@ -252,9 +252,9 @@ def _worker(rank: int, world_size: int, inbox: Any, outbox: Any, impls: list[str
         dist.new_group = clocks["create"]
         sync = [_Clock(dist.barrier)]
         dist.barrier = sync[0]
-        if hasattr(naming, "_mark_ready"):
-            sync.append(_Clock(naming._mark_ready))
-            naming._mark_ready = sync[1]
+        if hasattr(creation, "_mark_ready"):
+            sync.append(_Clock(creation._mark_ready))
+            creation._mark_ready = sync[1]
 
         class _Sum:
             @property

@@ -81,8 +81,8 @@ def _counter() -> tuple[Any, collections.Counter]:
 TIMED = (
     ("compat._init", "check_initialize_agreement", "agreement check"),
     ("compat._init", "MegatronLayout", "layout"),
-    ("parallel_state_ng.mcore.groups", "group_plan", "group plan"),
-    ("parallel_state_ng.core.liveness.InitWatch", "finish", "closing round"),
+    ("parallel_state_ng.groups.megatron_groups", "group_plan", "group plan"),
+    ("parallel_state_ng.groups.liveness.InitWatch", "finish", "closing round"),
     ("compat._scoping", "set_active", "publishing the globals"),
     ("torch.distributed.distributed_c10d", "_set_pg_timeout", "per group: timeout restore"),
     ("torch.distributed", "new_group", "torch new_group"),

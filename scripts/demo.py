@@ -246,7 +246,7 @@ def _rank_main(rank: int, config: DemoConfig, store_path: str) -> None:
     import torch.distributed as dist
 
     from parallel_state_ng import HyperCommGrid
-    from parallel_state_ng.core.objects import all_gather_objects
+    from parallel_state_ng.groups.objects import all_gather_objects
 
     store = dist.FileStore(store_path, config.world_size)
     dist.init_process_group(

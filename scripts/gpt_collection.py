@@ -68,7 +68,7 @@ def _build_model(cfg: TrainConfig, tcfg, pgc) -> list:
 
 def require_collection_release() -> None:
     """Raise ``RuntimeError`` when the loaded megatron-core is older than :data:`FIRST_RELEASE`."""
-    from parallel_state_ng.mcore.releases import current_release
+    from parallel_state_ng.releases import current_release
 
     release = current_release()
     if release.before(FIRST_RELEASE):

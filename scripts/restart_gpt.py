@@ -12,7 +12,7 @@ state, and rank ``--victim`` kills itself (``SIGKILL``). The survivors:
    it; the others hit the bounded collective timeout, ``--detect-timeout``), then agree on the
    dead through the store (each survivor leaves a mark; the dead cannot);
 2. **abort**: ``abort_model_parallel(world=True)`` (no collective, no store wait);
-3. **rebuild**: :func:`~parallel_state_ng.mcore.rebuild.plan_rebuild` (tp, pp kept, dp 2 -> 1),
+3. **rebuild**: :func:`~parallel_state_ng.builders.rebuild.plan_rebuild` (tp, pp kept, dp 2 -> 1),
    a new default group over a new prefix of the same store, ``initialize_model_parallel``;
    ranks outside the new world leave;
 4. **restore**: a new model, DDP and optimizer over the new groups, loaded from the copy
@@ -208,9 +208,9 @@ def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, direct
     import torch
     import torch.distributed as dist
 
-    from parallel_state_ng.core import naming
-    from parallel_state_ng.core.liveness import agree_on_survivors
-    from parallel_state_ng.mcore.rebuild import plan_rebuild
+    from parallel_state_ng.builders.rebuild import plan_rebuild
+    from parallel_state_ng.groups import creation
+    from parallel_state_ng.groups.liveness import agree_on_survivors
 
     groups = GROUPS[args.groups]()
     layout = groups.init(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
@@ -219,7 +219,7 @@ def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, direct
     snap = _snapshot(training.model, training.optimizer)  # the in-memory copy every rank keeps
     store = dist.distributed_c10d._get_default_store()
     bound = timedelta(seconds=args.detect_timeout)
-    for group in [None, *naming.live_groups()]:  # a bounded collective timeout from now on
+    for group in [None, *creation.live_groups()]:  # a bounded collective timeout from now on
         dist.distributed_c10d._set_pg_timeout(bound, group)
     dist.barrier()
     if rank == args.victim:
@@ -352,7 +352,7 @@ def main() -> int:
     args = parser.parse_args()
     import gpt_training as gt
 
-    from parallel_state_ng.mcore.releases import current_release
+    from parallel_state_ng.releases import current_release
 
     gt._use_megatron_path(args.megatron_path)
     release = current_release()

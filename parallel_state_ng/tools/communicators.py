@@ -1,9 +1,9 @@
 """Communicators per rank with and without group sharing (``layout --share``).
 
 Counts the process groups ``initialize_model_parallel`` would create on a rank: the rank's group
-plan (:func:`parallel_state_ng.mcore.plan.group_plan`) is fed to a
-:class:`~parallel_state_ng.core.sharing.GroupPool` under
-:func:`~parallel_state_ng.core.sharing.record_requests` (nothing is created, no processes): once
+plan (:func:`parallel_state_ng.layout.plan.group_plan`) is fed to a
+:class:`~parallel_state_ng.groups.sharing.GroupPool` under
+:func:`~parallel_state_ng.groups.sharing.record_requests` (nothing is created, no processes): once
 as Megatron-Core does it (one communicator per group kind; MCore creates the same number on the
 rank) and once with sharing on (``PSNG_SHARE_GROUPS=1``), where kinds with identical rank lists
 and options share one.
@@ -14,9 +14,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from parallel_state_ng.core.sharing import GroupPool, PlannedGroup, record_requests
-from parallel_state_ng.mcore.layout import MegatronLayout
-from parallel_state_ng.mcore.plan import CreateGroup, PlanOptions, group_plan
+from parallel_state_ng.groups.sharing import GroupPool, PlannedGroup, record_requests
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.plan import CreateGroup, PlanOptions, group_plan
 
 __all__ = ["planned_groups", "communicator_report"]
 

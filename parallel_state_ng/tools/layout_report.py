@@ -1,6 +1,6 @@
 """``python -m parallel_state_ng layout``: the process groups of a Megatron-Core configuration.
 
-Everything comes from :class:`~parallel_state_ng.mcore.layout.MegatronLayout` (pure math:
+Everything comes from :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` (pure math:
 no processes, no GPUs). The report holds
 
 * the sizes (tp, pp, cp, dp, ep, etp, edp, order) and the dims of the dense and expert layouts;
@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, cast
 
-from parallel_state_ng.mcore.layout import MegatronLayout
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.tools import UsageError
 from parallel_state_ng.tools.report_text import dims_text, format_ranks, kind_text, plural, write_output
 

@@ -1,6 +1,6 @@
 """The tables behind the porting tool: Megatron's parallel_state names and their equivalents.
 
-Which group kind (of :class:`~parallel_state_ng.mcore.layout.MegatronLayout` and
+Which group kind (of :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` and
 ``compat.parallel_state.get_state().groups``) each getter reads, which keyword variants pick
 another kind, the names ``compat.parallel_state`` has, and the named-grid spelling of a kind.
 """
@@ -162,9 +162,9 @@ def _published_globals() -> dict[str, tuple[str, str]]:
     Read from the group-kind table; globals that alias another kind (``fallback``) or hold
     several groups (hierarchical levels, hybrid sizes) have no single named-grid equivalent.
     """
-    from parallel_state_ng.mcore.kinds import fills
-    from parallel_state_ng.mcore.releases import current_release
-    from parallel_state_ng.mcore.releases.parallel_state import globals_of
+    from parallel_state_ng.layout.kinds import fills
+    from parallel_state_ng.releases import current_release
+    from parallel_state_ng.releases.parallel_state import globals_of
 
     served = globals_of(current_release())
     out: dict[str, tuple[str, str]] = {}
@@ -177,7 +177,7 @@ def _published_globals() -> dict[str, tuple[str, str]]:
 
 
 def _kind_words(kind: str) -> str:
-    from parallel_state_ng.mcore.kinds import GROUP_KINDS
+    from parallel_state_ng.layout.kinds import GROUP_KINDS
 
     base = kind[: -len("_gloo")] if kind.endswith("_gloo") else kind
     what = GROUP_KINDS[base].what if base in GROUP_KINDS else base

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parallel_state_ng.mcore.layout import GROUP_KINDS
+from parallel_state_ng.layout.megatron_layout import GROUP_KINDS
 from parallel_state_ng.tools import UsageError
 
 __all__ = ["format_ranks", "plural", "dims_text", "kind_text", "write_output"]

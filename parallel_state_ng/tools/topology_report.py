@@ -1,9 +1,9 @@
 """``python -m parallel_state_ng topology SPEC``: a multi-module topology, module by module.
 
 A topology spec is a JSON list of modules (see :func:`parse_spec`); it is checked by
-:func:`~parallel_state_ng.mcore.topology_spec.validate_topology`, the same check
-:func:`~parallel_state_ng.mcore.topology.build_topology` makes before creating anything, and
-each module's groups come from its :class:`~parallel_state_ng.mcore.layout.MegatronLayout`
+:func:`~parallel_state_ng.layout.topology_spec.validate_topology`, the same check
+:func:`~parallel_state_ng.builders.topology.build_topology` makes before creating anything, and
+each module's groups come from its :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`
 (pure math: no processes, no GPUs). The report holds
 
 * the world: its size, the release followed, which module runs on which ranks;
@@ -25,14 +25,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from parallel_state_ng.mcore.releases import known_release
-from parallel_state_ng.mcore.topology_spec import (
+from parallel_state_ng.layout.topology_spec import (
     BUILD_OPTIONS,
     ModulePlacement,
     ModuleSpec,
     TopologySpecError,
     validate_topology,
 )
+from parallel_state_ng.releases import known_release
 from parallel_state_ng.tools import UsageError
 from parallel_state_ng.tools.layout_report import rank_view
 from parallel_state_ng.tools.report_text import dims_text, format_ranks, kind_text, plural, write_output

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from xml.sax.saxutils import escape, quoteattr
 
-from parallel_state_ng.mcore.topology_spec import ModulePlacement
+from parallel_state_ng.layout.topology_spec import ModulePlacement
 from parallel_state_ng.tools.svg import group_colour, text_colour
 
 __all__ = ["render_topology_svg"]

@@ -21,8 +21,8 @@ release ``TO``, report ``file:line: <use>: <what changes> -> <fix>``:
   removed methods / keywords / shifted positions of methods called on objects the file builds
   with ``HyperCommGrid(...)`` (or annotates as ``HyperCommGrid``).
 
-Every fact comes from :mod:`parallel_state_ng.mcore.releases.parallel_state` and
-:func:`parallel_state_ng.mcore.releases.hyper_comm_grid.differences` — the data compat serves each
+Every fact comes from :mod:`parallel_state_ng.releases.parallel_state` and
+:func:`parallel_state_ng.releases.hyper_comm_grid.differences` — the data compat serves each
 release from — so the check and compat cannot disagree. Any two releases the data knows
 (``KNOWN_SERIES``, 0.12 … 0.19) work, in either direction (a downgrade reports what the older
 release lacks). The summary line counts uses, breaking changes per kind and uses of names the
@@ -44,9 +44,9 @@ import sys
 from collections import Counter
 from typing import Any
 
-from parallel_state_ng.mcore.releases import KNOWN_SERIES, Release, parse_release
-from parallel_state_ng.mcore.releases import hyper_comm_grid as grid_facts
-from parallel_state_ng.mcore.releases import parallel_state as facts
+from parallel_state_ng.releases import KNOWN_SERIES, Release, parse_release
+from parallel_state_ng.releases import hyper_comm_grid as grid_facts
+from parallel_state_ng.releases import parallel_state as facts
 from parallel_state_ng.tools import UsageError
 from parallel_state_ng.tools.port_table import PARALLEL_STATE
 from parallel_state_ng.tools.source_scan import (

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from parallel_state_ng.mcore.releases import Release
+from parallel_state_ng.releases import Release
 from parallel_state_ng.tools.port_table import PARALLEL_STATE
 
 __all__ = ["NO_EQUIVALENT", "KINDS", "Finding", "FileCheck", "no_equivalent", "plural", "summary"]

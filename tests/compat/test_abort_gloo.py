@@ -122,14 +122,14 @@ def destroy_after_torch_teardown(rank: int, directory: str, how: str) -> dict:
     grid.destroy()
     groups.destroy()
     destroy_s = time.monotonic() - start
-    from parallel_state_ng.core import naming
+    from parallel_state_ng.groups import creation
 
     return {
         "used": used,
         "teardown_s": teardown_s,
         "destroy_s": destroy_s,
         "initialized": ps.model_parallel_is_initialized(),
-        "live": len(naming.live_groups()),
+        "live": len(creation.live_groups()),
         "left": len(dist.distributed_c10d._world.pg_map),
     }
 
@@ -148,13 +148,13 @@ def destroy_soon_after_loss(rank: int, directory: str) -> dict:
     """A plain destroy after a member died before marking its groups ready: not waited for once known dead."""
     import torch.distributed as dist
 
-    from parallel_state_ng.core import naming
+    from parallel_state_ng.groups import creation
 
     if rank == LOST:  # as if it died right after connecting, before its readiness marks
-        naming._mark_ready = lambda *args: None
+        creation._mark_ready = lambda *args: None
     ps, grid, groups = _build_everything()
     _lose_rank(rank, "dead")
-    naming.mark_dead([LOST])
+    creation.mark_dead([LOST])
     start = time.monotonic()
     ps.destroy_model_parallel()
     grid.destroy()

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import compat
 import compat.parallel_state as ps
 from compat import _publish as _published
-from parallel_state_ng.mcore.releases import Release
+from parallel_state_ng.releases import Release
 
 WORLD = 8
 RANK = 3

@@ -3,7 +3,7 @@
 Real 4-rank gloo worlds with a short failure bound (``PSNG_FAILURE_TIMEOUT``): rank 3 exits
 inside its k-th ``new_group`` call during ``initialize_model_parallel``, ``build_megatron_groups``,
 a grid's ``create_pg`` or ``build_topology``. Every survivor must raise
-:class:`~parallel_state_ng.core.liveness.RankFailureError` naming rank 3, well within the
+:class:`~parallel_state_ng.groups.liveness.RankFailureError` naming rank 3, well within the
 bound (not the 30-minute group timeout), with no group left in torch's registry.
 """
 
@@ -78,7 +78,7 @@ def _build(what: str) -> object:
 def init_with_a_death(rank: int, directory: str, what: str, k: int) -> dict:
     import torch.distributed as dist
 
-    from parallel_state_ng.core.liveness import RankFailureError
+    from parallel_state_ng.groups.liveness import RankFailureError
 
     dist.barrier()  # past the world's own start-up
     _die_at_new_group(rank, k)

@@ -21,9 +21,9 @@ import compat
 import compat.parallel_state as ps
 from compat._surface import guard_of
 from parallel_state_ng import GlobalStateRefusedError, build_megatron_groups, no_globals
-from parallel_state_ng.mcore import scope as scope_mod
-from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, new_code_path
-from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.builders import scope as scope_mod
+from parallel_state_ng.releases import SUPPORTED_SERIES, new_code_path
+from parallel_state_ng.releases import parallel_state as api
 
 LEGACY = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "create_gloo_process_groups": False}
 

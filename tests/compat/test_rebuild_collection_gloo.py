@@ -28,8 +28,8 @@ def restart_groups_after_loss(rank: int, directory: str) -> dict:
     import torch.distributed as dist
 
     from parallel_state_ng import abort_groups, build_megatron_groups
-    from parallel_state_ng.core import naming
-    from parallel_state_ng.mcore.rebuild import plan_rebuild
+    from parallel_state_ng.builders.rebuild import plan_rebuild
+    from parallel_state_ng.groups import creation
 
     groups = build_megatron_groups(tensor_model_parallel_size=2)
     store = dist.distributed_c10d._get_default_store()
@@ -63,7 +63,7 @@ def restart_groups_after_loss(rank: int, directory: str) -> dict:
     )
     dist.destroy_process_group()
     out["left"] = len(dist.distributed_c10d._world.pg_map)
-    out["live"] = len(naming.live_groups())
+    out["live"] = len(creation.live_groups())
     return out
 
 

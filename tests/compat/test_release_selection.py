@@ -1,6 +1,6 @@
 """Which megatron-core release compat serves, and what serving it means.
 
-Release selection (:func:`parallel_state_ng.mcore.releases.select_release`): an explicit request,
+Release selection (:func:`parallel_state_ng.releases.select_release`): an explicit request,
 ``$PSNG_MEGATRON_VERSION``, the installed megatron-core, the newest supported; newer releases
 warn, older ones raise. ``compat.parallel_state.MEGATRON_VERSION`` says which release is
 served, and the module then has that release's surface — checked here in fresh processes
@@ -18,14 +18,14 @@ import sys
 
 import pytest
 
-from parallel_state_ng.mcore.releases import (
+from parallel_state_ng.releases import (
     ENV_VAR,
     SUPPORTED_SERIES,
     UnsupportedReleaseError,
     installed_megatron_version,
     select_release,
 )
-from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.releases import parallel_state as api
 from tests.support.paths import ROOT
 
 
@@ -71,7 +71,7 @@ import inspect, json, warnings
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import compat.parallel_state as ps
-from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.releases import parallel_state as api
 out = {"version": ps.MEGATRON_VERSION, "series": ps.MEGATRON_RELEASE.series,
        "warnings": [str(w.message) for w in caught]}
 functions = api.functions(ps.MEGATRON_RELEASE)
@@ -190,7 +190,7 @@ import json, sys
 import compat
 import megatron.core.hyper_comm_grid as mgrid
 import megatron.core.pipeline_parallel.bridge_communicator as bridge
-from parallel_state_ng.mcore.grid_releases import hyper_comm_grid_class
+from parallel_state_ng.builders.grid_releases import hyper_comm_grid_class
 import compat.parallel_state as cps
 ours = hyper_comm_grid_class(cps.MEGATRON_RELEASE)  # the served release's grid surface
 theirs = mgrid.HyperCommGrid

@@ -20,7 +20,7 @@ import pytest
 import torch.distributed as dist
 
 from compat import parallel_state as ps
-from parallel_state_ng.mcore.layout import MegatronLayout
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
 
 BENCH = {
     "tensor_model_parallel_size": 8,

@@ -15,8 +15,8 @@ import time
 import pytest
 import torch.distributed as dist
 
-from parallel_state_ng.core import agreement
-from parallel_state_ng.core.agreement import (
+from parallel_state_ng.groups import agreement
+from parallel_state_ng.groups.agreement import (
     ParallelConfigMismatchError,
     ParallelConfigTimeoutError,
     canonical_json,

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_state_ng import HyperCommGrid, Layout
-from parallel_state_ng.core.mesh import mesh_dim_specs, slice_mesh_ranks
+from parallel_state_ng.groups.device_mesh import mesh_dim_specs, slice_mesh_ranks
 
 
 def _pg_count() -> int:

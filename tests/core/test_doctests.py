@@ -2,9 +2,9 @@
 
 import doctest
 
-import parallel_state_ng.core.layout
+import parallel_state_ng.layout.named_layout
 
 
 def test_layout_docstring_examples():
-    failures, tried = doctest.testmod(parallel_state_ng.core.layout, raise_on_error=False)
+    failures, tried = doctest.testmod(parallel_state_ng.layout.named_layout, raise_on_error=False)
     assert tried > 0 and failures == 0

@@ -9,27 +9,27 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from parallel_state_ng.core import liveness, naming
+from parallel_state_ng.groups import creation, liveness
 
 
 def test_unset_or_blank_bounds_take_their_defaults(monkeypatch):
     monkeypatch.delenv(liveness.ENV_FAILURE_TIMEOUT, raising=False)
-    monkeypatch.setenv(naming.ENV_SETTLE_TIMEOUT, "  ")
+    monkeypatch.setenv(creation.ENV_SETTLE_TIMEOUT, "  ")
     assert liveness.failure_timeout() == 30.0
-    assert naming._settle_timeout() == timedelta(seconds=30)
+    assert creation._settle_timeout() == timedelta(seconds=30)
 
 
 def test_bounds_are_read_as_seconds(monkeypatch):
     monkeypatch.setenv(liveness.ENV_FAILURE_TIMEOUT, "4.5")
-    monkeypatch.setenv(naming.ENV_SETTLE_TIMEOUT, "0")
+    monkeypatch.setenv(creation.ENV_SETTLE_TIMEOUT, "0")
     assert liveness.failure_timeout() == 4.5
-    assert naming._settle_timeout() == timedelta(seconds=0.001)  # never an unbounded wait
+    assert creation._settle_timeout() == timedelta(seconds=0.001)  # never an unbounded wait
 
 
-@pytest.mark.parametrize("variable", [liveness.ENV_FAILURE_TIMEOUT, naming.ENV_SETTLE_TIMEOUT])
+@pytest.mark.parametrize("variable", [liveness.ENV_FAILURE_TIMEOUT, creation.ENV_SETTLE_TIMEOUT])
 def test_a_bound_that_is_not_a_number_names_the_variable_and_value(monkeypatch, variable):
     monkeypatch.setenv(variable, "30s")
-    read = liveness.failure_timeout if variable == liveness.ENV_FAILURE_TIMEOUT else naming._settle_timeout
+    read = liveness.failure_timeout if variable == liveness.ENV_FAILURE_TIMEOUT else creation._settle_timeout
     with pytest.raises(ValueError, match=rf"{variable} must be a number of seconds, got '30s'"):
         read()
 
@@ -75,7 +75,7 @@ def test_creation_context_reads_the_bound_backend_rank_and_store_of_a_gloo_world
 
 # --------------------------------------------------------------------------- one-round-trip read
 def test_read_present_returns_the_value_and_leaves_it_unchanged():
-    from parallel_state_ng.core.agreement_protocol import read_present
+    from parallel_state_ng.groups.agreement_protocol import read_present
 
     store = dist.HashStore()
     store.set("verdict", '{"status": "ok"}')

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from parallel_state_ng.core.liveness import agree_on_survivors
+from parallel_state_ng.groups.liveness import agree_on_survivors
 
 
 def test_every_rank_marked_returns_the_whole_world_at_once():

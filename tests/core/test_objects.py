@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel_state_ng.core.objects import all_gather_objects, broadcast_object, object_to_tensor, tensor_to_object
+from parallel_state_ng.groups.objects import all_gather_objects, broadcast_object, object_to_tensor, tensor_to_object
 
 
 def test_round_trip():
@@ -28,7 +28,7 @@ def test_works_where_numpy_is_missing():
         warnings.simplefilter("ignore")
         sys.modules["numpy"] = None  # numpy cannot be imported in this process
         import torch
-        from parallel_state_ng.core.objects import object_to_tensor, tensor_to_object
+        from parallel_state_ng.groups.objects import object_to_tensor, tensor_to_object
         t = object_to_tensor({"ok": [1, 2]})
         try:
             t.numpy()

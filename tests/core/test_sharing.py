@@ -1,4 +1,4 @@
-"""Opt-in group sharing (``parallel_state_ng.core.sharing``) and the destroy-time early-destroy guard.
+"""Opt-in group sharing (``parallel_state_ng.groups.sharing``) and the destroy-time early-destroy guard.
 
 Sharing: kinds with identical rank lists and identical creation options share one process
 group; any differing option (backend as requested, pg_options, timeout) refuses sharing.
@@ -8,7 +8,7 @@ same members and the same all-reduce results as without sharing, refused sharing
 groups, ranks that disagree on the setting fail the agreement check).
 
 Guard: destroying a gloo group right after creating it waits for every member's readiness
-mark (``parallel_state_ng.core.naming``), and the wait is bounded when a member never marks.
+mark (``parallel_state_ng.groups.creation``), and the wait is bounded when a member never marks.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import compat.parallel_state as ps
 from parallel_state_ng.__main__ import main as cli_main
-from parallel_state_ng.core import naming, sharing
+from parallel_state_ng.groups import creation, sharing
 
 _WORLD = dist.distributed_c10d._world
 
@@ -281,7 +281,7 @@ def _differing_options_on_gloo() -> dict:
             sums.append(x.item())
         return {"distinct": len({id(a), id(b), id(c)}), "shared": d is a and not new_d, "sums": sums}
     finally:
-        naming.destroy_groups(created)
+        creation.destroy_groups(created)
 
 
 def test_refused_sharing_creates_separate_working_groups(gloo_world):
@@ -315,21 +315,21 @@ def _destroy_right_after_a_late_peer(late_rank: int) -> bool:
     """
     import time
 
-    real_mark = naming._mark_ready
+    real_mark = creation._mark_ready
     if dist.get_rank() == late_rank:
 
         def late(group, name, size):
             time.sleep(0.5)
             real_mark(group, name, size)
 
-        naming._mark_ready = late
+        creation._mark_ready = late
     try:
-        group = naming.new_member_group(list(range(dist.get_world_size())), backend="gloo")
+        group = creation.new_member_group(list(range(dist.get_world_size())), backend="gloo")
     finally:
-        naming._mark_ready = real_mark
-    store = naming._group_store(group)
-    naming.destroy_groups([group])
-    return store.check([f"{naming._READY_PREFIX}{late_rank}"])
+        creation._mark_ready = real_mark
+    store = creation._group_store(group)
+    creation.destroy_groups([group])
+    return store.check([f"{creation._READY_PREFIX}{late_rank}"])
 
 
 def test_destroy_waits_for_every_member_to_finish_creating(gloo_world):
@@ -340,18 +340,18 @@ def test_destroy_waits_for_every_member_to_finish_creating(gloo_world):
 def _destroy_with_a_member_that_never_marks(silent_rank: int) -> int:
     import os
 
-    real_mark = naming._mark_ready
+    real_mark = creation._mark_ready
     if dist.get_rank() == silent_rank:
-        naming._mark_ready = lambda group, name, size: None
-    os.environ[naming.ENV_SETTLE_TIMEOUT] = "0.2"
+        creation._mark_ready = lambda group, name, size: None
+    os.environ[creation.ENV_SETTLE_TIMEOUT] = "0.2"
     try:
-        group = naming.new_member_group(list(range(dist.get_world_size())), backend="gloo")
+        group = creation.new_member_group(list(range(dist.get_world_size())), backend="gloo")
         x = torch.tensor([1.0])
         dist.all_reduce(x, group=group)  # every member finished creating: the group works
-        done = naming.destroy_groups([group])
+        done = creation.destroy_groups([group])
     finally:
-        naming._mark_ready = real_mark
-        del os.environ[naming.ENV_SETTLE_TIMEOUT]
+        creation._mark_ready = real_mark
+        del os.environ[creation.ENV_SETTLE_TIMEOUT]
     return done
 
 

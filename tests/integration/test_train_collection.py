@@ -68,9 +68,9 @@ def test_collection_needs_mcore_impl():
 
 
 def test_releases_before_019_are_refused(monkeypatch):
-    from parallel_state_ng.mcore.releases import parse_release
+    from parallel_state_ng.releases import parse_release
 
-    monkeypatch.setattr("parallel_state_ng.mcore.releases.current_release", lambda: parse_release("0.18.2"))
+    monkeypatch.setattr("parallel_state_ng.releases.current_release", lambda: parse_release("0.18.2"))
     with pytest.raises(
         RuntimeError, match="needs megatron-core 0.19\\+ \\(got 0.18.2\\).*vocab_parallel_cross_entropy"
     ):

@@ -16,12 +16,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel_state_ng.core.agreement import ParallelConfigMismatchError
-from parallel_state_ng.mcore.collection import FIELD_GLOBALS, MegatronGroups, NoCollectionError, build_megatron_groups
-from parallel_state_ng.mcore.layout import MegatronLayout
-from parallel_state_ng.mcore.plan import CreateGroup, group_plan
-from parallel_state_ng.mcore.releases import current_release
-from parallel_state_ng.mcore.releases import process_groups_config as facts
+from parallel_state_ng.builders.collection import (
+    FIELD_GLOBALS,
+    MegatronGroups,
+    NoCollectionError,
+    build_megatron_groups,
+)
+from parallel_state_ng.groups.agreement import ParallelConfigMismatchError
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.plan import CreateGroup, group_plan
+from parallel_state_ng.releases import current_release
+from parallel_state_ng.releases import process_groups_config as facts
 
 
 def _live_groups() -> int:

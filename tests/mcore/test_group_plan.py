@@ -12,12 +12,12 @@ import re
 
 import pytest
 
-from parallel_state_ng.mcore.kinds import ALL_GATHER_KINDS, GROUP_KINDS, fills, kind_exists
-from parallel_state_ng.mcore.layout import MegatronLayout
-from parallel_state_ng.mcore.plan import CreateGroup, PlanOptions, SetCollnet, SharpBarrier, format_plan, group_plan
-from parallel_state_ng.mcore.releases import SUPPORTED_SERIES
-from parallel_state_ng.mcore.releases.facts import FACT_RANGES, release_facts
-from parallel_state_ng.mcore.releases.parallel_state import globals_of
+from parallel_state_ng.layout.kinds import ALL_GATHER_KINDS, GROUP_KINDS, fills, kind_exists
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.plan import CreateGroup, PlanOptions, SetCollnet, SharpBarrier, format_plan, group_plan
+from parallel_state_ng.releases import SUPPORTED_SERIES
+from parallel_state_ng.releases.facts import FACT_RANGES, release_facts
+from parallel_state_ng.releases.parallel_state import globals_of
 from tests.support import paths
 
 ROOT = pathlib.Path(paths.ROOT)
@@ -37,7 +37,7 @@ def _descs() -> set[str]:
 def test_each_group_desc_is_a_literal_in_one_product_file(desc):
     pattern = re.compile(r"[\"']" + re.escape(desc) + r"(_L\{level\}|_\{size\})?[\"']")
     files = [p.relative_to(ROOT).as_posix() for p in PRODUCT if pattern.search(p.read_text())]
-    assert files == ["parallel_state_ng/mcore/kinds.py"], files
+    assert files == ["parallel_state_ng/layout/kinds.py"], files
 
 
 def test_every_global_of_the_table_exists_in_a_release_and_fallbacks_are_globals():

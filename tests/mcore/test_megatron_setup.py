@@ -17,7 +17,7 @@ pytest.importorskip("megatron.core.pipeline_parallel.schedules")
 import compat  # noqa: E402
 import compat.parallel_state as ps  # noqa: E402
 from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer, megatron_schedule  # noqa: E402
-from parallel_state_ng.mcore.collection import NoCollectionError  # noqa: E402
+from parallel_state_ng.builders.collection import NoCollectionError  # noqa: E402
 
 
 def _config(pp: int, vp: int | None = None):

@@ -1,4 +1,4 @@
-"""Queries of the per-release facts (``parallel_state_ng.mcore.releases.parallel_state`` and
+"""Queries of the per-release facts (``parallel_state_ng.releases.parallel_state`` and
 ``.process_groups_config``).
 
 The facts themselves are checked against every release's own module by
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_state_ng.mcore.releases import KNOWN_SERIES
-from parallel_state_ng.mcore.releases import parallel_state as api
-from parallel_state_ng.mcore.releases import process_groups_config as pgc
-from parallel_state_ng.mcore.releases.facts import release_facts
+from parallel_state_ng.releases import KNOWN_SERIES
+from parallel_state_ng.releases import parallel_state as api
+from parallel_state_ng.releases import process_groups_config as pgc
+from parallel_state_ng.releases.facts import release_facts
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from parallel_state_ng.mcore.topology import EXPERT_VIEW, build_topology, module_grid_dims
-from parallel_state_ng.mcore.topology_spec import ModuleSpec, TopologySpecError, validate_topology
+from parallel_state_ng.builders.topology import EXPERT_VIEW, build_topology, module_grid_dims
+from parallel_state_ng.layout.topology_spec import ModuleSpec, TopologySpecError, validate_topology
 from tests.support import mcore_releases
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_state_ng.mcore.releases import process_groups_config as facts
+from parallel_state_ng.releases import process_groups_config as facts
 from tests.support import mcore_releases
 
 SEED = 17

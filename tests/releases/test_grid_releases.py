@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from parallel_state_ng import HyperCommGrid
-from parallel_state_ng.mcore.grid_releases import hyper_comm_grid_class
-from parallel_state_ng.mcore.releases import SUPPORTED_SERIES, UnsupportedReleaseError, parse_release
-from parallel_state_ng.mcore.releases import hyper_comm_grid as facts
+from parallel_state_ng.builders.grid_releases import hyper_comm_grid_class
+from parallel_state_ng.releases import SUPPORTED_SERIES, UnsupportedReleaseError, parse_release
+from parallel_state_ng.releases import hyper_comm_grid as facts
 
 # Worker processes import this module (gloo test): keep module-level imports light.
 

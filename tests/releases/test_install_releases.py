@@ -33,7 +33,7 @@ def check_install(version: str) -> dict:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from parallel_state_ng.mcore.releases import UnsupportedReleaseError
+    from parallel_state_ng.releases import UnsupportedReleaseError
 
     try:
         import megatron.core.hyper_comm_grid as mgrid
@@ -51,7 +51,7 @@ def check_install(version: str) -> dict:
     import compat
     import compat.parallel_state as ps
     from compat.pg_collection import to_process_group_collection
-    from parallel_state_ng.mcore.grid_releases import hyper_comm_grid_class
+    from parallel_state_ng.builders.grid_releases import hyper_comm_grid_class
 
     out: dict = {"served": ps.MEGATRON_VERSION}
     if mgrid is None:

@@ -2,7 +2,7 @@
 
 One subprocess per release (:func:`mcore_releases.run_in_release`) runs a seeded batch of
 configurations through the release's init with a recording ``torch.distributed`` stand-in and
-compares every group it builds with :class:`~parallel_state_ng.mcore.layout.MegatronLayout`
+compares every group it builds with :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`
 (see ``layout_release_checks.py``): world sizes up to 1,024, random orders, distributed-optimizer
 instances, hierarchical context parallel, hybrid dp×cp (0.16+), ``rank_offset`` /
 ``local_world_size`` (0.17+), all-gather groups (0.16+), GTP sizes (0.19), and configurations
@@ -17,8 +17,8 @@ import random
 
 import pytest
 
-from parallel_state_ng.mcore.layout import MegatronLayout
-from parallel_state_ng.mcore.releases import parse_release
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.releases import parse_release
 from tests.support.mcore_releases import RELEASES, run_in_release
 
 CONFIGS_PER_RELEASE = 24

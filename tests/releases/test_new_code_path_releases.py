@@ -1,6 +1,6 @@
 """The pg_collection path's release data and set-up helper against each release (0.15 on).
 
-The data in :mod:`parallel_state_ng.mcore.releases.new_code_path` is compared with each
+The data in :mod:`parallel_state_ng.releases.new_code_path` is compared with each
 release's sources (``ast``, no import); :func:`parallel_state_ng.megatron_schedule` and
 :func:`parallel_state_ng.ensure_global_memory_buffer` run in a process bound to each release
 whose schedules import without triton (0.15–0.18; 0.19's schedules import triton, which the
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_state_ng.mcore.releases import as_release
-from parallel_state_ng.mcore.releases import new_code_path as facts
-from parallel_state_ng.mcore.releases import parallel_state as api
+from parallel_state_ng.releases import as_release
+from parallel_state_ng.releases import new_code_path as facts
+from parallel_state_ng.releases import parallel_state as api
 from tests.support import mcore_releases
 from tests.support.new_code_path_checks import source_facts
 

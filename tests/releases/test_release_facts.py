@@ -1,6 +1,6 @@
 """The legacy releases' data (0.12.3, 0.13.1) against their own modules, apart from compat.
 
-compat serves every supported release from ``parallel_state_ng.mcore.releases.parallel_state``, and
+compat serves every supported release from ``parallel_state_ng.releases.parallel_state``, and
 ``tests/releases/test_releases_compat.py`` checks compat against each release (which checks the data it
 serves). The 0.12/0.13 entries are written as differences from 0.14
 (``releases/parallel_state_legacy.py``) and also drive ``port --upgrade``: here each legacy
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from parallel_state_ng.mcore.releases import KNOWN_SERIES, SUPPORTED_SERIES, parse_release
+from parallel_state_ng.releases import KNOWN_SERIES, SUPPORTED_SERIES, parse_release
 from tests.support import mcore_releases
 
 

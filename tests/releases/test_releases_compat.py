@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from parallel_state_ng.mcore.releases import ENV_VAR, installed_megatron_version
+from parallel_state_ng.releases import ENV_VAR, installed_megatron_version
 from tests.support import differential as D
 from tests.support import mcore_releases, release_checks
 

@@ -4,7 +4,7 @@ Runs inside a process bound to one release (:func:`tests.support.mcore_releases.
 or the installed megatron-core in-process). For each configuration and sampled rank, on the
 fake backend: MCore's own ``initialize_model_parallel`` then
 ``ProcessGroupCollection.use_mpu_process_groups()`` gives the reference (the ranks of every
-field), destroyed again; then :func:`parallel_state_ng.mcore.collection.build_megatron_groups`
+field), destroyed again; then :func:`parallel_state_ng.builders.collection.build_megatron_groups`
 with the same arguments gives ours. Every field of every rank must hold the same ranks (or be
 ``None`` on both). Arguments MCore rejects must be rejected by ours too.
 """
@@ -143,7 +143,7 @@ def _reference(world: int, rank: int, kwargs: dict[str, Any]) -> Any:
 
 
 def _ours(world: int, rank: int, kwargs: dict[str, Any]) -> Any:
-    from parallel_state_ng.mcore.collection import build_megatron_groups
+    from parallel_state_ng.builders.collection import build_megatron_groups
 
     fake_world(rank, world)
     ours = dict(kwargs)

@@ -31,7 +31,7 @@ from typing import Any
 
 import megatron.core.parallel_state as mcore_ps
 
-from parallel_state_ng.mcore.releases import Release, parse_release
+from parallel_state_ng.releases import Release, parse_release
 from tests.support import differential as D
 
 # --------------------------------------------------------------------------- embedding callables

@@ -101,16 +101,16 @@ def lose_rank(rank: int, world: int, lost: int, detect_s: float, agree_s: float)
     Every group of the engine and the default group get a collective timeout of ``detect_s``;
     after a barrier, ``lost`` exits and the survivors all-reduce over the default group (gloo
     raises at once next to the dead rank, the others time out), then agree through the store
-    (:func:`parallel_state_ng.core.liveness.agree_on_survivors`, waiting up to ``agree_s``:
+    (:func:`parallel_state_ng.groups.liveness.agree_on_survivors`, waiting up to ``agree_s``:
     more than ``detect_s``, since a survivor that timed out marks late). ``{"detected", "detect_s", "dead"}``.
     """
     import torch
     import torch.distributed as dist
 
-    from parallel_state_ng.core import naming
-    from parallel_state_ng.core.liveness import agree_on_survivors
+    from parallel_state_ng.groups import creation
+    from parallel_state_ng.groups.liveness import agree_on_survivors
 
-    for group in [None, *naming.live_groups()]:
+    for group in [None, *creation.live_groups()]:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=detect_s), group)
     dist.barrier()
     if rank == lost:

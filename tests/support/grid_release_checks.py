@@ -412,10 +412,10 @@ def run_checks(seed: int) -> dict[str, Any]:
     start = time.perf_counter()
     from megatron.core import hyper_comm_grid as mcore
 
-    from parallel_state_ng.core.grid import HyperCommGrid as Engine
-    from parallel_state_ng.mcore.grid_releases import hyper_comm_grid_class
-    from parallel_state_ng.mcore.releases import current_release
-    from parallel_state_ng.mcore.releases import hyper_comm_grid as facts
+    from parallel_state_ng.builders.grid import HyperCommGrid as Engine
+    from parallel_state_ng.builders.grid_releases import hyper_comm_grid_class
+    from parallel_state_ng.releases import current_release
+    from parallel_state_ng.releases import hyper_comm_grid as facts
 
     theirs, ours = mcore.HyperCommGrid, hyper_comm_grid_class()
     has = set(facts.method_names())

@@ -5,7 +5,7 @@ For each configuration, that release's ``initialize_model_parallel`` runs agains
 stand-in for ``torch.distributed`` (``create_group`` records ranks and ``group_desc``; the
 getters read the recorded groups), followed by ``create_all_gather_groups`` where the release
 has it. Every recorded group, kind by kind, is then compared with
-:class:`~parallel_state_ng.mcore.layout.MegatronLayout` of the same release: the creation
+:class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` of the same release: the creation
 order of the kinds, each kind's full enumeration, the per-rank closed form for sampled ranks
 (ranks outside a ``rank_offset`` block included), hybrid dp×cp groups, ``get_all_ranks()``,
 and the exception type where the release rejects the configuration. The release's own
@@ -84,7 +84,7 @@ def _run_mcore(ps: Any, cfg: dict, rank: int) -> tuple[list[_Group], str | None,
 
 
 def _layout(cfg: dict, series: str):
-    from parallel_state_ng.mcore.layout import MegatronLayout
+    from parallel_state_ng.layout.megatron_layout import MegatronLayout
 
     keys = [
         "world_size",
@@ -114,7 +114,7 @@ def _check_plan(lay: Any, cfg: dict, rank: int, init_groups: list[_Group], gloo:
     ``group_plan``, in the same order, with the same ranks, ``group_desc`` and timeout rule
     (the init's timeout, or torch's default). Returns the number of steps compared.
     """
-    from parallel_state_ng.mcore.plan import CreateGroup, PlanOptions, group_plan
+    from parallel_state_ng.layout.plan import CreateGroup, PlanOptions, group_plan
 
     options = PlanOptions(
         create_gloo_process_groups=gloo,
@@ -132,7 +132,7 @@ def _check_plan(lay: Any, cfg: dict, rank: int, init_groups: list[_Group], gloo:
 
 
 def _desc_to_kind(desc: str) -> str | None:
-    from parallel_state_ng.mcore.kinds import GROUP_KINDS
+    from parallel_state_ng.layout.kinds import GROUP_KINDS
 
     prefix = "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L"
     if desc.startswith(prefix):

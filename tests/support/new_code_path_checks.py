@@ -1,7 +1,7 @@
-"""Checks of :mod:`parallel_state_ng.mcore.megatron_setup` against one megatron-core release.
+"""Checks of :mod:`parallel_state_ng.builders.megatron_setup` against one megatron-core release.
 
 :func:`source_facts` reads the release's sources with ``ast`` (no import: 0.19 needs triton to
-import its schedules) and returns what :mod:`parallel_state_ng.mcore.releases.new_code_path`
+import its schedules) and returns what :mod:`parallel_state_ng.releases.new_code_path`
 states about it. :func:`run` (in a process bound to the release, fake backend) compares
 ``megatron_schedule(build_megatron_groups(...), config)`` with the schedule MCore's own
 ``get_forward_backward_func()`` picks after ``initialize_model_parallel`` with the same sizes,

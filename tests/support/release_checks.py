@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from parallel_state_ng.mcore.releases import parse_release
+from parallel_state_ng.releases import parse_release
 
 # Public functions compat has in every release on top of Megatron-Core's (documented in
 # docs/compat.md: several grids in one job; docs/failure-recovery.md: abort). Anything else compat

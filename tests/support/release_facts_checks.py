@@ -1,4 +1,4 @@
-"""The per-release data (``parallel_state_ng.mcore.releases.parallel_state``) against one release's module.
+"""The per-release data (``parallel_state_ng.releases.parallel_state``) against one release's module.
 
 :func:`facts_report` runs inside a process bound to one megatron-core release
 (``tests.support.mcore_releases.run_in_release``). It compares what the data says about that release —
@@ -26,7 +26,7 @@ def _shape(fn: Callable) -> list[list[str]]:
 
 
 def _data_shape(params: tuple) -> list[list[str]]:
-    from parallel_state_ng.mcore.releases.parallel_state import REQUIRED
+    from parallel_state_ng.releases.parallel_state import REQUIRED
 
     return [[name, _POSITIONAL, "<none>" if default is REQUIRED else repr(default)] for name, default in params]
 
@@ -39,7 +39,7 @@ def facts_report(version: str) -> dict:
     """Data vs the imported release: counts and problems (empty when they agree)."""
     import megatron.core.parallel_state as ref
 
-    from parallel_state_ng.mcore.releases import parallel_state as data
+    from parallel_state_ng.releases import parallel_state as data
 
     problems: list[str] = []
     theirs = {

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from parallel_state_ng.__main__ import main
-from parallel_state_ng.mcore.layout import MegatronLayout
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.tools.layout_report import format_ranks
 from tests.support.paths import ROOT
 

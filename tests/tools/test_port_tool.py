@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from parallel_state_ng.__main__ import main
-from parallel_state_ng.mcore.layout import GROUP_KINDS
+from parallel_state_ng.layout.megatron_layout import GROUP_KINDS
 from parallel_state_ng.tools.port import GETTER_VARIANTS, NAMED_GRID_GETTERS, compat_api
 
 SOURCES = {

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from parallel_state_ng.__main__ import main
-from parallel_state_ng.mcore.releases import parse_release
+from parallel_state_ng.releases import parse_release
 from parallel_state_ng.tools.upgrade import KINDS, check_file
 from tests.support import mcore_releases
 

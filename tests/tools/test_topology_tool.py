@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from parallel_state_ng.__main__ import main
-from parallel_state_ng.mcore.layout import MegatronLayout
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.tools.topology_report import parse_spec, place_modules, rank_report
 from tests.support.paths import ROOT as ROOT_DIR
 

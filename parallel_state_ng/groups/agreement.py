@@ -1,0 +1,273 @@
+"""Cross-rank agreement check: ranks that pass different parallel settings fail fast.
+
+If one rank calls ``initialize_model_parallel(tensor_model_parallel_size=2)`` and the others
+pass 1, each rank computes different groups and waits for peers that never come: the job
+hangs until the communication timeout, with no hint of the cause. :func:`check_agreement`
+compares every rank's settings through the default process group's key-value store before
+any group is created, and makes EVERY rank raise the same clear error instead:
+
+* :class:`ParallelConfigMismatchError` when the settings differ: it names the ranks of each
+  distinct configuration, the fields that differ and their values;
+* :class:`ParallelConfigTimeoutError` when some rank does not arrive within ``timeout``: it
+  names the ranks that are missing.
+
+This module decides when a check runs (settings, environment) and who takes part; each call
+is one *round* of the store protocol in :mod:`parallel_state_ng.groups.agreement_protocol`
+(5 store operations per rank whatever the world size; only the last rank to arrive reads
+O(world) data), under a store prefix built from the check's name, its participants and a
+per-call sequence number, so repeated checks never meet old keys.
+
+``compat.parallel_state.initialize_model_parallel`` runs the check by default
+(:func:`check_initialize_agreement`; off with ``PSNG_AGREEMENT_CHECK=0`` or
+:func:`set_agreement_check`; timeout from ``PSNG_AGREEMENT_TIMEOUT``, default 60 s).
+``HyperCommGrid(..., check_agreement=True)`` runs it on request.
+
+Every participant must make the same sequence of checks with a given name (true for SPMD code).
+A rank that skipped one (it crashed and was recovered, or a test made it skip) is out of step
+with the others until :func:`realign_sequences` is called on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from parallel_state_ng.groups import creation
+from parallel_state_ng.groups.agreement_protocol import (
+    AgreementError,
+    ParallelConfigMismatchError,
+    ParallelConfigTimeoutError,
+    canonical_json,
+    fingerprint,
+    forget_deferred_deletes,
+)
+from parallel_state_ng.groups.agreement_protocol import run_round as _run_round
+from parallel_state_ng.groups.objects import all_gather_objects
+from parallel_state_ng.groups.sharing import group_sharing_enabled
+
+__all__ = [
+    "AgreementError",
+    "ParallelConfigMismatchError",
+    "ParallelConfigTimeoutError",
+    "AgreementResult",
+    "check_agreement",
+    "check_initialize_agreement",
+    "set_agreement_check",
+    "agreement_check_settings",
+    "canonical_json",
+    "fingerprint",
+    "realign_sequences",
+    "DEFAULT_TIMEOUT_S",
+    "ENV_ENABLE",
+    "ENV_TIMEOUT",
+]
+
+ENV_ENABLE = "PSNG_AGREEMENT_CHECK"
+ENV_TIMEOUT = "PSNG_AGREEMENT_TIMEOUT"
+# Long enough for ranks that reach initialization at different times (imports, data loading
+# on some nodes), short against the 10-30 minute communication timeouts that a hang costs.
+DEFAULT_TIMEOUT_S = 60.0
+
+_KEY_ROOT = "psng_agreement"
+
+
+# --------------------------------------------------------------------------- settings
+_enabled_override: bool | None = None
+_timeout_override: float | None = None
+
+
+def _check_timeout(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def set_agreement_check(enabled: bool | None = None, timeout_s: float | None = None) -> tuple:
+    """Turn the check in ``compat.parallel_state.initialize_model_parallel`` on or off.
+
+    A value given here wins over the environment (``PSNG_AGREEMENT_CHECK``,
+    ``PSNG_AGREEMENT_TIMEOUT``); ``None`` goes back to the environment / default. Affects this
+    process only: set it the same way on every rank. Returns the previous ``(enabled,
+    timeout_s)`` overrides, so a caller can restore them.
+    """
+    global _enabled_override, _timeout_override
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool or None, got {enabled!r}")
+    if timeout_s is not None:
+        timeout_s = _check_timeout(timeout_s, "timeout_s")
+    previous = (_enabled_override, _timeout_override)
+    _enabled_override, _timeout_override = enabled, timeout_s
+    return previous
+
+
+def agreement_check_settings() -> tuple[bool, float]:
+    """The effective ``(enabled, timeout_s)`` of the check in ``initialize_model_parallel``."""
+    enabled = _enabled_override
+    if enabled is None:
+        text = os.environ.get(ENV_ENABLE, "1").strip().lower()
+        if text in ("", "1", "true", "yes", "on"):
+            enabled = True
+        elif text in ("0", "false", "no", "off"):
+            enabled = False
+        else:
+            raise ValueError(f"environment variable {ENV_ENABLE} must be 0 or 1, got {os.environ[ENV_ENABLE]!r}")
+    timeout = _timeout_override
+    if timeout is None:
+        raw = os.environ.get(ENV_TIMEOUT)
+        if raw is None or not raw.strip():
+            timeout = DEFAULT_TIMEOUT_S
+        else:
+            value: float | str
+            try:
+                value = float(raw)
+            except ValueError:
+                value = raw
+            timeout = _check_timeout(value, f"environment variable {ENV_TIMEOUT}")
+    return enabled, timeout
+
+
+# --------------------------------------------------------------------------- result
+@dataclass
+class AgreementResult:
+    """What one :func:`check_agreement` call did on this rank (returned when ranks agree).
+
+    ``skipped`` with ``reason`` when no comparison was needed or possible (fake backend,
+    single participant); ``store_ops`` is the number of store operations this rank issued;
+    ``compared`` whether this rank was the one that compared all fingerprints.
+    """
+
+    name: str
+    skipped: bool
+    reason: str
+    participants: int
+    sequence: int | None = None
+    store_ops: int = 0
+    compared: bool = False
+    elapsed_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- public entry
+_sequences: dict[str, int] = {}
+creation.on_new_world(_sequences.clear)  # a new default group: every rank counts from 0 again
+creation.on_new_world(forget_deferred_deletes)  # keys of an earlier world's store: never touched again
+
+
+def _participants(group: Any) -> tuple[Sequence[int], str]:
+    if group is None:
+        world = dist.get_world_size()
+        return range(world), f"world{world}"
+    if isinstance(group, range):
+        ranks: Sequence[int] = group
+    elif isinstance(group, Sequence) and not isinstance(group, (str, bytes)):
+        ranks = [int(r) for r in group]
+    else:
+        ranks = dist.get_process_group_ranks(group)
+    if isinstance(ranks, range) and ranks.step == 1:
+        return ranks, f"r{ranks.start}-{ranks.stop}"
+    digest = hashlib.sha1(",".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()[:16]
+    return ranks, f"g{len(ranks)}-{digest}"
+
+
+def check_agreement(
+    fields: Mapping[str, Any],
+    *,
+    name: str,
+    timeout: float,
+    store: Any = None,
+    group: None | Sequence[int] | Any = None,
+) -> AgreementResult:
+    """Check that every participating rank passes equal ``fields``; raise on all ranks if not.
+
+    Args:
+        fields: the settings to compare (e.g. the arguments that shape the process groups),
+            compared through :func:`canonical_json`.
+        name: what is being checked (used in errors and in the store keys; checks with
+            different names never interfere).
+        timeout: seconds to wait for the other ranks.
+        store: key-value store shared by the participants (default: the default process
+            group's store).
+        group: the participants: ``None`` for the whole world, a process group, or a
+            sequence of global ranks (every participant must pass the same).
+
+    Returns:
+        An :class:`AgreementResult` when all agree (or the check was skipped).
+
+    Raises:
+        ParallelConfigMismatchError: on every participant, when the fields differ.
+        ParallelConfigTimeoutError: when some participant does not arrive within ``timeout``.
+
+    On the ``fake`` backend (simulated ranks in one process) the other ranks do not exist and
+    the store is a dummy, so there is nothing to compare with: the check is skipped and the
+    result says so. It is also skipped for a single participant.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty str, got {name!r}")
+    timeout = _check_timeout(timeout, "timeout")
+    start = time.monotonic()
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"{name}: the agreement check needs torch.distributed to be initialized")
+    backend = str(dist.get_backend())
+    ranks, participants_id = _participants(group)
+    if backend == "fake":
+        return AgreementResult(
+            name, True, "fake backend: the other ranks are simulated, nothing to compare", len(ranks)
+        )
+    rank = dist.get_rank()
+    try:
+        index = ranks.index(rank)
+    except ValueError:
+        raise ValueError(f"{name}: rank {rank} is not among the participants of the check ({group!r})") from None
+    if len(ranks) == 1:
+        return AgreementResult(name, True, "single participant", 1)
+    if store is None:
+        store = dist.distributed_c10d._get_default_store()
+    key = f"{name}/{participants_id}"
+    creation.sync_world()
+    sequence = _sequences.get(key, 0)
+    _sequences[key] = sequence + 1
+    round_store = dist.PrefixStore(f"{_KEY_ROOT}/{key}/{sequence}/", store)
+    ops, compared = _run_round(round_store, index, ranks, fields, name=name, timeout=timeout)
+    return AgreementResult(name, False, "agreed", len(ranks), sequence, ops, compared, time.monotonic() - start)
+
+
+def check_initialize_agreement(
+    args: Mapping[str, Any], *, name: str = "initialize_model_parallel"
+) -> AgreementResult | None:
+    """The check ``compat.parallel_state.initialize_model_parallel`` runs before anything else.
+
+    ``args`` are all of its arguments (every one of them shapes the groups or their options).
+    Returns ``None`` without communicating when the check is turned off
+    (:func:`agreement_check_settings`) or ``torch.distributed`` is not initialized (the caller
+    reports that itself); otherwise as :func:`check_agreement` over the whole world.
+    """
+    enabled, timeout = agreement_check_settings()
+    if not enabled or not (dist.is_available() and dist.is_initialized()):
+        return None
+    fields = dict(args)
+    # Ranks that disagree on sharing would create different numbers of groups: compare it too.
+    fields["group sharing (PSNG_SHARE_GROUPS)"] = group_sharing_enabled()
+    return check_agreement(fields, name=name, timeout=timeout)
+
+
+def realign_sequences(group: Any = None) -> dict[str, int]:
+    """Bring every rank's check sequence numbers to the highest among them (collective).
+
+    Needed only after some rank skipped a check the others made (their next checks would
+    otherwise look for each other under different keys and time out). Call it on every rank
+    of ``group`` (default: the world); it gathers every rank's numbers once. Returns the new
+    numbers. On the fake backend it only returns this process's numbers.
+    """
+    if str(dist.get_backend()) != "fake":
+        gathered = all_gather_objects(dict(_sequences), group=group)  # numpy-free object gather
+        for numbers_of_rank in gathered:
+            for key, value in (numbers_of_rank or {}).items():
+                _sequences[key] = max(_sequences.get(key, 0), value)
+    return dict(_sequences)

@@ -1,0 +1,292 @@
+"""Creating a process group with only its members, under a name all members agree on.
+
+``torch.distributed.new_group(..., use_local_synchronization=True)`` lets the members alone
+create a group, but torch names such a group after its ranks *and the number of groups the
+calling process already has*. Ranks that belong to different numbers of groups (a rank on the
+first pipeline stage holds an embedding group, its neighbour does not) then compute different
+names for their next common group, look for each other under different store prefixes, and
+wait until the timeout.
+
+:func:`new_member_group` names a group after what every member does know: its rank list and
+how many groups with exactly that rank list this process created before (every member takes
+part in each creation of a group over it, so that count is the same on all of them).
+Names are never reused, so a re-created group never meets keys left in the store by an earlier
+one. :func:`destroy_groups` destroys groups and drops the per-name tag entry torch leaves
+behind, so repeated create/destroy cycles leave no trace in torch's registries.
+
+The per-set counters are process-wide because torch's group registry is process-wide; they
+carry no layout state.
+
+Early destroy. gloo connects every pair of members while the group is created, so a member
+that returned early and destroyed the group at once could close sockets a slower member is
+still connecting through. The guard costs nothing where groups are created: each member of a
+gloo group leaves one mark in the group's store when its creation returns (a ``set``, which
+does not wait for a reply), and :func:`destroy_groups` waits for every member's mark (one
+``wait`` on the store, which returns at once in the common case) before it destroys the group.
+The wait is bounded (:data:`ENV_SETTLE_TIMEOUT`, default 30 s): a member that never marks the
+group is dead or failed before finishing it, and closing our end cannot hurt it, so a rollback
+after a failure never hangs. (A barrier at the end of every creation, the previous guard, put
+one synchronization of all members on the critical path of each group: 30 % of the init time
+of an 8-process job.) Groups destroyed with ``torch.distributed.destroy_process_group``
+directly get no such guard, exactly as groups made by ``torch.distributed.new_group``.
+Inside :func:`creation_round` (an init that ends with a closing round among all members:
+:class:`parallel_state_ng.groups.liveness.InitWatch`) no mark is left at all: once that round
+has passed, every member has finished creating every group of the init, which is what the
+marks would tell, and a failed round means every member is rolling back anyway.
+The bound counts from the group's creation, not from the destroy: a group older than the
+bound is destroyed without waiting, and members known to be dead (:func:`mark_dead`, filled
+by the failure detection of :mod:`parallel_state_ng.core.failure`) are never waited for.
+
+Every group made here is kept in a process-wide registry of live groups (:func:`live_groups`)
+until it is destroyed, so :mod:`parallel_state_ng.groups.abort` can abort every group the engine
+created without knowing who owns it. A new default process group (``init_process_group``
+after ``destroy_process_group``: an in-process restart) starts afresh: names count from 0
+again (a replacement process and the survivors must agree on them, so the new world needs a
+fresh store or store prefix, as torch's own group names restart too), and the registries of
+the old world are dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from parallel_state_ng.groups import liveness
+
+__all__ = [
+    "new_member_group",
+    "member_set_digest",
+    "destroy_groups",
+    "track_group",
+    "live_groups",
+    "forget_groups",
+    "mark_dead",
+    "on_new_world",
+    "sync_world",
+    "creation_round",
+    "ENV_SETTLE_TIMEOUT",
+]
+
+#: Environment variable: the most seconds :func:`destroy_groups` waits for the members of a gloo
+#: group to finish creating it (default 30).
+ENV_SETTLE_TIMEOUT = "PSNG_DESTROY_SETTLE_TIMEOUT"
+_READY_PREFIX = "psng-ready/"
+
+_created_by_member_set: dict[str, int] = {}
+# Gloo groups made here whose members' readiness marks were not yet seen:
+# name -> (group size, time.monotonic() at creation).
+_unsettled: dict[str, tuple[int, float]] = {}
+# Every group made here and not destroyed through destroy_groups, in creation order: id -> group.
+_live: dict[int, Any] = {}
+# Global ranks known to be dead in the current world (never waited for).
+_dead: set[int] = set()
+# The default group the registries above belong to, and what to reset when it changes.
+_world_of_state: list[Any] = [None]
+_new_world_callbacks: list[Any] = []
+# > 0 while groups are made inside a creation_round (no readiness marks).
+_rounds_open: list[int] = [0]
+
+
+@contextmanager
+def creation_round(covered: bool) -> Iterator[None]:
+    """Groups made inside get no readiness mark when ``covered`` (see the module docstring).
+
+    ``covered`` says that the block ends with a round every member of every group made in it
+    takes part in, after its last creation (a closing round), so no member can destroy a
+    group another member is still connecting through. With ``covered=False`` nothing changes.
+    """
+    if not covered:
+        yield
+        return
+    _rounds_open[0] += 1
+    try:
+        yield
+    finally:
+        _rounds_open[0] -= 1
+
+
+def on_new_world(callback: Any) -> None:
+    """Call ``callback()`` whenever a new default process group is seen (per-world state resets)."""
+    _new_world_callbacks.append(callback)
+
+
+def sync_world() -> None:
+    """Drop the registries and name counters of an earlier default group (see the module docstring)."""
+    default = dist.distributed_c10d._world.default_pg
+    if default is _world_of_state[0]:
+        return
+    _world_of_state[0] = default
+    _created_by_member_set.clear()
+    _unsettled.clear()
+    _live.clear()
+    _dead.clear()
+    liveness.reset_world_state()
+    for callback in _new_world_callbacks:
+        callback()
+
+
+def track_group(group: Any) -> Any:
+    """Record ``group`` (made by this process, e.g. with a plain ``new_group``) as live; return it."""
+    if isinstance(group, dist.ProcessGroup):
+        sync_world()
+        _live[id(group)] = group
+    return group
+
+
+def live_groups() -> list[Any]:
+    """The groups made through this module (or :func:`track_group`) and not yet destroyed here."""
+    return list(_live.values())
+
+
+def forget_groups(groups: Iterable[Any]) -> None:
+    """Drop ``groups`` from the registries without touching them (they were aborted or destroyed elsewhere)."""
+    names = dist.distributed_c10d._world.pg_names
+    for pg in groups:
+        _live.pop(id(pg), None)
+        name = names.get(pg)
+        if name is not None:
+            _unsettled.pop(name, None)
+
+
+def forget_all() -> None:
+    """Drop every registry entry (after an abort of all the engine's groups)."""
+    _live.clear()
+    _unsettled.clear()
+
+
+def mark_dead(ranks: Iterable[int]) -> None:
+    """Record global ``ranks`` as dead in the current world: no destroy waits for them."""
+    sync_world()
+    _dead.update(int(r) for r in ranks)
+
+
+def member_set_digest(ranks: Sequence[int]) -> str:
+    """A short digest of the rank list (O(len(ranks)), one 8-byte-per-rank buffer)."""
+    return hashlib.sha1(array("q", ranks), usedforsecurity=False).hexdigest()[:24]
+
+
+def new_member_group(ranks: Sequence[int], *, context: liveness.CreationContext | None = None, **kwargs: Any):
+    """``new_group(ranks, use_local_synchronization=True, **kwargs)`` under a stable name.
+
+    Only the members call it, with the same rank list (same order); each member must create
+    its groups over a given rank list in the same sequence (true for SPMD code). A gloo group
+    may be destroyed right away through :func:`destroy_groups`, which first waits for every
+    member to finish creating it (see the module docstring). Other keyword arguments
+    (``timeout``, ``backend``, ``pg_options``, ``group_desc``) go to
+    ``torch.distributed.new_group``. A build that creates many groups passes one
+    :class:`~parallel_state_ng.groups.liveness.CreationContext` to all of them (``context``;
+    default: read for this group).
+
+    Raises:
+        RankFailureError: a member died or stopped before the gloo group was connected; raised
+            within :func:`parallel_state_ng.groups.liveness.creation_timeout`, naming it.
+    """
+    if not isinstance(ranks, list):
+        ranks = list(ranks)
+    if context is None:  # a build that passes its context synchronized the world when it started
+        sync_world()
+    digest = member_set_digest(ranks)
+    count = _created_by_member_set.get(digest, 0)
+    name = f"psng-{digest}-{count}"
+    # Any: torch's private namer is swapped for one that returns our name (a plain str).
+    c10d: Any = dist.distributed_c10d
+    original = getattr(c10d, "_process_group_name", None)
+    if original is not None:
+        c10d._process_group_name = lambda _ranks, use_hashed_name=False: name
+    try:
+        group = liveness.guarded_create(
+            lambda kw: dist.new_group(ranks=ranks, use_local_synchronization=True, **kw), ranks, name, kwargs, context
+        )
+    except liveness.RankFailureError as err:
+        mark_dead(err.dead)  # no later destroy waits for them
+        raise
+    finally:
+        if original is not None:
+            c10d._process_group_name = original
+    _created_by_member_set[digest] = count + 1
+    if isinstance(group, dist.ProcessGroup):
+        _live[id(group)] = group  # track_group, without its second sync_world
+        if not _rounds_open[0] and len(ranks) > 1 and "gloo" in str(dist.get_backend(group)):
+            _mark_ready(group, name, len(ranks))
+    return group
+
+
+def _group_store(group: Any) -> Any:
+    return dist.distributed_c10d._world.pg_map[group][1]
+
+
+def _mark_ready(group: Any, name: str, size: int) -> None:
+    """Leave this member's "creation finished" mark in the group's store (no round trip)."""
+    _group_store(group).set(f"{_READY_PREFIX}{dist.get_rank(group)}", b"")
+    if len(_unsettled) >= 4096:  # drop groups destroyed elsewhere (e.g. by torch directly)
+        live = set(dist.distributed_c10d._world.pg_names.values())
+        for stale in [n for n in _unsettled if n not in live]:
+            del _unsettled[stale]
+    _unsettled[name] = (size, time.monotonic())
+
+
+def _settle_timeout() -> timedelta:
+    return timedelta(seconds=max(liveness.env_seconds(ENV_SETTLE_TIMEOUT, 30.0), 0.001))
+
+
+def _settle(group: Any, name: str) -> None:
+    """Wait (bounded) until every member of a gloo group made here has finished creating it.
+
+    The bound counts from the group's creation; members known to be dead are not waited for.
+    """
+    entry = _unsettled.pop(name, None)
+    if entry is None:
+        return
+    size, created = entry
+    left = _settle_timeout().total_seconds() - (time.monotonic() - created)
+    if left <= 0:
+        return
+    keys = [f"{_READY_PREFIX}{r}" for r in range(size)]
+    if _dead:
+        ranks = dist.get_process_group_ranks(group)
+        keys = [f"{_READY_PREFIX}{i}" for i, r in enumerate(ranks) if r not in _dead]
+    try:
+        _group_store(group).wait(keys, timedelta(seconds=left))
+    except Exception:  # noqa: BLE001 - a member that never marks is dead or failed: closing is safe
+        pass
+
+
+def destroy_groups(groups: Iterable[Any]) -> int:
+    """Destroy each live process group in ``groups`` once; return how many were destroyed.
+
+    ``None`` entries, groups already destroyed and repeats are skipped. A gloo group made by
+    :func:`new_member_group` is destroyed only once every member has finished creating it
+    (bounded wait, see the module docstring). Besides
+    ``torch.distributed.destroy_process_group``, this removes the now empty
+    ``ptd:<group name>`` tag list torch keeps for every named group.
+    """
+    if not dist.is_initialized():  # the default group (and with it every group) was destroyed
+        for pg in groups:
+            _live.pop(id(pg), None)
+        return 0
+    world = dist.distributed_c10d._world
+    done = 0
+    seen: set[int] = set()
+    for pg in groups:
+        if pg is None or id(pg) in seen:
+            continue
+        _live.pop(id(pg), None)
+        if pg not in world.pg_map:  # destroyed or aborted elsewhere
+            continue
+        seen.add(id(pg))
+        tag = world.pg_to_tag.get(pg)
+        name = world.pg_names.get(pg)
+        if name in _unsettled:
+            _settle(pg, name)
+        dist.destroy_process_group(pg)
+        if tag and tag.startswith("ptd:") and not world.tags_to_pg.get(tag, True):
+            del world.tags_to_pg[tag]
+        done += 1
+    return done
