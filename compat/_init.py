@@ -13,22 +13,23 @@ import os
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
-from parallel_state_ng.groups.agreement import check_initialize_agreement
 from parallel_state_ng.groups.megatron_groups import add_group
+from parallel_state_ng.groups.pipeline import Prepared, build_layout_groups
 from parallel_state_ng.layout.kinds import GROUP_KINDS
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.plan import PlanOptions
+from parallel_state_ng.layout.validate import validate_initialize_args
 
-from . import _scoping, _state
+from . import _scoping
 from ._expert import set_global_memory_buffer
 from ._getters import is_initialized
-from ._helpers import get_nccl_options, overwrite_nccl_comm_cfgs
+from ._helpers import get_nccl_options
 from ._namespace import facade as ps
 from ._release import FACTS, RELEASE, VERSION
-from ._validate import validate_initialize_args
 
 __all__: list[str] = []  # served through compat.parallel_state
 
@@ -111,93 +112,16 @@ def initialize_model_parallel(
     only the groups it belongs to; a failure destroys whatever was created and leaves the
     module uninitialized; and a later ``destroy_model_parallel`` destroys every group.
     """
-    # Every rank must pass the same arguments: compare them across ranks before anything else
-    # (a mismatch raises on every rank instead of hanging; see parallel_state_ng.groups.agreement).
-    check_initialize_agreement(locals())
-    if encoder_tensor_model_parallel_size != 0 or encoder_pipeline_model_parallel_size != 0:
-        if FACTS.encoder_deprecation_warnings:
-            warnings.warn(
-                "encoder_tensor_model_parallel_size / encoder_pipeline_model_parallel_size: encoder-specific "
-                "pipeline parallelism is deprecated in megatron-core 0.13 and removed in 0.14",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-    sharp_enabled_group = _check_sharp(use_sharp, sharp_enabled_group, num_distributed_optimizer_instances)
-    if not FACTS.sharp_collnet_zero:  # 0.14+ starts without the SHARP variable
-        os.environ.pop("NCCL_COLLNET_ENABLE", None)
-    if not dist.is_initialized():
-        raise AssertionError("torch.distributed is not initialized: call init_process_group() first")
-    validate_initialize_args(dict(locals()))
-
-    if virtual_pipeline_model_parallel_size is not None and not pipeline_model_parallel_size > 1:
-        raise RuntimeError(
-            f"virtual_pipeline_model_parallel_size={virtual_pipeline_model_parallel_size} needs "
-            f"pipeline_model_parallel_size > 1 (got {pipeline_model_parallel_size}): the interleaved "
-            f"schedule interleaves pipeline stages"
-        )
-    layout = MegatronLayout(
-        world_size=dist.get_world_size(),
-        tensor_model_parallel_size=tensor_model_parallel_size,
-        pipeline_model_parallel_size=pipeline_model_parallel_size,
-        context_parallel_size=context_parallel_size,
-        expert_model_parallel_size=expert_model_parallel_size,
-        expert_tensor_parallel_size=expert_tensor_parallel_size,
-        order=order,
-        num_distributed_optimizer_instances=num_distributed_optimizer_instances,
-        hierarchical_context_parallel_sizes=hierarchical_context_parallel_sizes,
-        get_embedding_ranks=get_embedding_ranks,
-        get_position_embedding_ranks=get_position_embedding_ranks,
-        rank_offset=rank_offset,
-        local_world_size=local_world_size,
-        gtp_remat_size=gtp_remat_size,
-        expert_gtp_remat_size=expert_gtp_remat_size,
-        encoder_tensor_model_parallel_size=encoder_tensor_model_parallel_size,
-        encoder_pipeline_model_parallel_size=encoder_pipeline_model_parallel_size,
-        pipeline_model_parallel_split_rank=pipeline_model_parallel_split_rank,
-        release=RELEASE.series,
-    )
-    if ps._DATA_PARALLEL_GROUP is not None or _scoping.get_state() is not None:
-        raise AssertionError(
-            "data parallel group is already initialized: call destroy_model_parallel() before initializing again"
-        )
-    if hybrid_context_parallel and (layout.data_parallel_size * context_parallel_size) % 2 != 0:
-        raise AssertionError(
-            f"hybrid_context_parallel needs an even data_parallel_size x context_parallel_size, got "
-            f"{layout.data_parallel_size} x {context_parallel_size}"
-        )
-    if sharp_enabled_group == "dp" and FACTS.sharp_dp_unusable:
-        raise AssertionError(
-            f"use_sharp with sharp_enabled_group='dp' fails in megatron-core {VERSION}: its SHARP "
-            f"barrier reads the data parallel group with CP (with GTP_remat) before it is initialized"
-        )
-    if pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc"):
-        raise AssertionError(
-            f'"{pipeline_model_parallel_comm_backend}" backend for PP communication is not supported '
-            f"(pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc')"
-        )
-    if ps._GLOBAL_MEMORY_BUFFER is not None:
-        raise AssertionError("global memory buffer is already initialized: call destroy_model_parallel() first")
-
-    nccl_comm_cfgs = _load_nccl_config(nccl_communicator_config_path)
-    for pg_name in high_priority_stream_groups or []:
-        overwrite_nccl_comm_cfgs(nccl_comm_cfgs, pg_name, ("is_high_priority_stream", True))
-    if pipeline_model_parallel_comm_backend == "ucc":
-        _set_ucc_environment()
-
-    state = _state.build_state(
-        layout,
-        dist.get_rank(),
-        timeout=timedelta(minutes=distributed_timeout_minutes),
-        nccl_options=functools.partial(get_nccl_options, nccl_comm_cfgs=nccl_comm_cfgs),
-        options=PlanOptions(
-            create_gloo_process_groups=create_gloo_process_groups,
-            create_all_gather_group=bool(create_all_gather_group),
-            pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
-            sharp_enabled_group=sharp_enabled_group,
-            hybrid_context_parallel=hybrid_context_parallel,
-        ),
+    # Every rank must pass the same arguments: the pipeline compares them across the world
+    # before anything else (a mismatch raises on every rank instead of hanging).
+    args = dict(locals())
+    layout, state = build_layout_groups(
+        functools.partial(_prepare, args),
         name="initialize_model_parallel",
+        agreement_fields=args,
+        agree_on="world",
     )
+    assert state is not None  # the whole world: every rank is in the layout
     _scoping.set_active(state)
     if pipeline_model_parallel_split_rank is not None:  # 0.12-0.13; kept across destroy, as in MCore
         ps._PIPELINE_MODEL_PARALLEL_SPLIT_RANK = pipeline_model_parallel_split_rank
@@ -205,6 +129,98 @@ def initialize_model_parallel(
         ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK = 0
         ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = virtual_pipeline_model_parallel_size
     set_global_memory_buffer()
+
+
+def _prepare(args: dict[str, Any]) -> Prepared:
+    """``initialize_model_parallel``'s checks (MCore's exception types), its layout and group options."""
+    if args["encoder_tensor_model_parallel_size"] != 0 or args["encoder_pipeline_model_parallel_size"] != 0:
+        if FACTS.encoder_deprecation_warnings:
+            warnings.warn(
+                "encoder_tensor_model_parallel_size / encoder_pipeline_model_parallel_size: encoder-specific "
+                "pipeline parallelism is deprecated in megatron-core 0.13 and removed in 0.14",
+                DeprecationWarning,
+                stacklevel=4,  # the caller of initialize_model_parallel (through build_layout_groups)
+            )
+    sharp_enabled_group = _check_sharp(
+        args["use_sharp"], args["sharp_enabled_group"], args["num_distributed_optimizer_instances"]
+    )
+    if not FACTS.sharp_collnet_zero:  # 0.14+ starts without the SHARP variable
+        os.environ.pop("NCCL_COLLNET_ENABLE", None)
+    if not dist.is_initialized():
+        raise AssertionError("torch.distributed is not initialized: call init_process_group() first")
+    validate_initialize_args({**args, "sharp_enabled_group": sharp_enabled_group})
+
+    vpp, pp = args["virtual_pipeline_model_parallel_size"], args["pipeline_model_parallel_size"]
+    if vpp is not None and not pp > 1:
+        raise RuntimeError(
+            f"virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 (got {pp}): "
+            f"the interleaved schedule interleaves pipeline stages"
+        )
+    layout = MegatronLayout(
+        world_size=dist.get_world_size(), release=RELEASE.series, **{name: args[name] for name in _LAYOUT_ARGS}
+    )
+    if ps._DATA_PARALLEL_GROUP is not None or _scoping.get_state() is not None:
+        raise AssertionError(
+            "data parallel group is already initialized: call destroy_model_parallel() before initializing again"
+        )
+    cp = args["context_parallel_size"]
+    if args["hybrid_context_parallel"] and (layout.data_parallel_size * cp) % 2 != 0:
+        raise AssertionError(
+            f"hybrid_context_parallel needs an even data_parallel_size x context_parallel_size, got "
+            f"{layout.data_parallel_size} x {cp}"
+        )
+    if sharp_enabled_group == "dp" and FACTS.sharp_dp_unusable:
+        raise AssertionError(
+            f"use_sharp with sharp_enabled_group='dp' fails in megatron-core {VERSION}: its SHARP "
+            f"barrier reads the data parallel group with CP (with GTP_remat) before it is initialized"
+        )
+    backend = args["pipeline_model_parallel_comm_backend"]
+    if backend not in (None, "nccl", "ucc"):
+        raise AssertionError(
+            f'"{backend}" backend for PP communication is not supported '
+            f"(pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc')"
+        )
+    if ps._GLOBAL_MEMORY_BUFFER is not None:
+        raise AssertionError("global memory buffer is already initialized: call destroy_model_parallel() first")
+
+    nccl_comm_cfgs = _load_nccl_config(args["nccl_communicator_config_path"])
+    if backend == "ucc":
+        _set_ucc_environment()
+    return Prepared(
+        layout=layout,
+        timeout=timedelta(minutes=args["distributed_timeout_minutes"]),
+        options=PlanOptions(
+            create_gloo_process_groups=args["create_gloo_process_groups"],
+            create_all_gather_group=bool(args["create_all_gather_group"]),
+            pipeline_model_parallel_comm_backend=backend,
+            sharp_enabled_group=sharp_enabled_group,
+            hybrid_context_parallel=args["hybrid_context_parallel"],
+        ),
+        nccl_comm_cfgs=nccl_comm_cfgs,
+        high_priority_stream_groups=args["high_priority_stream_groups"] or (),
+    )
+
+
+#: The arguments of ``initialize_model_parallel`` that ``MegatronLayout`` takes as they are.
+_LAYOUT_ARGS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "order",
+    "num_distributed_optimizer_instances",
+    "hierarchical_context_parallel_sizes",
+    "get_embedding_ranks",
+    "get_position_embedding_ranks",
+    "rank_offset",
+    "local_world_size",
+    "gtp_remat_size",
+    "expert_gtp_remat_size",
+    "encoder_tensor_model_parallel_size",
+    "encoder_pipeline_model_parallel_size",
+    "pipeline_model_parallel_split_rank",
+)
 
 
 def _set_ucc_environment() -> None:

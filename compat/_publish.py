@@ -1,21 +1,19 @@
 """Which module global of ``compat.parallel_state`` mirrors which part of the state object.
 
-``initialize_model_parallel`` builds one :class:`compat._state.ParallelState`; :func:`publish`
-writes it into the module globals MCore has (only those the served release has), reading the
-group-kind table (:data:`parallel_state_ng.layout.kinds.GROUP_KINDS`: which kind fills which
-global, and the aliases), and the getters read the globals, as MCore's do.
+:func:`publish` writes a :class:`~parallel_state_ng.groups.megatron_groups.ModelParallelGroups`
+into the served release's module globals, reading the group-kind table
+(:data:`parallel_state_ng.layout.kinds.GROUP_KINDS`); the getters read the globals, as MCore's do.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from parallel_state_ng.groups.megatron_groups import global_values
+from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, global_values
 from parallel_state_ng.layout.kinds import fills
 from parallel_state_ng.releases import parallel_state as api
 
 from ._release import RELEASE
-from ._state import ParallelState
 
 __all__ = [
     "OVERRIDE_GLOBALS",
@@ -47,7 +45,7 @@ OVERRIDE_GLOBALS = (
 )
 # set_*() overrides, per use_state block (destroy keeps the data-parallel ones, as MCore does).
 BLOCK_OVERRIDES = (*OVERRIDE_GLOBALS, "_MPU_DATA_PARALLEL_RANK", "_MPU_DATA_PARALLEL_WORLD_SIZE")
-# Globals that belong to one grid but are not kept in its ParallelState.
+# Globals that belong to one grid but are not kept in its ModelParallelGroups.
 STATE_EXTRAS = (
     "_VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK",
     "_VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE",
@@ -63,7 +61,7 @@ def state_globals(ns: dict[str, Any]) -> list[str]:
     return [name for name in dict.fromkeys(names) if name in ns]
 
 
-def publish(ns: dict[str, Any], state: ParallelState | None) -> None:
+def publish(ns: dict[str, Any], state: ModelParallelGroups | None) -> None:
     """Mirror ``state`` into the module globals ``ns`` (``None``: reset them to their import values).
 
     Only globals ``ns`` has (those of the served release) are written.

@@ -16,8 +16,8 @@ from typing import Any
 
 from parallel_state_ng.builders.scope import allow_globals
 from parallel_state_ng.groups.abort import AbortResult, abort_groups
+from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, destroy_model_groups
 
-from . import _state
 from ._namespace import facade as ps
 from ._publish import BLOCK_OVERRIDES, BUFFER_GLOBALS, OVERRIDE_GLOBALS, STATE_EXTRAS, publish, state_globals
 from ._release import FACTS
@@ -33,18 +33,18 @@ __all__ = [
 ]
 
 # The state object the globals mirror (None when not initialized).
-_ACTIVE: list[_state.ParallelState | None] = [None]
+_ACTIVE: list[ModelParallelGroups | None] = [None]
 # id(detached state) -> (state, its STATE_EXTRAS values); holding the state keeps its id unique.
-_DETACHED: dict[int, tuple[_state.ParallelState, dict[str, Any]]] = {}
+_DETACHED: dict[int, tuple[ModelParallelGroups, dict[str, Any]]] = {}
 # The states that enclosing use_state blocks make active again on exit, outermost first.
-_SUSPENDED: list[_state.ParallelState | None] = []
+_SUSPENDED: list[ModelParallelGroups | None] = []
 
 
 def _ns() -> dict[str, Any]:
     return ps.namespace
 
 
-def get_state() -> _state.ParallelState | None:
+def get_state() -> ModelParallelGroups | None:
     """The state object behind the globals (``None`` before initialization).
 
     Not part of MCore's API: it gives new code the layout (``get_state().layout``) and every
@@ -53,13 +53,13 @@ def get_state() -> _state.ParallelState | None:
     return _ACTIVE[0]
 
 
-def set_active(state: _state.ParallelState | None) -> None:
+def set_active(state: ModelParallelGroups | None) -> None:
     """Make ``state`` the active grid and publish it into the module globals."""
     _ACTIVE[0] = state
     publish(_ns(), state)
 
 
-def _extras_of(state: _state.ParallelState | None) -> dict[str, Any]:
+def _extras_of(state: ModelParallelGroups | None) -> dict[str, Any]:
     """The STATE_EXTRAS values that go with ``state`` when it becomes active."""
     ns = _ns()
     names = [n for n in STATE_EXTRAS if n in ns]
@@ -69,12 +69,12 @@ def _extras_of(state: _state.ParallelState | None) -> dict[str, Any]:
         return {name: ns[name] for name in names}
     if id(state) in _DETACHED:
         return dict(_DETACHED[id(state)][1])
-    # built elsewhere (e.g. compat._state.build_state): no virtual pipeline, the buffers in place
+    # built elsewhere (e.g. by build_megatron_groups): no virtual pipeline, the buffers in place
     return {name: (ns[name] if name in BUFFER_GLOBALS else None) for name in names}
 
 
 @contextmanager
-def use_state(state: _state.ParallelState | None) -> Iterator[_state.ParallelState | None]:
+def use_state(state: ModelParallelGroups | None) -> Iterator[ModelParallelGroups | None]:
     """Make ``state`` the grid every getter reads inside the ``with`` block.
 
     ``state`` is a grid from :func:`get_state` or :func:`detach_state` (``None``: no grid, every
@@ -121,7 +121,7 @@ def use_state(state: _state.ParallelState | None) -> Iterator[_state.ParallelSta
             )
 
 
-def _label(state: _state.ParallelState | None) -> str:
+def _label(state: ModelParallelGroups | None) -> str:
     """A short description of ``state`` for scope messages."""
     if state is None:
         return "None"
@@ -141,7 +141,7 @@ def _clear_module(ns: dict[str, Any]) -> None:
         ns["_MOE_LAYER_WISE_LOGGING_TRACKER"] = {}
 
 
-def detach_state() -> _state.ParallelState:
+def detach_state() -> ModelParallelGroups:
     """Take the active grid out of the module without destroying its groups; return it.
 
     The module is left as :func:`destroy_model_parallel` leaves it (uninitialized, overrides
@@ -173,19 +173,21 @@ def detach_state() -> _state.ParallelState:
     return state
 
 
-def destroy_state(state: _state.ParallelState) -> None:
+def destroy_state(state: ModelParallelGroups) -> None:
     """Destroy the process groups of ``state``, an active or detached grid.
 
     The active grid is destroyed with :func:`destroy_model_parallel`; a detached one is
     destroyed without touching the active grid. Destroying a grid twice is harmless.
 
     Raises:
-        TypeError: ``state`` is not a ParallelState.
+        TypeError: ``state`` is not a ModelParallelGroups.
         AssertionError: an enclosing :func:`use_state` block would make ``state`` active again
             on exit (destroy it after that block).
     """
-    if not isinstance(state, _state.ParallelState):
-        raise TypeError(f"state must be a ParallelState (from get_state or detach_state), got {state!r}")
+    if not isinstance(state, ModelParallelGroups):
+        raise TypeError(
+            f"state must be compat's state, a ModelParallelGroups (from get_state or detach_state), got {state!r}"
+        )
     if any(s is state for s in _SUSPENDED):
         raise AssertionError(
             "this parallel state is restored by an enclosing use_state block on exit; destroy it after that block"
@@ -194,7 +196,7 @@ def destroy_state(state: _state.ParallelState) -> None:
         destroy_model_parallel()
         return
     _DETACHED.pop(id(state), None)
-    _state.destroy_state(state)
+    destroy_model_groups(state)
 
 
 def _release_megatron_resources() -> None:
@@ -229,7 +231,7 @@ def destroy_model_parallel() -> None:
     _clear_module(ns)
     if state is not None:
         _DETACHED.pop(id(state), None)
-        _state.destroy_state(state)
+        destroy_model_groups(state)
 
 
 def abort_model_parallel(*, world: bool = False) -> AbortResult:

@@ -1,27 +1,11 @@
 """Drop-in replacement for ``megatron.core.parallel_state``, for megatron-core 0.12 … 0.19.
 
-It serves the API of ONE release: :data:`MEGATRON_VERSION` (the installed megatron-core, or
-``$PSNG_MEGATRON_VERSION``, or the newest supported release; see
-:func:`parallel_state_ng.releases.select_release`). For that release the module has exactly
-its public functions (names, parameter names, order and defaults — positional callers get the
-same meaning), its ``RankGenerator`` and exactly its module globals (``_TENSOR_MODEL_PARALLEL_GROUP``,
-``_PIPELINE_GLOBAL_RANKS``, ...), so Megatron code works unchanged after switching the import
-(or after :func:`compat.install`). What differs between releases is data
-(:mod:`parallel_state_ng.releases.parallel_state`); each behaviour has one implementation
-(``compat._getters``, ``compat._expert``, ``compat._helpers``, ``compat._init``,
-``compat._scoping``), served with the release's exact signature by ``compat._surface``.
-
-Underneath, ``initialize_model_parallel`` builds ONE :class:`compat._state.ParallelState` from
-the engine's :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`: the rank computes and
-creates only the groups it belongs to, validation happens before any group exists, a failure
-leaves nothing behind, and ``destroy_model_parallel`` destroys every group it created. The
-module globals mirror that state; the getters read the globals, as Megatron's do, so code that
-assigns a global directly still sees its own value.
-
-Beyond MCore's API: :func:`get_state`, :func:`use_state`, :func:`detach_state`,
-:func:`destroy_state` (several grids in one job), :func:`abort_model_parallel` (abort every
-group without waiting for dead or stopped peers). Deliberate differences from MCore are listed
-in docs/compatibility.md.
+It serves exactly the API of ONE release, :data:`MEGATRON_VERSION` (functions, signatures,
+``RankGenerator``, module globals), from one implementation per behaviour; release differences
+are data (:mod:`parallel_state_ng.releases.parallel_state`). ``initialize_model_parallel`` runs
+the engine's build pipeline (:mod:`parallel_state_ng.groups.pipeline`): only this rank's groups,
+checked first, atomic, destroyed without leaks. Beyond MCore: ``get_state``, ``use_state``,
+``detach_state``, ``destroy_state``, ``abort_model_parallel``. See docs/compat.md.
 """
 
 from __future__ import annotations

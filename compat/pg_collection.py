@@ -4,7 +4,8 @@ Newer Megatron-Core code takes its groups from a
 ``megatron.core.process_groups_config.ProcessGroupCollection`` (``pg_collection=`` arguments of
 models, DDP, optimizers) instead of the global ``parallel_state``. MCore fills one from its
 globals with ``ProcessGroupCollection.use_mpu_process_groups()``;
-:func:`to_process_group_collection` fills one from a compat :class:`~compat._state.ParallelState`
+:func:`to_process_group_collection` fills one from compat's state, a
+:class:`~parallel_state_ng.groups.megatron_groups.ModelParallelGroups`
 (the active one, or any other grid of the job, see ``compat.parallel_state.use_state``),
 every field with the group the served release's method would put there: the value of the
 module global the group-kind table names for it (:data:`FIELD_GLOBALS`; fields per release:
@@ -20,12 +21,12 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
+from parallel_state_ng.groups.megatron_groups import ModelParallelGroups
 from parallel_state_ng.layout.kinds import fills
 from parallel_state_ng.releases import process_groups_config as facts
 
 from . import parallel_state as ps
 from ._release import RELEASE
-from ._state import ParallelState
 
 __all__ = ["to_process_group_collection", "FIELD_GLOBALS", "FIELDS", "UnknownCollectionFieldError"]
 
@@ -70,7 +71,9 @@ def _collection_fields(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-def to_process_group_collection(state: ParallelState | None = None, required_pgs: Sequence[str] | None = None) -> Any:
+def to_process_group_collection(
+    state: ModelParallelGroups | None = None, required_pgs: Sequence[str] | None = None
+) -> Any:
     """A ``ProcessGroupCollection`` holding ``state``'s groups.
 
     Args:

@@ -12,7 +12,7 @@ state, and rank ``--victim`` kills itself (``SIGKILL``). The survivors:
    it; the others hit the bounded collective timeout, ``--detect-timeout``), then agree on the
    dead through the store (each survivor leaves a mark; the dead cannot);
 2. **abort**: ``abort_model_parallel(world=True)`` (no collective, no store wait);
-3. **rebuild**: :func:`~parallel_state_ng.builders.rebuild.plan_rebuild` (tp, pp kept, dp 2 -> 1),
+3. **rebuild**: :func:`~parallel_state_ng.layout.rebuild.plan_rebuild` (tp, pp kept, dp 2 -> 1),
    a new default group over a new prefix of the same store, ``initialize_model_parallel``;
    ranks outside the new world leave;
 4. **restore**: a new model, DDP and optimizer over the new groups, loaded from the copy
@@ -208,9 +208,9 @@ def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, direct
     import torch
     import torch.distributed as dist
 
-    from parallel_state_ng.builders.rebuild import plan_rebuild
     from parallel_state_ng.groups import creation
     from parallel_state_ng.groups.liveness import agree_on_survivors
+    from parallel_state_ng.layout.rebuild import plan_rebuild
 
     groups = GROUPS[args.groups]()
     layout = groups.init(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)

@@ -18,6 +18,7 @@ destroys every group. megatron-core is imported only by :meth:`MegatronGroups.co
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -27,16 +28,9 @@ from typing import Any
 import torch.distributed as dist
 
 from parallel_state_ng.builders.scope import Scope, no_globals
-from parallel_state_ng.groups.agreement import agreement_check_settings, check_agreement
 from parallel_state_ng.groups.handles import GroupHandle
-from parallel_state_ng.groups.megatron_groups import (
-    ModelParallelGroups,
-    create_model_groups,
-    destroy_model_groups,
-    global_values,
-    nccl_options_from_config,
-)
-from parallel_state_ng.groups.sharing import group_sharing_enabled
+from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, destroy_model_groups, global_values
+from parallel_state_ng.groups.pipeline import Prepared, build_layout_groups
 from parallel_state_ng.layout.kinds import fills
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.plan import PlanOptions
@@ -259,15 +253,26 @@ def build_megatron_groups(
     args = dict(locals())
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("build_megatron_groups needs torch.distributed: call init_process_group() first")
+    fields = {k: v for k, v in args.items() if k not in ("check_agreement_across_ranks", "release")}
+    layout, groups = build_layout_groups(
+        functools.partial(_prepare, args),
+        name="build_megatron_groups",
+        agreement_fields=fields,
+        agree_on="layout",
+        check_agreement=check_agreement_across_ranks,
+    )
+    return MegatronGroups(layout, dist.get_rank(), groups)
+
+
+def _prepare(args: dict[str, Any]) -> Prepared:
+    """``build_megatron_groups``' checks (MCore's exception types), the module's layout and group options."""
     validate_initialize_args(_as_initialize_args(args))
+    nccl_comm_cfgs, backend = args["nccl_comm_cfgs"], args["pipeline_model_parallel_comm_backend"]
     if nccl_comm_cfgs is not None and not isinstance(nccl_comm_cfgs, dict):
         raise TypeError(f"nccl_comm_cfgs must be a dict of group name -> options, got {nccl_comm_cfgs!r}")
-    if pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc"):
-        raise ValueError(
-            "pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc', "
-            f"got {pipeline_model_parallel_comm_backend!r}"
-        )
-    total = dist.get_world_size()
+    if backend not in (None, "nccl", "ucc"):
+        raise ValueError(f"pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc', got {backend!r}")
+    total, rank_offset, world_size = dist.get_world_size(), args["rank_offset"], args["world_size"]
     if world_size is None:
         world_size = total - rank_offset if isinstance(rank_offset, int) else None
     if isinstance(world_size, int) and rank_offset + world_size > total:
@@ -275,37 +280,17 @@ def build_megatron_groups(
             f"rank_offset ({rank_offset}) + world_size ({world_size}) = {rank_offset + world_size} "
             f"exceeds the {total} ranks of torch.distributed's world"
         )
-    layout = _layout(args, total, world_size, release)
-    rank = dist.get_rank()
-    if not layout.contains(rank):
-        return MegatronGroups(layout, rank, None)
-    enabled, timeout_s = agreement_check_settings()
-    if enabled if check_agreement_across_ranks is None else check_agreement_across_ranks:
-        fields = {k: v for k, v in args.items() if k != "check_agreement_across_ranks"}
-        fields["release"] = layout.release
-        fields["group sharing (PSNG_SHARE_GROUPS)"] = group_sharing_enabled()
-        check_agreement(
-            fields,
-            name="build_megatron_groups",
-            timeout=timeout_s,
-            group=range(layout.rank_offset, layout.rank_offset + layout.layout_world_size),
-        )
-    cfgs: dict[str, dict[str, Any]] = {name: dict(value) for name, value in (nccl_comm_cfgs or {}).items()}
-    for name in high_priority_stream_groups or []:
-        cfgs.setdefault(name, {})["is_high_priority_stream"] = True
-    groups = create_model_groups(
-        layout,
-        rank,
-        timeout=timedelta(minutes=distributed_timeout_minutes),
-        nccl_options=lambda key: nccl_options_from_config(key, cfgs),
+    return Prepared(
+        layout=_layout(args, total, world_size, args["release"]),
+        timeout=timedelta(minutes=args["distributed_timeout_minutes"]),
         options=PlanOptions(
-            create_gloo_process_groups=create_gloo_process_groups,
-            embedding_groups=create_embedding_groups,
-            pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
+            create_gloo_process_groups=args["create_gloo_process_groups"],
+            embedding_groups=args["create_embedding_groups"],
+            pipeline_model_parallel_comm_backend=backend,
         ),
-        name="build_megatron_groups",
+        nccl_comm_cfgs=nccl_comm_cfgs or {},
+        high_priority_stream_groups=tuple(args["high_priority_stream_groups"] or ()),
     )
-    return MegatronGroups(layout, rank, groups)
 
 
 def _as_initialize_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -22,10 +22,9 @@ import torch.distributed as dist
 
 from parallel_state_ng.builders.collection import MegatronGroups, NoCollectionError, build_megatron_groups
 from parallel_state_ng.builders.grid import HyperCommGrid
-from parallel_state_ng.groups.agreement import agreement_check_settings, check_agreement
 from parallel_state_ng.groups.creation import sync_world
 from parallel_state_ng.groups.liveness import InitWatch
-from parallel_state_ng.groups.sharing import group_sharing_enabled
+from parallel_state_ng.groups.pipeline import agree
 from parallel_state_ng.layout.kinds import kind_exists, token_kind_dims
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.order import GTP_TOKEN
@@ -174,7 +173,7 @@ class Topology:
 
 
 def _agreement_fields(modules: Sequence[ModuleSpec], series: str) -> dict[str, Any]:
-    fields: dict[str, Any] = {"release": series, "group sharing (PSNG_SHARE_GROUPS)": group_sharing_enabled()}
+    fields: dict[str, Any] = {"release": series}
     for spec in modules:
         ranks = spec.ranks if isinstance(spec.ranks, range) else range(*spec.ranks)
         fields[f"module {spec.name}"] = {
@@ -210,9 +209,8 @@ def build_topology(
         raise RuntimeError("build_topology needs torch.distributed: call init_process_group() first")
     series = as_release(release).series
     placements = validate_topology(modules, dist.get_world_size(), series)
-    enabled, timeout_s = agreement_check_settings()
-    if enabled if check_agreement_across_ranks is None else check_agreement_across_ranks:
-        check_agreement(_agreement_fields(modules, series), name="build_topology", timeout=timeout_s)
+    # the pipeline's agreement step over the whole spec; each module's own build skips it
+    agree(_agreement_fields(modules, series), name="build_topology", enabled=check_agreement_across_ranks)
     rank = dist.get_rank()
     built: dict[str, MegatronGroups] = {}
     grids: dict[str, HyperCommGrid] = {}

@@ -17,8 +17,8 @@ is one *round* of the store protocol in :mod:`parallel_state_ng.groups.agreement
 O(world) data), under a store prefix built from the check's name, its participants and a
 per-call sequence number, so repeated checks never meet old keys.
 
-``compat.parallel_state.initialize_model_parallel`` runs the check by default
-(:func:`check_initialize_agreement`; off with ``PSNG_AGREEMENT_CHECK=0`` or
+Every build of the pipeline runs the check by default
+(:func:`parallel_state_ng.groups.pipeline.agree`; off with ``PSNG_AGREEMENT_CHECK=0`` or
 :func:`set_agreement_check`; timeout from ``PSNG_AGREEMENT_TIMEOUT``, default 60 s).
 ``HyperCommGrid(..., check_agreement=True)`` runs it on request.
 
@@ -51,7 +51,6 @@ from parallel_state_ng.groups.agreement_protocol import (
 )
 from parallel_state_ng.groups.agreement_protocol import run_round as _run_round
 from parallel_state_ng.groups.objects import all_gather_objects
-from parallel_state_ng.groups.sharing import group_sharing_enabled
 
 __all__ = [
     "AgreementError",
@@ -59,7 +58,6 @@ __all__ = [
     "ParallelConfigTimeoutError",
     "AgreementResult",
     "check_agreement",
-    "check_initialize_agreement",
     "set_agreement_check",
     "agreement_check_settings",
     "canonical_json",
@@ -236,25 +234,6 @@ def check_agreement(
     round_store = dist.PrefixStore(f"{_KEY_ROOT}/{key}/{sequence}/", store)
     ops, compared = _run_round(round_store, index, ranks, fields, name=name, timeout=timeout)
     return AgreementResult(name, False, "agreed", len(ranks), sequence, ops, compared, time.monotonic() - start)
-
-
-def check_initialize_agreement(
-    args: Mapping[str, Any], *, name: str = "initialize_model_parallel"
-) -> AgreementResult | None:
-    """The check ``compat.parallel_state.initialize_model_parallel`` runs before anything else.
-
-    ``args`` are all of its arguments (every one of them shapes the groups or their options).
-    Returns ``None`` without communicating when the check is turned off
-    (:func:`agreement_check_settings`) or ``torch.distributed`` is not initialized (the caller
-    reports that itself); otherwise as :func:`check_agreement` over the whole world.
-    """
-    enabled, timeout = agreement_check_settings()
-    if not enabled or not (dist.is_available() and dist.is_initialized()):
-        return None
-    fields = dict(args)
-    # Ranks that disagree on sharing would create different numbers of groups: compare it too.
-    fields["group sharing (PSNG_SHARE_GROUPS)"] = group_sharing_enabled()
-    return check_agreement(fields, name=name, timeout=timeout)
 
 
 def realign_sequences(group: Any = None) -> dict[str, int]:

@@ -28,8 +28,8 @@ def restart_groups_after_loss(rank: int, directory: str) -> dict:
     import torch.distributed as dist
 
     from parallel_state_ng import abort_groups, build_megatron_groups
-    from parallel_state_ng.builders.rebuild import plan_rebuild
     from parallel_state_ng.groups import creation
+    from parallel_state_ng.layout.rebuild import plan_rebuild
 
     groups = build_megatron_groups(tensor_model_parallel_size=2)
     store = dist.distributed_c10d._get_default_store()

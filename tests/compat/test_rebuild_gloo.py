@@ -25,7 +25,7 @@ def restart_after_loss(rank: int, directory: str) -> dict:
     import torch.distributed as dist
 
     import compat.parallel_state as ps
-    from parallel_state_ng.builders.rebuild import plan_rebuild
+    from parallel_state_ng.layout.rebuild import plan_rebuild
 
     ps.initialize_model_parallel(tensor_model_parallel_size=2)
     layout = ps.get_state().layout

@@ -115,7 +115,7 @@ def test_overrides_missing_groups_and_errors(fake_world):
     baseline = _live_groups()
     with pytest.raises(AssertionError, match="no parallel state to detach"):
         ps.detach_state()
-    with pytest.raises(TypeError, match="ParallelState"):
+    with pytest.raises(TypeError, match="ModelParallelGroups"):
         ps.destroy_state(None)
 
     # grid a: tp 2, pp 4 (rank 3 is a middle stage: no embedding), separate all-gather group

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from parallel_state_ng.groups import agreement
+from parallel_state_ng.groups import agreement, pipeline
 from parallel_state_ng.groups.agreement import (
     ParallelConfigMismatchError,
     ParallelConfigTimeoutError,
@@ -98,7 +98,7 @@ def _disabled_check(tp: int, how: str):
         old = os.environ.get(agreement.ENV_ENABLE)
         os.environ[agreement.ENV_ENABLE] = "0"
         try:
-            return agreement.check_initialize_agreement({"tensor_model_parallel_size": tp})
+            return pipeline.agree({"tensor_model_parallel_size": tp}, name="initialize_model_parallel")
         finally:
             if old is None:
                 del os.environ[agreement.ENV_ENABLE]
@@ -106,7 +106,7 @@ def _disabled_check(tp: int, how: str):
                 os.environ[agreement.ENV_ENABLE] = old
     previous = agreement.set_agreement_check(False)
     try:
-        return agreement.check_initialize_agreement({"tensor_model_parallel_size": tp})
+        return pipeline.agree({"tensor_model_parallel_size": tp}, name="initialize_model_parallel")
     finally:
         agreement.set_agreement_check(*previous)
 

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from parallel_state_ng.builders.rebuild import RebuildError, plan_rebuild
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.rebuild import RebuildError, plan_rebuild
 
 
 def _shard(layout: MegatronLayout, ranks: torch.Tensor) -> torch.Tensor:

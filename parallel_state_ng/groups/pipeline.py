@@ -1,0 +1,132 @@
+"""The one build pipeline: agreement, layout, NCCL options, then this rank's groups.
+
+compat's ``initialize_model_parallel``, :func:`~parallel_state_ng.build_megatron_groups` (and
+through it :func:`~parallel_state_ng.build_topology` and a rebuild after a failure) all run
+:func:`build_layout_groups`; what differs between them is a parameter: where the agreement
+check stands, which ranks take part, what the caller validates. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch.distributed as dist
+
+from parallel_state_ng.groups.agreement import AgreementResult, agreement_check_settings, check_agreement
+from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, create_model_groups, nccl_options_from_config
+from parallel_state_ng.groups.sharing import group_sharing_enabled
+from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.plan import PlanOptions
+
+__all__ = ["SHARING_FIELD", "Prepared", "agree", "nccl_config", "build_layout_groups"]
+
+#: The agreement field that carries this process's group-sharing switch: ranks that disagree
+#: on it would create different numbers of groups.
+SHARING_FIELD = "group sharing (PSNG_SHARE_GROUPS)"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a caller's validation produced: the layout and how its groups are to be made.
+
+    ``nccl_comm_cfgs`` is the parsed NCCL communicator config (group name -> options) and
+    ``high_priority_stream_groups`` the group names whose streams get high priority on top of it.
+    """
+
+    layout: MegatronLayout
+    timeout: timedelta
+    options: PlanOptions
+    nccl_comm_cfgs: Mapping[str, Mapping[str, Any]]
+    high_priority_stream_groups: Sequence[str] = ()
+
+
+def agree(
+    fields: Mapping[str, Any],
+    *,
+    name: str,
+    ranks: range | None = None,
+    enabled: bool | None = None,
+) -> AgreementResult | None:
+    """The pipeline's agreement step: ``fields`` and the process-wide switches, equal on ``ranks``.
+
+    ``ranks``: the participants (``None``: the whole world). ``enabled``: ``None`` follows
+    :func:`~parallel_state_ng.groups.agreement.agreement_check_settings`. Returns ``None``
+    without communicating when the check is off or ``torch.distributed`` is not initialized
+    (the caller reports that itself).
+
+    Raises:
+        ParallelConfigMismatchError: on every participant, when the fields differ.
+        ParallelConfigTimeoutError: a participant did not arrive in time.
+    """
+    on, timeout = agreement_check_settings()
+    if not (on if enabled is None else enabled) or not (dist.is_available() and dist.is_initialized()):
+        return None
+    compared = dict(fields)
+    compared[SHARING_FIELD] = group_sharing_enabled()
+    return check_agreement(compared, name=name, timeout=timeout, group=ranks)
+
+
+def nccl_config(
+    nccl_comm_cfgs: Mapping[str, Mapping[str, Any]], high_priority_stream_groups: Sequence[str] = ()
+) -> dict[str, dict[str, Any]]:
+    """A copy of ``nccl_comm_cfgs`` with ``is_high_priority_stream`` set for each named group."""
+    cfgs = {name: dict(value) for name, value in nccl_comm_cfgs.items()}
+    for name in high_priority_stream_groups:
+        cfgs.setdefault(name, {})["is_high_priority_stream"] = True
+    return cfgs
+
+
+def build_layout_groups(
+    prepare: Callable[[], Prepared],
+    *,
+    name: str,
+    agreement_fields: Mapping[str, Any],
+    agree_on: Literal["world", "layout"],
+    check_agreement: bool | None = None,
+    rank: int | None = None,
+) -> tuple[MegatronLayout, ModelParallelGroups | None]:
+    """Run the pipeline for one Megatron layout; this rank's groups, or ``None`` outside the layout.
+
+    Steps, in order: the agreement check over the whole world when ``agree_on="world"``;
+    ``prepare()`` (the caller's validation, in the release's exception types, and its layout);
+    a rank outside the layout stops here; the agreement check over the layout's ranks when
+    ``agree_on="layout"`` (``agreement_fields`` and the layout's ``release``); the NCCL options;
+    the creation of this rank's groups (atomic: a failure leaves no group behind). ``name`` (the
+    caller's function) appears in errors.
+    """
+    if agree_on not in ("world", "layout"):
+        raise ValueError(f"agree_on must be 'world' or 'layout', got {agree_on!r}")
+    if agree_on == "world":
+        agree(agreement_fields, name=name, enabled=check_agreement)
+    prepared = prepare()
+    layout = prepared.layout
+    if rank is None:
+        rank = dist.get_rank()
+    if not layout.contains(rank):
+        return layout, None
+    if agree_on == "layout":
+        agree(
+            {**agreement_fields, "release": layout.release},
+            name=name,
+            ranks=range(layout.rank_offset, layout.rank_offset + layout.layout_world_size),
+            enabled=check_agreement,
+        )
+    cfgs = nccl_config(prepared.nccl_comm_cfgs, prepared.high_priority_stream_groups)
+    groups = create_model_groups(
+        layout,
+        rank,
+        timeout=prepared.timeout,
+        nccl_options=functools.partial(_options_of, cfgs=cfgs),
+        options=prepared.options,
+        name=name,
+    )
+    return layout, groups
+
+
+def _options_of(pg_name: str, cfgs: dict[str, dict[str, Any]]) -> Any:
+    """``pg_options`` of the groups whose NCCL-config key is ``pg_name``."""
+    return nccl_options_from_config(pg_name, cfgs)
