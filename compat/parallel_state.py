@@ -21,7 +21,7 @@ assigns a global directly still sees its own value.
 Beyond MCore's API: :func:`get_state`, :func:`use_state`, :func:`detach_state`,
 :func:`destroy_state` (several grids in one job), :func:`abort_model_parallel` (abort every
 group without waiting for dead or stopped peers). Deliberate differences from MCore are listed
-in docs/compatibility.md.
+in docs/differences.md.
 """
 
 from __future__ import annotations
