@@ -101,7 +101,7 @@ def _rank_main(rank: int, port: int, directory: str, impl: str, nvrx_path: str |
         dist.init_process_group("gloo", rank=new_rank, world_size=size, store=store, timeout=timedelta(seconds=60))
         ps.initialize_model_parallel(tensor_model_parallel_size=1)
         # a blocked collective must fail before the wrapper's heartbeat timeout (gloo's abort
-        # cannot wake it: see docs/failure-recovery.md)
+        # cannot wake it: see docs/reliability.md)
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=3), ps.get_data_parallel_group())
         record = {
             "iteration": iteration,

@@ -98,7 +98,7 @@ class Config:
     invalid: bool = False  # MCore is known to reject it on this CPU build
     invalid_since: str | None = None  # ... from this release series on (e.g. "0.19")
     hand_written: bool = False  # then ``invalid`` is checked against MCore
-    # A documented deliberate difference (docs/compatibility.md): "rejects" — MCore
+    # A documented deliberate difference (docs/differences.md): "rejects" — MCore
     # accepts it but compat refuses with a ValueError naming ``deliberate_arg``; "barrier-once"
     # — compat runs the SHARP dp_replica barrier once where MCore repeats it.
     deliberate: str | None = None

@@ -259,7 +259,7 @@ def snapshot_uninitialized(ps: Any) -> dict[str, Any]:
 
 
 # Exceptions MCore raises from a third-party library compat does not use -> the builtin base
-# type compat raises instead (docs/compatibility.md: einops' EinopsError, e.g. 0.13's
+# type compat raises instead (docs/differences.md: einops' EinopsError, e.g. 0.13's
 # expert data-parallel split of an encoder's dp groups, or create_hierarchical_groups).
 THIRD_PARTY_ERRORS = {"EinopsError": "RuntimeError"}
 

@@ -200,7 +200,7 @@ def check_release(series: str, configs: list[dict], seed: int) -> dict:
             lay = _layout(cfg, series)
         except Exception as exc:
             # einops' EinopsError (MCore's hierarchical split of a group of the wrong size) is a
-            # RuntimeError subclass; the layout raises RuntimeError (docs/compatibility.md).
+            # RuntimeError subclass; the layout raises RuntimeError (docs/differences.md).
             einops = error is not None and type(error).__name__ == "EinopsError" and isinstance(exc, RuntimeError)
             if error is None or not (isinstance(exc, type(error)) or einops):
                 mismatches.append(f"{tag}: MegatronLayout raised {exc!r}, the release {error!r}")
