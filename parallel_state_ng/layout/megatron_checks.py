@@ -10,18 +10,41 @@ return, and change nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from parallel_state_ng.layout.named_layout import _check_int
 from parallel_state_ng.layout.order import EmptyGroupError
+from parallel_state_ng.releases.facts import ReleaseFacts
 
-if TYPE_CHECKING:
-    from parallel_state_ng.layout.megatron_layout import MegatronLayout
-
-__all__ = ["check_layout_arguments", "check_split_rank", "checked_embedding_ranks"]
+__all__ = ["check_layout_arguments", "check_split_rank", "checked_embedding_ranks", "LayoutArguments"]
 
 
-def check_layout_arguments(layout: MegatronLayout) -> None:
+class LayoutArguments(Protocol):
+    """What the checks read of a :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`.
+
+    Stated here, not imported, because the layout runs these checks while it is made.
+    """
+
+    facts: ReleaseFacts
+    release: str | None
+    world_size: int
+    rank_offset: int
+    local_world_size: int | None
+
+    @property
+    def layout_world_size(self) -> int:
+        """The number of ranks the layout covers."""
+
+    gtp_remat_size: int
+    expert_gtp_remat_size: int
+    encoder_tensor_model_parallel_size: int
+    encoder_pipeline_model_parallel_size: int | None
+    pipeline_model_parallel_split_rank: int | None
+    get_embedding_ranks: Callable | None
+    get_position_embedding_ranks: Callable | None
+
+
+def check_layout_arguments(layout: LayoutArguments) -> None:
     """Reject arguments ``layout``'s release (``layout.facts``, already resolved) does not have,
     and bad offsets or sizes.
 
@@ -70,7 +93,7 @@ def check_layout_arguments(layout: MegatronLayout) -> None:
         )
 
 
-def check_split_rank(layout: MegatronLayout, stages: int) -> None:
+def check_split_rank(layout: LayoutArguments, stages: int) -> None:
     """Reject a ``pipeline_model_parallel_split_rank`` outside a pipeline of ``stages`` stages
     when a default embedding callable will index the pipeline with it.
 

@@ -16,13 +16,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from parallel_state_ng.layout.kinds import GROUP_KINDS, GroupKind, kind_exists
-
-if TYPE_CHECKING:  # the layout imports this module to list its kinds
-    from parallel_state_ng.layout.megatron_layout import MegatronLayout
-    from parallel_state_ng.releases.facts import ReleaseFacts
+from parallel_state_ng.releases.facts import ReleaseFacts
 
 __all__ = [
     "PlanOptions",
@@ -93,9 +90,43 @@ class SharpBarrier:
 Step = CreateGroup | SetCollnet | SharpBarrier
 
 
+class PlannedLayout(Protocol):
+    """What the plan reads of a layout: a :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`.
+
+    Stated here, not imported, because the layout lists its kinds from this module.
+    """
+
+    facts: ReleaseFacts
+    num_distributed_optimizer_instances: int
+    gtp_remat_size: int
+    expert_gtp_remat_size: int
+
+    @property
+    def hierarchical_levels(self) -> int:
+        """The number of hierarchical context-parallel levels."""
+
+    def contains(self, rank: int) -> bool:
+        """Whether ``rank`` is one of the layout's ranks."""
+
+    def group(self, kind: str, rank: int) -> list[int] | None:
+        """``rank``'s group of ``kind``, or ``None``."""
+
+    def groups(self, kind: str, rank: int) -> list[list[int]]:
+        """Every group of ``kind`` that ``rank`` is in."""
+
+    def embedding_ranks(self, kind: str, pp_ranks: list[int]) -> list[int]:
+        """The embedding ranks of ``kind`` in a pipeline."""
+
+    def hybrid_group(self, rank: int, group_size: int) -> list[int] | None:
+        """``rank``'s hybrid dp x cp group of ``group_size``, or ``None``."""
+
+    def hybrid_group_sizes(self) -> list[int]:
+        """The sizes of the hybrid dp x cp groups."""
+
+
 @dataclass(frozen=True)
 class _Context:
-    layout: MegatronLayout
+    layout: PlannedLayout
     options: PlanOptions
 
     @property
@@ -263,7 +294,7 @@ def _row_steps(row: _Row, c: _Context, rank: int, made: dict[str, list[int]]) ->
                     yield _group_step(GROUP_KINDS[name], c, members)
 
 
-def group_plan(layout: MegatronLayout, rank: int, options: PlanOptions | None = None) -> list[Step]:
+def group_plan(layout: PlannedLayout, rank: int, options: PlanOptions | None = None) -> list[Step]:
     """``rank``'s creation steps for ``layout`` (the layout's release) and ``options``, in order.
 
     Only the groups ``rank`` belongs to are listed, each computed in closed form. A rank
@@ -286,7 +317,7 @@ def _release_rows(facts: ReleaseFacts) -> tuple[_Row, ...]:
     return tuple(row for row in CREATION_ORDER if kind_exists(row.kind, facts))
 
 
-def creation_kinds(layout: MegatronLayout) -> list[str]:
+def creation_kinds(layout: PlannedLayout) -> list[str]:
     """Every kind ``initialize_model_parallel`` builds for ``layout`` (default options), in order.
 
     Hierarchical levels are listed as ``hcp0``, ``hcp1``, ...; a pipeline is followed by its
