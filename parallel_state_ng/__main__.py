@@ -28,7 +28,9 @@ PROG = "parallel-state-ng"
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per command."""
-    from parallel_state_ng.tools import layout_report, port, topology_report
+    from parallel_state_ng.tools.layout import report as layout_report
+    from parallel_state_ng.tools.port import port
+    from parallel_state_ng.tools.topology import report as topology_report
 
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -68,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-    from parallel_state_ng.tools import UsageError
+    from parallel_state_ng.tools.common import UsageError
 
     parser = build_parser()
     try:

@@ -15,7 +15,7 @@ import pytest
 
 from parallel_state_ng.__main__ import main
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
-from parallel_state_ng.tools.layout_report import format_ranks
+from parallel_state_ng.tools.common import format_ranks
 from tests.support.paths import ROOT
 
 # (CLI options, MegatronLayout keyword arguments, gpus per node)

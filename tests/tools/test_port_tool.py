@@ -19,7 +19,7 @@ import pytest
 
 from parallel_state_ng.__main__ import main
 from parallel_state_ng.layout.megatron_layout import GROUP_KINDS
-from parallel_state_ng.tools.port import GETTER_VARIANTS, NAMED_GRID_GETTERS, compat_api
+from parallel_state_ng.tools.port.port import GETTER_VARIANTS, NAMED_GRID_GETTERS, compat_api
 
 SOURCES = {
     "pkg/__init__.py": "",

@@ -27,7 +27,7 @@ import pytest
 
 from parallel_state_ng.__main__ import main
 from parallel_state_ng.releases import parse_release
-from parallel_state_ng.tools.upgrade import KINDS, check_file
+from parallel_state_ng.tools.port.upgrade import KINDS, check_file
 from tests.support import mcore_releases
 
 FROM, TO = "0.13.1", "0.19.2"

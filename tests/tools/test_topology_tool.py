@@ -18,7 +18,7 @@ import pytest
 
 from parallel_state_ng.__main__ import main
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
-from parallel_state_ng.tools.topology_report import parse_spec, place_modules, rank_report
+from parallel_state_ng.tools.topology.report import parse_spec, place_modules, rank_report
 from tests.support.paths import ROOT as ROOT_DIR
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -3,8 +3,8 @@
 :class:`Finding` is one use whose meaning changes between two releases, :data:`KINDS` the kinds
 of finding in the order the summary lists them, :class:`FileCheck` one file's result;
 :func:`summary` writes the closing line over all files and :func:`no_equivalent` the fix given
-when nothing replaces what was removed. The checks themselves are in :mod:`.upgrade`, which
-re-exports these names.
+when nothing replaces what was removed. The checks are in :mod:`.upgrade`, which re-exports these
+names. The check: docs/tools.md#upgrade-check.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from parallel_state_ng.releases import Release
-from parallel_state_ng.tools.port_table import PARALLEL_STATE
+from parallel_state_ng.tools.common import plural
+from parallel_state_ng.tools.port.table import PARALLEL_STATE
 
-__all__ = ["NO_EQUIVALENT", "KINDS", "Finding", "FileCheck", "no_equivalent", "plural", "summary"]
+__all__ = ["NO_EQUIVALENT", "KINDS", "Finding", "FileCheck", "no_equivalent", "summary"]
 
 NO_EQUIVALENT = "removed, no equivalent"
 #: Kinds of breaking findings, in the order the summary lists them.
@@ -64,11 +65,6 @@ class FileCheck:
 def no_equivalent(old: Release, new: Release) -> str:
     """The fix for something removed without replacement (worded for an upgrade or a downgrade)."""
     return NO_EQUIVALENT if new.key >= old.key else f"not in {new}, no equivalent"
-
-
-def plural(n: int, noun: str) -> str:
-    """``"1 file"``, ``"2 files"``: ``n`` and ``noun``, plural unless ``n`` is 1."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def summary(checks: list[FileCheck], old: Release, new: Release) -> str:

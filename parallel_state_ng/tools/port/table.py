@@ -3,6 +3,7 @@
 Which group kind (of :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` and
 ``compat.parallel_state.get_state().groups``) each getter reads, which keyword variants pick
 another kind, the names ``compat.parallel_state`` has, and the named-grid spelling of a kind.
+The tool: docs/tools.md#port-tool.
 """
 
 from __future__ import annotations
@@ -76,23 +77,18 @@ NAMED_GRID_GETTERS: dict[str, tuple[str, str]] = {
 
 # Getter -> ((keyword arguments that must all be True, kind), ...), most specific first; the
 # table's kind applies when none matches.
+_DP_VARIANTS = (
+    (("with_context_parallel", "partial_data_parallel"), "intra_dp_cp"),
+    (("with_context_parallel",), "dp_cp"),
+)
 GETTER_VARIANTS: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
-    "get_data_parallel_group": (
-        (("with_context_parallel", "partial_data_parallel"), "intra_dp_cp"),
-        (("with_context_parallel",), "dp_cp"),
-    ),
+    "get_data_parallel_group": _DP_VARIANTS,
     "get_data_parallel_group_gloo": (
         (("with_context_parallel", "partial_data_parallel"), "intra_dp_cp_gloo"),
         (("with_context_parallel",), "dp_cp_gloo"),
     ),
-    "get_data_parallel_rank": (
-        (("with_context_parallel", "partial_data_parallel"), "intra_dp_cp"),
-        (("with_context_parallel",), "dp_cp"),
-    ),
-    "get_data_parallel_world_size": (
-        (("with_context_parallel", "partial_data_parallel"), "intra_dp_cp"),
-        (("with_context_parallel",), "dp_cp"),
-    ),
+    "get_data_parallel_rank": _DP_VARIANTS,
+    "get_data_parallel_world_size": _DP_VARIANTS,
     "get_data_parallel_src_rank": ((("with_context_parallel",), "dp_cp"),),
     "get_tensor_and_data_parallel_group": ((("with_context_parallel",), "tp_dp_cp"),),
     "get_amax_reduction_group": (

@@ -1,18 +1,10 @@
 """``python -m parallel_state_ng layout``: the process groups of a Megatron-Core configuration.
 
-Everything comes from :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` (pure math:
-no processes, no GPUs). The report holds
-
-* the sizes (tp, pp, cp, dp, ep, etp, edp, order) and the dims of the dense and expert layouts;
-* every group kind with its groups (abbreviated in text for big worlds; ``--full`` prints all);
-* with ``--rank R``: that rank's coordinates, its group of every kind and its position in it,
-  and its pipeline neighbours (first/last/next/prev stage, wrapping around like MCore);
-* node locality (node = rank // gpus-per-node): for each kind, how many nodes a group spans and
-  how many groups cross node boundaries, with a WARNING when tensor-parallel groups (``tp``,
-  expert ``ep_tp``) do.
-
-Formats: ``text`` (for people), ``json`` (the same data, every group in full) and ``svg`` (one
-kind's groups coloured over the ranks, see :mod:`.svg`). Work is O(world size) per kind.
+From :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` (pure math: no processes,
+no GPUs): the sizes and dims, every group kind with its groups, ``--rank R``'s view (coordinates,
+groups, pipeline neighbours), node locality with a WARNING when tensor-parallel groups cross
+nodes; ``--share`` adds communicators per rank (:mod:`.communicators`). Formats ``text``, ``json``
+and ``svg`` (:mod:`.svg`). Work is O(world size) per kind. The tool: docs/tools.md#layout-tool.
 """
 
 from __future__ import annotations
@@ -24,8 +16,19 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
-from parallel_state_ng.tools import UsageError
-from parallel_state_ng.tools.report_text import dims_text, format_ranks, kind_text, plural, write_output
+from parallel_state_ng.tools.common import (
+    UsageError,
+    dims_text,
+    format_ranks,
+    int_list,
+    kind_entry,
+    kind_lines,
+    kind_text,
+    name_list,
+    non_negative_int,
+    positive_int,
+    write_output,
+)
 
 __all__ = [
     "add_arguments",
@@ -33,9 +36,9 @@ __all__ = [
     "build_layout",
     "build_report",
     "render_text",
-    "format_ranks",
     "node_locality",
     "rank_view",
+    "rank_view_lines",
     "resolve_gpus_per_node",
     "DEFAULT_GPUS_PER_NODE",
     "TENSOR_PARALLEL_KINDS",
@@ -44,8 +47,6 @@ __all__ = [
 DEFAULT_GPUS_PER_NODE = 8
 #: Kinds whose groups should stay inside one node (they carry the heaviest traffic).
 TENSOR_PARALLEL_KINDS = ("tp", "ep_tp")
-
-_GROUPS_SHOWN_HEAD, _GROUPS_SHOWN_TAIL, _GROUPS_SHOWN_MAX = 3, 2, 8
 
 # MegatronLayout's argument names as they appear in its error messages -> CLI options.
 _OPTION_OF_ARGUMENT = (
@@ -63,67 +64,34 @@ _OPTION_OF_ARGUMENT = (
 
 
 # --------------------------------------------------------------------------- arguments
-def _int_at_least(minimum: int):
-    """An argparse type: an int >= ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
-
-
-def _int_list(text: str) -> list[int]:
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"must be a comma-separated list of integers >= 1, got {text!r}")
-    return [_positive_int(p) for p in parts]
-
-
-def _name_list(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"must be a comma-separated list of group kinds, got {text!r}")
-    return names
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``layout`` command's options to ``parser``."""
     sizes = parser.add_argument_group("parallel sizes (initialize_model_parallel's arguments)")
-    sizes.add_argument("--world-size", type=_positive_int, required=True, help="number of ranks")
-    sizes.add_argument("--tp", type=_positive_int, default=1, help="tensor_model_parallel_size (default 1)")
-    sizes.add_argument("--pp", type=_positive_int, default=1, help="pipeline_model_parallel_size (default 1)")
-    sizes.add_argument("--cp", type=_positive_int, default=1, help="context_parallel_size (default 1)")
-    sizes.add_argument("--ep", type=_positive_int, default=1, help="expert_model_parallel_size (default 1)")
-    sizes.add_argument("--etp", type=_positive_int, default=None, help="expert_tensor_parallel_size (default: --tp)")
+    sizes.add_argument("--world-size", type=positive_int, required=True, help="number of ranks")
+    sizes.add_argument("--tp", type=positive_int, default=1, help="tensor_model_parallel_size (default 1)")
+    sizes.add_argument("--pp", type=positive_int, default=1, help="pipeline_model_parallel_size (default 1)")
+    sizes.add_argument("--cp", type=positive_int, default=1, help="context_parallel_size (default 1)")
+    sizes.add_argument("--ep", type=positive_int, default=1, help="expert_model_parallel_size (default 1)")
+    sizes.add_argument("--etp", type=positive_int, default=None, help="expert_tensor_parallel_size (default: --tp)")
     sizes.add_argument("--order", default="tp-cp-ep-dp-pp", help="rank order, fastest first (default tp-cp-ep-dp-pp)")
     sizes.add_argument(
         "--num-dist-opt-instances",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="num_distributed_optimizer_instances (default 1)",
     )
     sizes.add_argument(
         "--hcp-sizes",
-        type=_int_list,
+        type=int_list,
         default=None,
         help="hierarchical_context_parallel_sizes, comma-separated (e.g. 2,2); product must be --cp",
     )
     sizes.add_argument(
-        "--gtp-remat-size", type=_positive_int, default=1, help="gtp_remat_size (megatron-core 0.19+; default 1)"
+        "--gtp-remat-size", type=positive_int, default=1, help="gtp_remat_size (megatron-core 0.19+; default 1)"
     )
     sizes.add_argument(
         "--expert-gtp-remat-size",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="expert_gtp_remat_size (megatron-core 0.19+; default 1)",
     )
@@ -136,15 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     view = parser.add_argument_group("report")
     view.add_argument(
         "--gpus-per-node",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help=f"GPUs per node for the locality report and the SVG (node = rank // N; default "
         f"{DEFAULT_GPUS_PER_NODE}, or the whole world as one node when {DEFAULT_GPUS_PER_NODE} does not divide it)",
     )
-    view.add_argument("--rank", type=_non_negative_int, default=None, help="also show this rank's view")
-    view.add_argument(
-        "--kinds", type=_name_list, default=None, help="comma-separated group kinds to show (default all)"
-    )
+    view.add_argument("--rank", type=non_negative_int, default=None, help="also show this rank's view")
+    view.add_argument("--kinds", type=name_list, default=None, help="comma-separated group kinds to show (default all)")
     view.add_argument("--full", action="store_true", help="text: print every group and every rank (no abbreviation)")
     view.add_argument("--format", choices=("text", "json", "svg"), default="text", help="output format (default text)")
     view.add_argument("--color-kind", default="tp", help="svg: the group kind to colour (default tp)")
@@ -238,6 +204,35 @@ def rank_view(layout: MegatronLayout, rank: int, kinds: Sequence[str], gpus_per_
     }
 
 
+def rank_view_lines(view: dict[str, Any], full: bool, indent: str, position_width: int | None = None) -> list[str]:
+    """Text of a :func:`rank_view` at ``indent``: coordinates, pipeline, then one line per kind.
+
+    ``position_width``: the width of the "position P of N" column (default: the widest one).
+    """
+    pipe = view["pipeline"]
+    lines = [
+        f"{indent}dense coordinate:  {dims_text(view['dense_coord'])}",
+        f"{indent}expert coordinate: {dims_text(view['expert_coord'])}",
+        f"{indent}pipeline: stage {pipe['stage']} of {pipe['stages']}; first {pipe['first']}, last {pipe['last']}, "
+        f"next {pipe['next']}, prev {pipe['prev']}",
+    ]
+    kind_w = max((len(k) for k in view["groups"]), default=4)
+    positions = {
+        kind: f"position {entry['position']} of {len(entry['ranks'])}"
+        for kind, entry in view["groups"].items()
+        if entry is not None
+    }
+    if position_width is None:
+        position_width = max((len(p) for p in positions.values()), default=0)
+    for kind, entry in view["groups"].items():
+        if entry is None:
+            lines.append(f"{indent}{kind:<{kind_w}}  not a member of any {kind} group")
+        else:
+            ranks = format_ranks(entry["ranks"], full)
+            lines.append(f"{indent}{kind:<{kind_w}}  {positions[kind]:<{position_width}}  {ranks}")
+    return lines
+
+
 def _warnings(layout: MegatronLayout, locality: dict[str, dict[str, int]], gpus_per_node: int) -> list[str]:
     out = []
     for kind in TENSOR_PARALLEL_KINDS:
@@ -266,18 +261,7 @@ def build_report(
     shown = list(all_kinds if kinds is None else kinds)
     enumerated = {kind: layout.enumerate(kind) for kind in dict.fromkeys([*shown, *TENSOR_PARALLEL_KINDS])}
     locality = {kind: node_locality(groups, gpus_per_node) for kind, groups in enumerated.items()}
-    kinds_out = {}
-    for kind in shown:
-        desc, what = kind_text(kind)
-        groups = enumerated[kind]
-        sizes = sorted({len(g) for g in groups})
-        kinds_out[kind] = {
-            "desc": desc,
-            "what": what,
-            "num_groups": len(groups),
-            "group_size": sizes[0] if len(sizes) == 1 else sizes,
-            "groups": groups,
-        }
+    kinds_out = {kind: kind_entry(kind, enumerated[kind]) for kind in shown}
     return {
         "config": {
             "world_size": layout.world_size,
@@ -340,47 +324,11 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
     note = "" if full else "; long lists abbreviated, --full prints all"
     lines.append(f"Groups ({len(kinds)} kinds{note}):")
     for kind, info in kinds.items():
-        size = info["group_size"]
-        size_text = plural(size, "rank") if isinstance(size, int) else f"{size} ranks (sizes vary)"
-        lines.append(f"{kind} - {info['what']} [{info['desc']}]: {plural(info['num_groups'], 'group')} of {size_text}")
-        groups = info["groups"]
-        width = len(str(len(groups) - 1))
-        if full or len(groups) <= _GROUPS_SHOWN_MAX:
-            shown = list(enumerate(groups))
-            skipped_at = None
-        else:
-            head = list(enumerate(groups[:_GROUPS_SHOWN_HEAD]))
-            tail_start = len(groups) - _GROUPS_SHOWN_TAIL
-            shown = head + [(tail_start + i, g) for i, g in enumerate(groups[tail_start:])]
-            skipped_at = _GROUPS_SHOWN_HEAD
-        for pos, (index, members) in enumerate(shown):
-            if pos == skipped_at:
-                lines.append(f"    {'':>{width}}  ... {len(groups) - len(shown)} more groups ...")
-            lines.append(f"    {index:>{width}}: {format_ranks(members, full)}")
+        lines += kind_lines(kind, info, full)
 
     view = report["rank"]
     if view is not None:
-        pipe = view["pipeline"]
-        lines += [
-            "",
-            f"Rank {view['rank']} (node {view['node']}):",
-            f"  dense coordinate:  {dims_text(view['dense_coord'])}",
-            f"  expert coordinate: {dims_text(view['expert_coord'])}",
-            f"  pipeline: stage {pipe['stage']} of {pipe['stages']}; first {pipe['first']}, last {pipe['last']}, "
-            f"next {pipe['next']}, prev {pipe['prev']}",
-        ]
-        kind_w = max((len(k) for k in view["groups"]), default=4)
-        positions = {
-            kind: f"position {entry['position']} of {len(entry['ranks'])}"
-            for kind, entry in view["groups"].items()
-            if entry is not None
-        }
-        pos_w = max((len(p) for p in positions.values()), default=0)
-        for kind, entry in view["groups"].items():
-            if entry is None:
-                lines.append(f"  {kind:<{kind_w}}  not a member of any {kind} group")
-            else:
-                lines.append(f"  {kind:<{kind_w}}  {positions[kind]:<{pos_w}}  {format_ranks(entry['ranks'], full)}")
+        lines += ["", f"Rank {view['rank']} (node {view['node']}):", *rank_view_lines(view, full, "  ")]
 
     locality = report["locality"]
     if locality:
@@ -393,7 +341,7 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
                 f"{loc['crossing_groups']} of {loc['num_groups']}"
             )
     if report.get("communicators"):
-        from parallel_state_ng.tools.communicators import render_communicators
+        from parallel_state_ng.tools.layout.communicators import render_communicators
 
         lines += render_communicators(report["communicators"])
     lines.append("")
@@ -418,7 +366,7 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         raise UsageError(f"rank {args.rank} is out of range for --world-size {args.world_size}", "--rank")
 
     if args.format == "svg":
-        from parallel_state_ng.tools.svg import MAX_SVG_RANKS, render_svg
+        from parallel_state_ng.tools.layout.svg import MAX_SVG_RANKS, render_svg
 
         if args.color_kind not in known:
             raise UsageError(
@@ -449,7 +397,7 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
     else:
         report = build_report(layout, gpus_per_node=gpus_per_node, kinds=args.kinds, rank=args.rank)
         if args.share:
-            from parallel_state_ng.tools.communicators import communicator_report
+            from parallel_state_ng.tools.layout.communicators import communicator_report
 
             ranks = [0, args.world_size - 1] + ([] if args.rank is None else [args.rank])
             report["communicators"] = communicator_report(layout, ranks, gloo=not args.no_gloo_twins)

@@ -1,45 +1,32 @@
-"""A self-contained SVG picture of one group kind over the ranks of a job.
+"""A self-contained SVG picture of one group kind over the ranks of a job (``layout --format svg``).
 
-Ranks are cells labelled with their number, grouped into node blocks ("node k" holds ranks
-``k * gpus_per_node ... (k + 1) * gpus_per_node - 1``); every group of the chosen kind gets its
-own fill colour, listed in a legend. Each cell is a ``<rect>`` with ``data-rank``,
-``data-node`` and ``data-group`` attributes (``data-group="none"`` for a rank in no group of
-the kind, e.g. a middle pipeline stage for ``embd``), and a ``<title>`` tooltip.
+Ranks are cells labelled with their number, in node blocks; every group of the kind gets its own
+fill colour, listed in a legend. Each cell is a ``<rect>`` with ``data-rank``, ``data-node`` and
+``data-group`` attributes (``data-group="none"``: in no group of the kind) and a ``<title>``
+tooltip. The tool: docs/tools.md#layout-tool.
 """
 
 from __future__ import annotations
 
-import colorsys
 import math
 from collections.abc import Sequence
 from xml.sax.saxutils import escape
 
-__all__ = ["render_svg", "group_colour", "text_colour", "MAX_SVG_RANKS"]
+from parallel_state_ng.tools.common import SVG_MARGIN as _MARGIN
+from parallel_state_ng.tools.common import SVG_TITLE_H as _TITLE_H
+from parallel_state_ng.tools.common import group_colour, svg_head, svg_legend_entry, text_colour
+
+__all__ = ["render_svg", "MAX_SVG_RANKS"]
 
 #: Largest world drawn; bigger worlds make pictures nobody can read (use text or JSON).
 MAX_SVG_RANKS = 1024
 
 _CELL_W, _CELL_H, _CELL_GAP = 38, 24, 2
 _NODE_PAD, _NODE_HEAD, _NODE_GAP = 5, 16, 10
-_MARGIN, _TITLE_H = 12, 44
 _MAX_WIDTH = 1240
 _MAX_CELLS_PER_NODE_ROW = 16
 _LEGEND_W, _LEGEND_H, _MAX_LEGEND = 250, 18, 64
 _NO_GROUP_FILL = "#eeeeee"
-
-
-def group_colour(index: int) -> str:
-    """Fill colour of group ``index``: golden-ratio hue steps, three lightness bands."""
-    hue = (index * 0.6180339887) % 1.0
-    lightness = (0.70, 0.84, 0.60)[index % 3]
-    r, g, b = colorsys.hls_to_rgb(hue, lightness, 0.62)
-    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
-
-
-def text_colour(fill: str) -> str:
-    """Dark text on light fills, white text on dark ones."""
-    r, g, b = (int(fill[i : i + 2], 16) for i in (1, 3, 5))
-    return "#111111" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "#ffffff"
 
 
 def _owners(world_size: int, groups: Sequence[Sequence[int]]) -> list[int]:
@@ -96,15 +83,7 @@ def render_svg(
         f"{len(groups)} {kind} groups, one colour each; {num_nodes} nodes of {gpus_per_node} GPUs "
         f"(node = rank // {gpus_per_node})"
     )
-    out: list[str] = [
-        '<?xml version="1.0" encoding="UTF-8"?>',
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif">',
-        f"<title>{escape(title)}</title>",
-        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-        f'<text x="{_MARGIN}" y="{_MARGIN + 14}" font-size="15" font-weight="bold">{escape(title)}</text>',
-        f'<text x="{_MARGIN}" y="{_MARGIN + 32}" font-size="11" fill="#444444">{escape(subtitle)}</text>',
-    ]
+    out = svg_head(width, height, title, subtitle)
     top = _MARGIN + _TITLE_H
     for node in range(num_nodes):
         bx = _MARGIN + (node % nodes_per_row) * (block_w + _NODE_GAP)
@@ -148,11 +127,7 @@ def render_svg(
         text = f"{i}: {labels[i]}"
         if len(text) > 38:
             text = text[:37] + "…"
-        out.append(
-            f'<rect class="legend" x="{lx}" y="{ly - 11}" width="14" height="12" fill="{group_colour(i)}" '
-            f'stroke="#666666" stroke-width="0.6" data-legend-group="{i}"/>'
-        )
-        out.append(f'<text x="{lx + 19}" y="{ly}" font-size="10.5" fill="#222222">{escape(text)}</text>')
+        out += svg_legend_entry(lx, ly, i, f'data-legend-group="{i}"', text)
     if len(groups) > shown:
         ly = legend_top + (math.ceil(shown / per_legend_row) + 1) * _LEGEND_H
         out.append(

@@ -1,14 +1,10 @@
-"""A self-contained SVG picture of a multi-module topology: modules as blocks along the rank axis.
+"""A self-contained SVG picture of a multi-module topology (``topology --format svg``).
 
-Each distinct rank range is a column, left to right in rank order, as wide as its share of the
-world (at least wide enough to read its labels); modules colocated on a range are stacked in
-it, one lane each. A block is labelled with the module's name, ranks and sizes and filled with
-the module's colour (:func:`~parallel_state_ng.tools.svg.group_colour`); below the blocks a
-rank axis marks each range's first and last rank, and a legend lists every module in full.
-
-Every block is a ``<g class="module">`` with ``data-module``, ``data-start``, ``data-stop``
-(the module's ranks, stop excluded), ``data-lane`` and ``data-language`` attributes, holding a
-``<rect class="module-block">`` and a ``<title>`` tooltip.
+Each rank range is a column, as wide as its share of the world, with its colocated modules
+stacked in lanes; a rank axis below, a legend listing every module in full. Every block is a
+``<g class="module">`` with ``data-module``, ``data-start``, ``data-stop`` (stop excluded),
+``data-lane`` and ``data-language`` attributes, holding a ``<rect class="module-block">`` and a
+``<title>`` tooltip. The tool: docs/tools.md#topology-tool.
 """
 
 from __future__ import annotations
@@ -17,11 +13,12 @@ from collections.abc import Sequence
 from xml.sax.saxutils import escape, quoteattr
 
 from parallel_state_ng.layout.topology_spec import ModulePlacement
-from parallel_state_ng.tools.svg import group_colour, text_colour
+from parallel_state_ng.tools.common import SVG_MARGIN as _MARGIN
+from parallel_state_ng.tools.common import SVG_TITLE_H as _TITLE_H
+from parallel_state_ng.tools.common import group_colour, svg_head, svg_legend_entry, text_colour
 
 __all__ = ["render_topology_svg"]
 
-_MARGIN, _TITLE_H = 12, 44
 _AXIS_W, _MIN_COLUMN_W, _COLUMN_GAP = 960, 128, 4
 _BLOCK_H, _LANE_GAP = 78, 6
 _AXIS_H, _LEGEND_H = 50, 18
@@ -70,16 +67,7 @@ def render_topology_svg(placements: Sequence[ModulePlacement], highlight_rank: i
         f"modules as blocks along the rank axis (column width ~ share of ranks); colocated modules stacked; "
         f"language module: {language}"
     )
-    out = [
-        '<?xml version="1.0" encoding="UTF-8"?>',
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif">',
-        f"<title>{escape(title)}</title>",
-        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
-        f'<text x="{_MARGIN}" y="{_MARGIN + 14}" font-size="15" font-weight="bold">{escape(title)}</text>',
-        f'<text x="{_MARGIN}" y="{_MARGIN + 32}" font-size="11" fill="#444444">'
-        f"{escape(_fit(subtitle, width - 2 * _MARGIN, 5.9))}</text>",
-    ]
+    out = svg_head(width, height, title, _fit(subtitle, width - 2 * _MARGIN, 5.9))
     for ranks, x, w in zip(columns, lefts, widths, strict=True):
         for lane, p in enumerate(spans[ranks]):
             out += _block(p, lane, index[p.name], x + _COLUMN_GAP / 2, top + lane * (_BLOCK_H + _LANE_GAP), w)
@@ -96,11 +84,7 @@ def render_topology_svg(placements: Sequence[ModulePlacement], highlight_rank: i
             + (", language module" if p.spec.language else "")
             + (f", colocated with {', '.join(p.colocated_with)}" if p.colocated_with else "")
         )
-        out.append(
-            f'<rect class="legend" x="{_MARGIN}" y="{ly - 11}" width="14" height="12" fill="{group_colour(i)}" '
-            f'stroke="#666666" stroke-width="0.6" data-legend-module={quoteattr(p.name)}/>'
-        )
-        out.append(f'<text x="{_MARGIN + 19}" y="{ly}" font-size="10.5" fill="#222222">{escape(text)}</text>')
+        out += svg_legend_entry(_MARGIN, ly, i, f"data-legend-module={quoteattr(p.name)}", text)
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

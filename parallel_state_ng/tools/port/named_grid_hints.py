@@ -3,9 +3,9 @@
 A getter such as ``get_data_parallel_group(with_context_parallel=True)`` or a published module
 global such as ``_TENSOR_MODEL_PARALLEL_GROUP`` stands for one group kind of the named grid
 (``compat.parallel_state.get_state().groups["dp_cp"]``). :func:`getter_hint` reads the
-arguments of a getter call that select the kind (when they are constants) and
-:func:`global_hint` covers the globals; the spellings come from
-:func:`parallel_state_ng.tools.port_table.named_grid_equivalent`.
+arguments of a getter call that select the kind (when they are constants), :func:`global_hint`
+covers the globals; the spellings come from :func:`.table.named_grid_equivalent`. The tool:
+docs/tools.md#port-tool.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import ast
 import inspect
 from typing import Any, cast
 
-from parallel_state_ng.tools.port_table import (
+from parallel_state_ng.tools.port.table import (
     GETTER_VARIANTS,
     NAMED_GRID_GETTERS,
     _published_globals,

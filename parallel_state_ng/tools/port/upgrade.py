@@ -1,37 +1,12 @@
 """``python -m parallel_state_ng port PATH --upgrade FROM:TO``: what breaks moving between releases.
 
-For every use of ``megatron.core.parallel_state`` in PATH (found by :mod:`.source_scan`, the
-scanner ``port`` uses too: any import style, aliases, names imported from the module,
-Megatron's relative imports) whose meaning changes between megatron-core release ``FROM`` and
-release ``TO``, report ``file:line: <use>: <what changes> -> <fix>``:
-
-* ``positional shift`` — a positional argument lands on another parameter in ``TO`` (0.15 put
-  ``check_initialized`` before ``with_context_parallel`` in
-  ``get_tensor_and_data_parallel_group``; 0.19 put ``with_gtp_remat`` second in the
-  data-parallel getters); fix: the keyword form, with ``FROM``'s parameter names;
-* ``removed keyword`` — an argument (by keyword or position) whose parameter ``TO`` lacks;
-* ``removed init argument`` — the same for ``initialize_model_parallel``;
-* ``removed function`` — a call, reference or import of a function ``TO`` lacks, with its
-  replacement or "removed, no equivalent";
-* ``removed global`` — a read, write or import of a module global ``TO`` lacks;
-* ``changed default`` — a parameter left to its default whose default differs in ``TO``
-  (fix: pass ``FROM``'s value); also a global whose import-time value differs;
-* ``new required parameter`` — ``TO`` requires a parameter the call does not pass;
-* ``HyperCommGrid`` — ``megatron.core.hyper_comm_grid``: the module missing in ``TO``, and
-  removed methods / keywords / shifted positions of methods called on objects the file builds
-  with ``HyperCommGrid(...)`` (or annotates as ``HyperCommGrid``).
-
-Every fact comes from :mod:`parallel_state_ng.releases.parallel_state` and
-:func:`parallel_state_ng.releases.hyper_comm_grid.differences` — the data compat serves each
-release from — so the check and compat cannot disagree. Any two releases the data knows
-(``KNOWN_SERIES``, 0.12 … 0.19) work, in either direction (a downgrade reports what the older
-release lacks). The summary line counts uses, breaking changes per kind and uses of names the
-data does not cover (private helpers); the exit status is 1 when something breaks, else 0.
-
-The findings, per-file results and summary line are in :mod:`.upgrade_report` (re-exported here).
-
-Not followed: a function passed around by reference whose parameters moved (only its removal
-is reported), calls through ``*args`` (reported when a moved position may be among them).
+Every use of ``megatron.core.parallel_state`` in PATH (found by :mod:`.source_scan`, as ``port``
+finds them) whose meaning changes from release FROM to TO (any two of ``KNOWN_SERIES``, either
+direction) is reported as ``file:line: <use>: <change> -> <fix>``, of one of :data:`KINDS`, from
+the facts compat serves each release from; exit status 1 when something breaks. The findings and
+summary are in :mod:`.upgrade_report` (re-exported here). Not followed: a function passed by
+reference whose parameters moved (its removal is reported), calls through ``*args`` (reported when
+a moved position may be among them). The check: docs/tools.md#upgrade-check.
 """
 
 from __future__ import annotations
@@ -39,7 +14,6 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
-import os
 import sys
 from collections import Counter
 from typing import Any
@@ -47,22 +21,18 @@ from typing import Any
 from parallel_state_ng.releases import KNOWN_SERIES, Release, parse_release
 from parallel_state_ng.releases import hyper_comm_grid as grid_facts
 from parallel_state_ng.releases import parallel_state as facts
-from parallel_state_ng.tools import UsageError
-from parallel_state_ng.tools.port_table import PARALLEL_STATE
-from parallel_state_ng.tools.source_scan import (
+from parallel_state_ng.tools.common import UsageError
+from parallel_state_ng.tools.port.source_scan import (
     FileImports,
-    LineIndex,
-    MemberUseFinder,
-    canonical_module,
-    from_import_module,
-    iter_python_files,
-    package_of,
+    Unreadable,
+    load_file,
     parse_source,
-    read_source,
+    python_files,
     shorten,
 )
-from parallel_state_ng.tools.upgrade_report import KINDS, NO_EQUIVALENT, FileCheck, Finding, summary  # noqa: F401 (re-exported)
-from parallel_state_ng.tools.upgrade_report import no_equivalent as _no_equivalent
+from parallel_state_ng.tools.port.table import PARALLEL_STATE
+from parallel_state_ng.tools.port.upgrade_report import KINDS, NO_EQUIVALENT, FileCheck, Finding, summary  # noqa: F401 (re-exported)
+from parallel_state_ng.tools.port.upgrade_report import no_equivalent as _no_equivalent
 
 __all__ = ["Finding", "FileCheck", "KINDS", "parse_upgrade", "check_source", "check_file", "run"]
 
@@ -116,19 +86,20 @@ def _fix_removed(key: str, old: Release, new: Release) -> str:
     return f"use {replacement}" if replacement else _no_equivalent(old, new)
 
 
-class _Checker:
+class _Checker(FileImports):
     """Checks one file's uses against the two releases' facts."""
 
-    def __init__(self, path: str, source: str, old: Release, new: Release) -> None:
-        self.path, self.source, self.old, self.new = path, source, old, new
-        self.index = LineIndex(source)
+    def __init__(
+        self, path: str, source: str, tree: ast.Module, package: str | None, old: Release, new: Release
+    ) -> None:
+        super().__init__(path, source, tree, package)
+        self.old, self.new = old, new
         self.old_functions, self.old_globals = _api(old)
         self.new_functions, self.new_globals = _api(new)
         self.findings: list[Finding] = []
         self.uncovered: Counter = Counter()
         self.uses = 0
         self.grid_uses = 0
-        self.bindings: dict[str, str] = {}  # the file's bindings (FileImports.collect_bindings)
 
     def add(
         self, node: ast.expr | ast.stmt, kind: str, use: str, change: str, fix: str, fixed_call: str | None = None
@@ -136,6 +107,10 @@ class _Checker:
         self.findings.append(
             Finding(self.path, node.lineno, node.col_offset, kind, shorten(use), change, fix, fixed_call)
         )
+
+    def removed(self, node: ast.expr | ast.stmt, kind: str, use: str, name: str, note: str = "") -> None:
+        """A use of ``name``, which ``TO`` lacks (``kind``: removed function or global)."""
+        self.add(node, kind, use, f"{name} does not exist in {self.new}{note}", _fix_removed(name, self.old, self.new))
 
     def text(self, node: ast.expr | ast.stmt) -> str:
         """``node``'s source as written."""
@@ -158,21 +133,9 @@ class _Checker:
         self.uses += 1
         use = f"from {node.module or '.'} import {name}"
         if name in self.old_functions and name not in self.new_functions:
-            self.add(
-                node,
-                "removed function",
-                use,
-                f"{name} does not exist in {self.new} (ImportError)",
-                _fix_removed(name, self.old, self.new),
-            )
+            self.removed(node, "removed function", use, name, " (ImportError)")
         elif name in self.old_globals and name not in self.new_globals:
-            self.add(
-                node,
-                "removed global",
-                use,
-                f"{name} does not exist in {self.new} (ImportError)",
-                _fix_removed(name, self.old, self.new),
-            )
+            self.removed(node, "removed global", use, name, " (ImportError)")
         elif (
             name not in self.old_functions
             and name not in self.old_globals
@@ -188,13 +151,7 @@ class _Checker:
         if before is None:
             return  # FROM lacks it: nothing of FROM's to preserve
         if after is None:
-            self.add(
-                node,
-                "removed function",
-                use,
-                f"{name} does not exist in {self.new}",
-                _fix_removed(name, self.old, self.new),
-            )
+            self.removed(node, "removed function", use, name)
             return
         if call is not None:
             self.call(name, call, before, after)
@@ -302,13 +259,7 @@ class _Checker:
             return
         use = f"{category} {self.text(node)}"
         if name not in self.new_globals:
-            self.add(
-                node,
-                "removed global",
-                use,
-                f"{name} does not exist in {self.new}",
-                _fix_removed(name, self.old, self.new),
-            )
+            self.removed(node, "removed global", use, name)
         elif self.old_globals[name] is not self.new_globals[name] and category == "read":
 
             def show(v: Any) -> str:
@@ -325,14 +276,14 @@ class _Checker:
 
 
 # --------------------------------------------------------------------------- HyperCommGrid
-def _grid_checks(checker: _Checker, tree: ast.Module, scanner: FileImports) -> None:
+def _grid_checks(checker: _Checker) -> None:
     """Imports of ``megatron.core.hyper_comm_grid`` and method calls on grids the file builds."""
-    old, new = checker.old, checker.new
+    old, new, tree = checker.old, checker.new, checker.tree
     grid_names: set[str] = set()
-    for alias, target in scanner.bindings.items():
+    for alias, target in checker.bindings.items():
         if target in (HYPER_COMM_GRID, f"{HYPER_COMM_GRID}.HyperCommGrid") or target.startswith(HYPER_COMM_GRID + "."):
             grid_names.add(alias)
-    imports = [n for n in scanner.imports if _imports_grid(n, scanner.package)]
+    imports = [n for n in checker.imports if _imports_grid(n, checker)]
     if not imports:
         return
     if not grid_facts.has_class(new) and grid_facts.has_class(old):
@@ -353,7 +304,7 @@ def _grid_checks(checker: _Checker, tree: ast.Module, scanner: FileImports) -> N
         return
 
     def is_class(expr: ast.expr) -> bool:
-        qualified = _qualify(expr, scanner.bindings)
+        qualified = _qualify(expr, checker.bindings)
         return qualified == f"{HYPER_COMM_GRID}.HyperCommGrid"
 
     instances: set[str] = set()
@@ -405,10 +356,10 @@ def _grid_checks(checker: _Checker, tree: ast.Module, scanner: FileImports) -> N
             checker.add(node, "HyperCommGrid", use, "; ".join(problems), "; ".join(fixes))
 
 
-def _imports_grid(node: ast.Import | ast.ImportFrom, package: str | None) -> bool:
+def _imports_grid(node: ast.Import | ast.ImportFrom, file: FileImports) -> bool:
     if isinstance(node, ast.Import):
         return any(a.name == HYPER_COMM_GRID for a in node.names)
-    module = from_import_module(node, package)
+    module = file.module_of(node)
     return module == HYPER_COMM_GRID or (
         module == "megatron.core" and any(a.name == "hyper_comm_grid" for a in node.names)
     )
@@ -432,17 +383,14 @@ def check_source(
     tree, result.error = parse_source(source, path)
     if tree is None:
         return result
-    scanner = FileImports(path, source, tree, package)
-    scanner.collect_bindings()
-    checker = _Checker(path, source, old, new)
-    checker.bindings = scanner.bindings
-    MemberUseFinder(checker).visit(tree)
-    for node in scanner.imports:
-        if isinstance(node, ast.ImportFrom) and canonical_module(from_import_module(node, package)) == PARALLEL_STATE:
+    checker = _Checker(path, source, tree, package, old, new)
+    checker.find_uses()
+    for node in checker.imports:
+        if isinstance(node, ast.ImportFrom) and checker.module_of(node) == PARALLEL_STATE:
             for alias in node.names:
                 if alias.name != "*":
                     checker.imported_name(node, alias.name)
-    _grid_checks(checker, tree, scanner)
+    _grid_checks(checker)
     result.uses = checker.uses
     result.grid_uses = checker.grid_uses
     result.findings = sorted(checker.findings, key=lambda f: (f.line, f.col, KINDS.index(f.kind)))
@@ -453,10 +401,10 @@ def check_source(
 def check_file(path: str, old: Release, new: Release) -> FileCheck:
     """:func:`check_source` on a file (relative imports resolved from its ``__init__.py`` parents)."""
     try:
-        source, _ = read_source(path)
-    except (OSError, UnicodeDecodeError, SyntaxError) as err:
-        return FileCheck(path=path, findings=[], uncovered=Counter(), error=f"{path}:0: cannot read ({err}); skipped")
-    return check_source(source, old, new, path, package_of(path))
+        source, _, package = load_file(path)
+    except Unreadable as err:
+        return FileCheck(path=path, findings=[], uncovered=Counter(), error=str(err))
+    return check_source(source, old, new, path, package)
 
 
 def run(args: argparse.Namespace, stdout: Any) -> int:
@@ -464,9 +412,7 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
     if args.rewrite or args.apply:
         raise UsageError("--upgrade reports only; it cannot be combined with --rewrite or --apply", "--upgrade")
     old, new = parse_upgrade(args.upgrade)
-    if not os.path.exists(args.path):
-        raise UsageError(f"no such file or directory: {args.path!r}", "PATH")
-    checks = [check_file(p, old, new) for p in iter_python_files(args.path)]
+    checks = [check_file(p, old, new) for p in python_files(args.path)]
     for check in checks:
         if check.error:
             print(check.error, file=sys.stderr)

@@ -1,18 +1,11 @@
-"""Finding uses of ``megatron.core.parallel_state`` in Python source: the part ``port`` and
-``port --upgrade`` share.
+"""Finding uses of ``megatron.core.parallel_state`` in Python source: what ``port`` and ``port --upgrade`` share.
 
-* files: :func:`iter_python_files` (a file or a tree), :func:`read_source` (with its declared
-  encoding), :func:`parse_source`, :func:`package_of` (the dotted package, for relative
-  imports);
-* imports: :class:`FileImports` collects the import statements of a parsed file and the names
-  they bind to ``megatron`` modules and members (any import style, aliases, relative imports
-  inside Megatron's own package); :func:`canonical_module` maps the module's other spellings
-  (``megatron.core.mpu``) to ``megatron.core.parallel_state``;
-* uses: :class:`MemberUseFinder` walks a tree and reports every call, reference, read, write
-  or deletion of a member of ``megatron.core.parallel_state`` to a :class:`MemberUseSink` —
-  the port scanner (:mod:`.port`) or the release checker (:mod:`.upgrade`);
-* positions: :class:`LineIndex` turns ast positions into character offsets, :func:`shorten`
-  fits source text on one report line.
+Files (:func:`python_files`, :func:`load_file`, :func:`parse_source`, :func:`package_of`),
+imports (:class:`FileImports`: the names a file binds to ``megatron`` modules and members, any
+import style, relative imports inside Megatron; :func:`canonical_module`), uses
+(:class:`MemberUseFinder` reports every call, reference, read, write or deletion of a member to a
+:class:`MemberUseSink`: :mod:`.port`'s scanner or :mod:`.upgrade`'s checker) and positions
+(:class:`LineIndex`, :func:`shorten`). The tool: docs/tools.md#port-tool.
 """
 
 from __future__ import annotations
@@ -25,18 +18,22 @@ import tokenize
 from collections.abc import Iterator
 from typing import Protocol, cast
 
-from parallel_state_ng.tools.port_table import _MODULE_ALIASES, PARALLEL_STATE
+from parallel_state_ng.tools.common import UsageError
+from parallel_state_ng.tools.port.table import _MODULE_ALIASES, PARALLEL_STATE
 
 __all__ = [
     "FileImports",
     "LineIndex",
     "MemberUseFinder",
     "MemberUseSink",
+    "Unreadable",
     "canonical_module",
     "from_import_module",
     "iter_python_files",
+    "load_file",
     "package_of",
     "parse_source",
+    "python_files",
     "read_source",
     "shorten",
 ]
@@ -49,6 +46,23 @@ def read_source(path: str) -> tuple[str, str]:
         data = fh.read()
     encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     return data.decode(encoding), encoding
+
+
+class Unreadable(Exception):
+    """A Python file that cannot be read or decoded; ``str()`` is its line in a report."""
+
+
+def load_file(path: str) -> tuple[str, str, str | None]:
+    """``(text, encoding, package)`` of the Python file ``path`` (:func:`read_source`, :func:`package_of`).
+
+    Raises:
+        Unreadable: the file cannot be read or decoded (``path:0: cannot read (...); skipped``).
+    """
+    try:
+        source, encoding = read_source(path)
+    except (OSError, UnicodeDecodeError, SyntaxError) as err:
+        raise Unreadable(f"{path}:0: cannot read ({err}); skipped") from None
+    return source, encoding, package_of(path)
 
 
 def parse_source(source: str, path: str) -> tuple[ast.Module | None, str | None]:
@@ -92,6 +106,17 @@ def iter_python_files(path: str) -> Iterator[str]:
         for name in sorted(files):
             if name.endswith(".py"):
                 yield os.path.join(directory, name)
+
+
+def python_files(path: str) -> list[str]:
+    """:func:`iter_python_files` of the command's ``PATH``.
+
+    Raises:
+        UsageError: ``path`` does not exist (names ``PATH``).
+    """
+    if not os.path.exists(path):
+        raise UsageError(f"no such file or directory: {path!r}", "PATH")
+    return list(iter_python_files(path))
 
 
 # --------------------------------------------------------------------------- positions
@@ -182,6 +207,10 @@ class FileImports:
         ]
         self.imports.sort(key=lambda n: (n.lineno, n.col_offset))
 
+    def module_of(self, node: ast.ImportFrom) -> str | None:
+        """The module of a ``from X import ...`` in this file, absolute and canonical (or None)."""
+        return canonical_module(from_import_module(node, self.package))
+
     def collect_bindings(self) -> None:
         """Fill :attr:`bindings` from the imports of ``megatron`` modules and their members."""
         for node in self.imports:
@@ -200,6 +229,19 @@ class FileImports:
                 for alias in node.names:
                     if alias.name != "*":
                         self.bindings[alias.asname or alias.name] = f"{module}.{alias.name}"
+
+    def find_uses(self) -> None:
+        """Fill :attr:`bindings`, then pass every use of a parallel_state member in the file to
+        :meth:`add_member_use`.
+        """
+        self.collect_bindings()
+        MemberUseFinder(self).visit(self.tree)
+
+    def add_member_use(self, node: ast.expr, name: str, category: str, call: ast.Call | None = None) -> None:
+        """Record one use (:meth:`MemberUseSink.add_member_use`): the port scanner's and the upgrade
+        checker's own.
+        """
+        raise NotImplementedError
 
 
 # --------------------------------------------------------------------------- uses

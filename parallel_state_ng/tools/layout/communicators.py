@@ -1,12 +1,11 @@
 """Communicators per rank with and without group sharing (``layout --share``).
 
-Counts the process groups ``initialize_model_parallel`` would create on a rank: the rank's group
-plan (:func:`parallel_state_ng.layout.plan.group_plan`) is fed to a
+Feeds the rank's group plan (:func:`parallel_state_ng.layout.plan.group_plan`) to a
 :class:`~parallel_state_ng.groups.sharing.GroupPool` under
-:func:`~parallel_state_ng.groups.sharing.record_requests` (nothing is created, no processes): once
-as Megatron-Core does it (one communicator per group kind; MCore creates the same number on the
-rank) and once with sharing on (``PSNG_SHARE_GROUPS=1``), where kinds with identical rank lists
-and options share one.
+:func:`~parallel_state_ng.groups.sharing.record_requests` (nothing is created, no processes):
+once as Megatron-Core does it (one communicator per group kind) and once with sharing on
+(``PSNG_SHARE_GROUPS=1``), where kinds with identical rank lists and options share one. The
+tool: docs/tools.md#communicators-per-rank-and-group-sharing.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """``python -m parallel_state_ng port PATH``: move a codebase from Megatron's parallel_state to compat.
 
-Scans Python files (one file or a directory tree) with :mod:`ast` for every use of
-``megatron.core.parallel_state``:
-
-* imports — ``import megatron.core.parallel_state [as x]``, ``from megatron.core import
-  parallel_state [as mpu]``, ``from megatron.core import mpu``, ``from
-  megatron.core.parallel_state import get_x, ...`` and the relative forms inside Megatron's own
-  package (``from .. import parallel_state``);
-* calls and references through any alias (``mpu.get_*()``, ``parallel_state.get_*()``,
-  ``megatron.core.parallel_state.get_*()``, names imported from the module);
-* reads, writes and deletions of module globals (``parallel_state._PIPELINE_GLOBAL_RANKS``).
-
-Each use is printed as ``file:line: <what> -> <equivalent>``: the ``compat.parallel_state``
-spelling and, for group/rank/size getters and published globals, the named-grid equivalent
-(``compat.parallel_state.get_state().groups["tp"]``). Names that ``compat.parallel_state``
-lacks are flagged ``UNKNOWN``. ``--rewrite`` prints a unified diff that switches the imports to
-compat (everything else keeps working: compat has the same API); ``--apply`` writes it.
-``--upgrade FROM:TO`` reports instead what breaks moving between two megatron-core releases
-(:mod:`.upgrade`).
+Finds every use of ``megatron.core.parallel_state`` (:mod:`.source_scan`: imports in any style,
+calls and references through any alias, reads, writes and deletions of module globals) and
+prints ``file:line: <what> -> <equivalent>``: the ``compat.parallel_state`` spelling and the
+named-grid one (:mod:`.named_grid_hints`); names compat lacks are flagged ``UNKNOWN``.
+``--rewrite`` prints the diff switching the imports to compat, ``--apply`` writes it;
+``--upgrade FROM:TO`` is :mod:`.upgrade`. The tool: docs/tools.md#port-tool.
 """
 
 from __future__ import annotations
@@ -31,9 +19,18 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from parallel_state_ng.tools import UsageError
-from parallel_state_ng.tools.named_grid_hints import getter_hint, global_hint
-from parallel_state_ng.tools.port_table import (
+from parallel_state_ng.tools.common import plural
+from parallel_state_ng.tools.port.named_grid_hints import getter_hint, global_hint
+from parallel_state_ng.tools.port.source_scan import (
+    FileImports,
+    Unreadable,
+    canonical_module,
+    load_file,
+    parse_source,
+    python_files,
+    shorten,
+)
+from parallel_state_ng.tools.port.table import (
     _PS_NAMES_IN_CORE,
     COMPAT_PARALLEL_STATE,
     GETTER_VARIANTS,
@@ -43,18 +40,7 @@ from parallel_state_ng.tools.port_table import (
     compat_api,
     named_grid_equivalent,
 )
-from parallel_state_ng.tools.source_scan import (
-    FileImports,
-    MemberUseFinder,
-    canonical_module,
-    from_import_module,
-    iter_python_files,
-    package_of,
-    parse_source,
-    read_source,
-    shorten,
-)
-from parallel_state_ng.tools.upgrade import run as run_upgrade
+from parallel_state_ng.tools.port.upgrade import run as run_upgrade
 
 __all__ = [
     "add_arguments",
@@ -73,7 +59,7 @@ __all__ = [
     "COMPAT_PARALLEL_STATE",
 ]
 
-# The tables (getter -> group kind, compat's names) live in port_table, the machinery that finds
+# The tables (getter -> group kind, compat's names) live in table, the machinery that finds
 # the uses (shared with upgrade) in source_scan, the named-grid hints in named_grid_hints.
 
 
@@ -159,6 +145,18 @@ class _FileScanner(FileImports):
             elif category == "read" and isinstance(node, ast.Name) and name.startswith("_"):
                 note = " (imported by name: a copy taken at import time)"
             equivalent = target + note + (f" | {hint}" if hint else "")
+        self.add_use(node, category, what, equivalent, name, known)
+
+    def add_use(
+        self,
+        node: ast.expr | ast.stmt,
+        category: str,
+        what: str,
+        equivalent: str,
+        name: str | None = None,
+        known: bool = True,
+    ) -> None:
+        """Record a :class:`Use` at ``node``."""
         self.uses.append(Use(self.path, node.lineno, node.col_offset, category, what, equivalent, name, known))
 
     def _call_arguments(self, func: ast.expr, call: ast.Call | None) -> str:
@@ -219,41 +217,19 @@ class _FileScanner(FileImports):
             start, end, _old = self._segment(node)
             self.edits.append(_Edit(start, end, new))
             prefix = self.index.line_prefix(node.lineno, node.col_offset)
-            self.uses.append(
-                Use(
-                    self.path,
-                    node.lineno,
-                    node.col_offset,
-                    "import",
-                    shorten(ast.unparse(node), 120),
-                    shorten(_one_line(new, prefix), 160),
-                )
-            )
+            self.add_use(node, "import", shorten(ast.unparse(node), 120), shorten(_one_line(new, prefix), 160))
         for expr, _ in self.chain_spans:
             start, end, _old = self._segment(expr)
             self.edits.append(_Edit(start, end, COMPAT_PARALLEL_STATE))
 
     def _flag_unknown_imported_names(self, node: ast.stmt) -> None:
-        if (
-            not isinstance(node, ast.ImportFrom)
-            or canonical_module(from_import_module(node, self.package)) != PARALLEL_STATE
-        ):
+        if not isinstance(node, ast.ImportFrom) or self.module_of(node) != PARALLEL_STATE:
             return
         api = compat_api()
         for alias in node.names:
             if alias.name != "*" and alias.name not in api:
-                self.uses.append(
-                    Use(
-                        self.path,
-                        node.lineno,
-                        node.col_offset,
-                        "name",
-                        f"import of {alias.name}",
-                        f"UNKNOWN: {COMPAT_PARALLEL_STATE} has no {alias.name!r}",
-                        alias.name,
-                        known=False,
-                    )
-                )
+                unknown = f"UNKNOWN: {COMPAT_PARALLEL_STATE} has no {alias.name!r}"
+                self.add_use(node, "name", f"import of {alias.name}", unknown, alias.name, known=False)
 
     def _statement_binding(self, name: str) -> ast.Import | ast.ImportFrom | None:
         for node in self.imports:
@@ -294,7 +270,7 @@ class _FileScanner(FileImports):
             parts = ([f"import {', '.join(kept)}"] if kept else []) + [f"import {c}" for c in compat]
             return joiner.join(parts)
 
-        module = canonical_module(from_import_module(node, self.package))
+        module = self.module_of(node)
         tail = [f"import {COMPAT_PARALLEL_STATE}"] if add_compat else []
         if module == PARALLEL_STATE:
             _, _, old = self._segment(node)
@@ -358,8 +334,7 @@ def scan_source(source: str, path: str = "<string>", package: str | None = None)
     if tree is None:
         return result
     scanner = _FileScanner(path, source, tree, package)
-    scanner.collect_bindings()
-    MemberUseFinder(scanner).visit(tree)
+    scanner.find_uses()
     scanner.rewrite_imports()
     result.uses = sorted(scanner.uses, key=lambda u: (u.line, u.col, u.category != "import"))
     result.edits = sorted(scanner.edits, key=lambda e: e.start)
@@ -369,10 +344,10 @@ def scan_source(source: str, path: str = "<string>", package: str | None = None)
 def scan_file(path: str) -> FileScan:
     """Scan one file on disk (relative imports resolved from its ``__init__.py`` parents)."""
     try:
-        source, encoding = read_source(path)
-    except (OSError, UnicodeDecodeError, SyntaxError) as err:
-        return FileScan(path=path, error=f"{path}:0: cannot read ({err}); skipped")
-    result = scan_source(source, path, package_of(path))
+        source, encoding, package = load_file(path)
+    except Unreadable as err:
+        return FileScan(path=path, error=str(err))
+    result = scan_source(source, path, package)
     result.encoding = encoding
     return result
 
@@ -406,10 +381,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
 def _diff_name(prefix: str, path: str) -> str:
     return f"{prefix}/{path}" if not os.path.isabs(path) else path
 
@@ -433,9 +404,7 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
     """Run the ``port`` command for parsed ``args``; returns the exit code."""
     if getattr(args, "upgrade", None):
         return run_upgrade(args, stdout)
-    if not os.path.exists(args.path):
-        raise UsageError(f"no such file or directory: {args.path!r}", "PATH")
-    scans = [scan_file(p) for p in iter_python_files(args.path)]
+    scans = [scan_file(p) for p in python_files(args.path)]
     status = 0
     rewritten: list[str] = []
     for scan in scans:
@@ -466,17 +435,17 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
     unknown = sorted({u.name for u in uses if not u.known and u.name})
     files_with_uses = sum(1 for s in scans if s.uses)
     summary = (
-        f"scanned {_count(len(scans), 'file')}: {_count(len(uses), 'use')} of {PARALLEL_STATE} in "
-        f"{_count(files_with_uses, 'file')}, {_count(imports, 'import')} to switch, "
-        + (f"{_count(len(unknown), 'unknown name')} ({', '.join(unknown)})" if unknown else "no unknown names")
+        f"scanned {plural(len(scans), 'file')}: {plural(len(uses), 'use')} of {PARALLEL_STATE} in "
+        f"{plural(files_with_uses, 'file')}, {plural(imports, 'import')} to switch, "
+        + (f"{plural(len(unknown), 'unknown name')} ({', '.join(unknown)})" if unknown else "no unknown names")
     )
     errors = sum(1 for s in scans if s.error)
     if errors:
-        summary += f"; {_count(errors, 'file')} could not be read or parsed"
+        summary += f"; {plural(errors, 'file')} could not be read or parsed"
     if args.apply:
         for path in rewritten:
             print(f"rewrote {path}", file=stdout)
-        summary += f"; rewrote {_count(len(rewritten), 'file')}"
+        summary += f"; rewrote {plural(len(rewritten), 'file')}"
     elif not args.rewrite and imports:
         summary += " (--rewrite shows the diff, --apply writes it)"
     print(summary, file=sys.stderr if args.rewrite and not args.apply else stdout)

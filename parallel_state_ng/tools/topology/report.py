@@ -1,20 +1,11 @@
 """``python -m parallel_state_ng topology SPEC``: a multi-module topology, module by module.
 
-A topology spec is a JSON list of modules (see :func:`parse_spec`); it is checked by
-:func:`~parallel_state_ng.layout.topology_spec.validate_topology`, the same check
-:func:`~parallel_state_ng.builders.topology.build_topology` makes before creating anything, and
-each module's groups come from its :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`
-(pure math: no processes, no GPUs). The report holds
-
-* the world: its size, the release followed, which module runs on which ranks;
-* per module: its ranks, the modules colocated with it, its sizes and order, whether it is the
-  language module (only it gets embedding groups), its options, and every group kind it builds
-  with the number of groups and the groups themselves (abbreviated in text unless ``--full``);
-* with ``--rank R``: the modules R runs and, in each, its coordinates, pipeline neighbours and
-  its group of every kind (``MegatronLayout.group``: closed form, O(group size)).
-
-Formats: ``text``, ``json`` (the same data, every group in full) and ``svg`` (modules as
-blocks along the rank axis, see :mod:`.topology_svg`). Work is O(module ranks) per kind.
+The spec (a JSON list of modules, :func:`parse_spec`) is checked by
+:func:`~parallel_state_ng.layout.topology_spec.validate_topology`, as ``build_topology`` checks
+it; each module's groups come from its ``MegatronLayout`` (pure math: no processes, no GPUs).
+The report: which module runs where, each module's sizes, options and groups, and ``--rank R``'s
+modules and groups (closed form). Formats ``text``, ``json`` and ``svg`` (:mod:`.svg`). Work is
+O(module ranks) per kind. The tool: docs/tools.md#topology-tool.
 """
 
 from __future__ import annotations
@@ -33,9 +24,17 @@ from parallel_state_ng.layout.topology_spec import (
     validate_topology,
 )
 from parallel_state_ng.releases import known_release
-from parallel_state_ng.tools import UsageError
-from parallel_state_ng.tools.layout_report import rank_view
-from parallel_state_ng.tools.report_text import dims_text, format_ranks, kind_text, plural, write_output
+from parallel_state_ng.tools.common import (
+    UsageError,
+    kind_entry,
+    kind_lines,
+    name_list,
+    non_negative_int,
+    plural,
+    positive_int,
+    write_output,
+)
+from parallel_state_ng.tools.layout.report import rank_view, rank_view_lines
 
 __all__ = [
     "add_arguments",
@@ -67,30 +66,9 @@ SPEC_KEYS = {
 #: Module options a spec file may set: :data:`BUILD_OPTIONS` less the callables JSON cannot hold.
 JSON_OPTIONS = BUILD_OPTIONS - {"get_embedding_ranks", "get_position_embedding_ranks"}
 _EMBEDDING_KINDS = ("embd", "pos_embd")
-_GROUPS_SHOWN_HEAD, _GROUPS_SHOWN_TAIL, _GROUPS_SHOWN_MAX = 3, 2, 8
 
 
 # --------------------------------------------------------------------------- arguments
-def _int_at_least(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _name_list(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"must be a comma-separated list of group kinds, got {text!r}")
-    return names
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``topology`` command's options to ``parser``."""
     parser.add_argument(
@@ -107,14 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--world-size",
-        type=_int_at_least(1),
+        type=positive_int,
         default=None,
         help="number of ranks (default: the end of the last module's ranks); every rank must run a module",
     )
     parser.add_argument(
-        "--rank", type=_int_at_least(0), default=None, help="also show the modules this rank runs and its groups"
+        "--rank", type=non_negative_int, default=None, help="also show the modules this rank runs and its groups"
     )
-    parser.add_argument("--kinds", type=_name_list, default=None, help="comma-separated group kinds to show")
+    parser.add_argument("--kinds", type=name_list, default=None, help="comma-separated group kinds to show")
     parser.add_argument("--full", action="store_true", help="text: print every group and every rank")
     parser.add_argument("--format", choices=("text", "json", "svg"), default="text", help="output format")
     parser.add_argument("--output", "-o", default=None, help="write to this file instead of stdout")
@@ -245,18 +223,7 @@ def _sizes(placement: ModulePlacement) -> dict[str, int | None]:
 def _module_report(placement: ModulePlacement, kinds: Sequence[str] | None) -> dict[str, Any]:
     own = module_kinds(placement)
     shown = own if kinds is None else [k for k in kinds if k in own]
-    kinds_out = {}
-    for kind in shown:
-        desc, what = kind_text(kind)
-        groups = placement.layout.enumerate(kind)
-        sizes = sorted({len(g) for g in groups})
-        kinds_out[kind] = {
-            "desc": desc,
-            "what": what,
-            "num_groups": len(groups),
-            "group_size": sizes[0] if len(sizes) == 1 else sizes,
-            "groups": groups,
-        }
+    kinds_out = {kind: kind_entry(kind, placement.layout.enumerate(kind)) for kind in shown}
     return {
         "name": placement.name,
         "ranks": [placement.ranks.start, placement.ranks.stop],
@@ -313,16 +280,6 @@ def _sizes_text(module: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in module["sizes"].items()) + f" order={module['order']}"
 
 
-def _group_lines(groups: list[list[int]], full: bool) -> list[str]:
-    width = len(str(len(groups) - 1))
-    if full or len(groups) <= _GROUPS_SHOWN_MAX:
-        return [f"      {i:>{width}}: {format_ranks(g, full)}" for i, g in enumerate(groups)]
-    tail = len(groups) - _GROUPS_SHOWN_TAIL
-    lines = [f"      {i:>{width}}: {format_ranks(groups[i])}" for i in range(_GROUPS_SHOWN_HEAD)]
-    lines.append(f"      {'':>{width}}  ... {tail - _GROUPS_SHOWN_HEAD} more groups ...")
-    return lines + [f"      {i:>{width}}: {format_ranks(groups[i])}" for i in range(tail, len(groups))]
-
-
 def render_topology_text(report: dict[str, Any], full: bool = False) -> str:
     """The report for people (long lists abbreviated unless ``full``)."""
     modules = report["modules"]
@@ -350,32 +307,13 @@ def render_topology_text(report: dict[str, Any], full: bool = False) -> str:
             lines.append("  options: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in m["options"].items()))
         lines.append(f"  groups ({plural(len(m['kinds']), 'kind')}{note}):")
         for kind, info in m["kinds"].items():
-            size = info["group_size"]
-            size_text = plural(size, "rank") if isinstance(size, int) else f"{size} ranks (sizes vary)"
-            lines.append(
-                f"    {kind} - {info['what']} [{info['desc']}]: {plural(info['num_groups'], 'group')} of {size_text}"
-            )
-            lines += _group_lines(info["groups"], full)
+            lines += kind_lines(kind, info, full, "    ", "      ")
     view = report["rank"]
     if view is not None:
         runs = f"{plural(len(view['modules']), 'module')}: {', '.join(view['modules'])}"
         lines += ["", f"Rank {view['rank']} runs {runs}"]
         for name, v in view["views"].items():
-            pipe = v["pipeline"]
-            lines += [
-                f"  {name}:",
-                f"    dense coordinate:  {dims_text(v['dense_coord'])}",
-                f"    expert coordinate: {dims_text(v['expert_coord'])}",
-                f"    pipeline: stage {pipe['stage']} of {pipe['stages']}; first {pipe['first']}, last {pipe['last']}, "
-                f"next {pipe['next']}, prev {pipe['prev']}",
-            ]
-            kind_w = max((len(k) for k in v["groups"]), default=4)
-            for kind, entry in v["groups"].items():
-                if entry is None:
-                    lines.append(f"    {kind:<{kind_w}}  not a member of any {kind} group")
-                else:
-                    where = f"position {entry['position']} of {len(entry['ranks'])}"
-                    lines.append(f"    {kind:<{kind_w}}  {where:<18}  {format_ranks(entry['ranks'], full)}")
+            lines += [f"  {name}:", *rank_view_lines(v, full, "    ", position_width=18)]
     return "\n".join(lines) + "\n"
 
 
@@ -392,7 +330,7 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         if unknown:
             raise UsageError(f"unknown group kind(s) {unknown}; kinds of these modules: {','.join(known)}", "--kinds")
     if args.format == "svg":
-        from parallel_state_ng.tools.topology_svg import render_topology_svg
+        from parallel_state_ng.tools.topology.svg import render_topology_svg
 
         text = render_topology_svg(placements, highlight_rank=args.rank)
     else:

@@ -1,0 +1,1 @@
+"""The ``layout`` tool: process groups, one rank's view, node locality, SVG, communicators."""

@@ -1,0 +1,1 @@
+"""The ``topology`` tool: a multi-module topology from a JSON spec (text, JSON, SVG)."""
