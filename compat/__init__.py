@@ -1,13 +1,9 @@
 """Megatron-Core compatibility layer of parallel_state_ng.
 
-* ``compat.parallel_state`` — the whole global API of ``megatron.core.parallel_state``
-  of the installed megatron-core release (0.14 … 0.19) on top of the parallel_state_ng engine.
-* :func:`install` / :func:`uninstall` — make Megatron itself use it.
-* :func:`no_globals` — a scope in which its global getters refuse to answer (for code that
-  takes its groups from a ``ProcessGroupCollection``; the engine's
-  :func:`parallel_state_ng.no_globals`).
-
-Importing this package imports neither megatron nor torch.
+``compat.parallel_state`` serves the whole global API of ``megatron.core.parallel_state`` of one
+release on the engine; :func:`install` / :func:`uninstall` make Megatron itself use it;
+:func:`no_globals` is the engine's :func:`parallel_state_ng.no_globals`. Importing this package
+imports neither megatron nor torch. See docs/compat.md.
 """
 
 from __future__ import annotations

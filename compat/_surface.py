@@ -1,18 +1,9 @@
 """Build the functions of one release's API from the release data and one implementation each.
 
-Each behaviour has ONE implementation (``compat._getters`` etc.) taking the union of the
-parameters any release has, with defaults that mean what releases without the parameter do
-(``with_gtp_remat=False`` before 0.19, ...). :func:`exact_function` gives the release's
-signature to it: when the implementation's signature already is the release's, the
-implementation itself is served; otherwise a wrapper is generated with exactly the release's
-parameter names, order and defaults (so ``inspect.signature``, positional calls and Python's
-own ``TypeError`` for a wrong argument are those of the release) that forwards by keyword.
-
-Every served function also honours the engine's no-globals scopes
-(:mod:`parallel_state_ng.builders.scope`): a function that reads or writes a grid raises
-``GlobalStateRefusedError`` inside one, an initialization probe answers "not initialized", a
-grid-free function (:data:`~parallel_state_ng.releases.new_code_path.GRID_FREE_FUNCTIONS`)
-is unaffected. Outside every scope the check is one truth test of an empty list.
+Each behaviour has one implementation taking the union of every release's parameters;
+:func:`exact_function` serves it with exactly the release's signature (a generated wrapper
+when they differ) and makes it honour the no-globals scopes
+(:mod:`parallel_state_ng.builders.scope`). See docs/releases.md and docs/compat.md.
 """
 
 from __future__ import annotations
@@ -77,6 +68,9 @@ def _copy(fn: Callable, name: str, module: str) -> Callable:
 def serve(release: Any, module: str, implementations: dict[str, Callable]) -> dict[str, Callable]:
     """Every public function of ``release``, built on ``implementations`` (name -> function).
 
+    An implementation takes the union of every release's parameters, with defaults meaning
+    what releases without a parameter do (``with_gtp_remat=False`` before 0.19).
+
     Raises:
         KeyError: a function of the release has no implementation.
     """
@@ -94,7 +88,8 @@ def exact_function(name: str, params: tuple[Param, ...], impl: Callable, module:
     ``impl`` must accept every name in ``params`` as a keyword. Without a ``guard``, returns
     ``impl`` itself (a copy named ``name``) when its signature equals ``params``; otherwise, or
     with a ``guard``, a generated wrapper (no ``__wrapped__``, so ``inspect.signature`` reports
-    the wrapper's own parameters) that first checks the no-globals scope as ``guard`` says.
+    the wrapper's own parameters) that first checks the no-globals scope as ``guard`` says and
+    forwards by keyword: positional calls and Python's own ``TypeError`` are the release's.
     """
     impl_params = shape_of(impl)
     accepted = {n for n, _ in impl_params}

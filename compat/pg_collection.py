@@ -1,17 +1,9 @@
 """Export compat's process groups as Megatron-Core's ``ProcessGroupCollection``.
 
-Newer Megatron-Core code takes its groups from a
-``megatron.core.process_groups_config.ProcessGroupCollection`` (``pg_collection=`` arguments of
-models, DDP, optimizers) instead of the global ``parallel_state``. MCore fills one from its
-globals with ``ProcessGroupCollection.use_mpu_process_groups()``;
-:func:`to_process_group_collection` fills one from compat's state, a
-:class:`~parallel_state_ng.groups.megatron_groups.ModelParallelGroups`
-(the active one, or any other grid of the job, see ``compat.parallel_state.use_state``),
-every field with the group the served release's method would put there: the value of the
-module global the group-kind table names for it (:data:`FIELD_GLOBALS`; fields per release:
-:mod:`parallel_state_ng.releases.process_groups_config`).
-
-megatron-core is imported only when the function is called.
+:func:`to_process_group_collection` fills one from compat's state (the active grid or any
+other) as ``ProcessGroupCollection.use_mpu_process_groups()`` would fill it from the globals
+(:data:`FIELD_GLOBALS`); megatron-core is imported only when it is called. See docs/compat.md
+("Collections").
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """parallel_state_ng: named-dimension process-group grids with Megatron-Core's exact layout.
 
-* :class:`Layout` — pure rank/coordinate/group math (no torch.distributed).
-* :class:`HyperCommGrid` — process groups over a layout; API-compatible with
-  ``megatron.core.hyper_comm_grid.HyperCommGrid``, creating only the calling rank's groups.
-* :class:`GroupHandle` — one group seen from the caller: ring neighbours, first/last,
-  collective helpers, a lazy gloo companion (``grid.group(dims)``).
-* :func:`device_mesh` — a torch ``DeviceMesh`` over a grid's existing groups
-  (``grid.device_mesh(dims)``).
-* :func:`build_megatron_groups` — one module's Megatron groups (exactly those
-  ``initialize_model_parallel`` builds, over a range of ranks) with no module global, exported
-  as Megatron's ``ProcessGroupCollection`` (:class:`MegatronGroups`).
-* :func:`build_topology` — a multi-module job (:class:`ModuleSpec` per module, disjoint or
-  colocated ranks): every module's grid, groups and collection in one call (:class:`Topology`).
-* :func:`no_globals` — a scope in which compat's global getters raise
-  :class:`GlobalStateRefusedError` instead of answering for another grid
-  (``MegatronGroups.scope()``); :func:`ensure_global_memory_buffer` and
-  :func:`megatron_schedule` — the rest of the pg_collection path's set-up.
-* :func:`abort_groups` — abort every group the engine created in this process, with no
-  collective and no store wait (a rank's peers died or stopped).
-
-The Megatron-shaped global API lives in the separate ``compat`` package.
+Public names: :class:`Layout` (pure rank math), :class:`HyperCommGrid`, :class:`GroupHandle`,
+:func:`device_mesh`, :func:`build_megatron_groups`, :func:`build_topology`, :func:`no_globals`,
+:func:`ensure_global_memory_buffer`, :func:`megatron_schedule` and :func:`abort_groups`. The
+Megatron-shaped global API lives in the separate ``compat`` package. See docs/engine.md.
 """
 
 from parallel_state_ng._version import __version__

@@ -1,18 +1,9 @@
 """Command line of parallel_state_ng: ``python -m parallel_state_ng <command>`` (or ``parallel-state-ng``).
 
-Commands:
-
-* ``layout`` — every process group Megatron-Core builds for a configuration (text, JSON or
-  SVG), one rank's view and a node-locality report; pure math, no processes or GPUs.
-* ``port`` — find uses of ``megatron.core.parallel_state`` in a codebase; ``--rewrite`` shows
-  the diff switching its imports to ``compat.parallel_state``, ``--apply`` writes it;
-  ``--upgrade FROM:TO`` reports the uses whose meaning changes between two megatron-core
-  releases (exit status 1 when something breaks).
-* ``topology SPEC`` — a multi-module topology (a JSON list of modules: MiMo's encoder and
-  language model, disjoint or colocated) module by module: sizes, groups, one rank's modules
-  and groups (text, JSON, or SVG with modules as blocks); pure math, as ``layout``.
-
-Bad input is reported on stderr (naming the option) with exit code 2.
+Commands: ``layout`` (every group Megatron-Core builds for a configuration), ``port`` (uses of
+``megatron.core.parallel_state`` in a codebase, their rewrite, ``--upgrade FROM:TO``) and
+``topology SPEC`` (a multi-module topology). Bad input: a message on stderr naming the option,
+exit code 2. See docs/tools.md.
 """
 
 from __future__ import annotations

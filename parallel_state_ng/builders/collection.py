@@ -1,19 +1,9 @@
 """One module's Megatron process groups with no module global: a ``ProcessGroupCollection`` in one call.
 
-Megatron's newer code (models, ``DistributedDataParallel``, ``get_megatron_optimizer``, the
-schedules) takes its groups from a ``ProcessGroupCollection`` (``pg_collection=``) instead of
-``parallel_state``. :func:`build_megatron_groups` creates, on this rank, exactly the groups
-``initialize_model_parallel`` would create for the same arguments over ranks
-``[rank_offset, rank_offset + world_size)``, without touching any module global, and
-:meth:`MegatronGroups.collection` returns them as the release's ``ProcessGroupCollection``,
-every field set as ``ProcessGroupCollection.use_mpu_process_groups()`` would set it after that
-init (the field-to-group pairing is the group-kind table's,
-:data:`parallel_state_ng.layout.kinds.GROUP_KINDS`).
-
-The guarantees are compat's: only this rank's own groups are created (closed form per rank,
-no loop over the world), the arguments are validated and compared across the module's ranks
-first (the agreement check), a failure leaves no group behind, and :meth:`MegatronGroups.destroy`
-destroys every group. megatron-core is imported only by :meth:`MegatronGroups.collection`.
+:func:`build_megatron_groups` creates on this rank exactly the groups ``initialize_model_parallel``
+would create over ``[rank_offset, rank_offset + world_size)`` with compat's guarantees, touching
+no module global; :meth:`MegatronGroups.collection` (the only megatron import) fills the release's
+``ProcessGroupCollection`` as ``use_mpu_process_groups()`` would. See docs/compat.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
 """``HyperCommGrid``: named-dim process groups over a :class:`~parallel_state_ng.layout.named_layout.Layout`.
 
 Constructor- and method-compatible with ``megatron.core.hyper_comm_grid.HyperCommGrid`` of every
-supported release (0.14 ... 0.19): this class serves the *superset* of their APIs
-(``create_pg``, ``get_pg``, ``get_rank_enum``, ``_gen_rank_enum``, ``destroy``,
-``is_current_rank_in_grid``, ``register_view`` and the keyword-only ``view=``, the attributes
-``shape``, ``dim_names``, ``rank_offset``, ``size``, ``backend``), with the 0.19 view
-semantics: a request in a view over dims that are all shared with the base view *is* the base
-view's group (same key, same object). :func:`parallel_state_ng.builders.grid_releases.hyper_comm_grid_class`
-gives a subclass whose Megatron-named methods are exactly one release's (absent ones absent,
-signatures equal), for ``compat.install(hyper_comm_grid=True)``.
-
-Where releases raise different exception types for the same mistake (an unknown dim is a
-``KeyError``, ``ValueError`` or einops' ``RuntimeError`` depending on release and call), the
-error raised here is an instance of each, so code written against any release catches it.
-
-Differences that matter at scale:
-
-* ``create_pg`` computes only the calling rank's own group (closed form) and creates it with
-  ``new_group(..., use_local_synchronization=True)``: ranks outside the group make no call.
-  ``create_pg(..., all_ranks=True)`` keeps megatron's behaviour (every group created on
-  every rank, collectively).
-* Several factorizations of the same ranks ("views", e.g. the expert layout beside the
-  dense one) live in one grid; dims shared between views are checked to have identical
-  membership.
-* ``destroy()`` destroys every group the grid created.
-* With group sharing on (:mod:`parallel_state_ng.groups.sharing`, ``PSNG_SHARE_GROUPS=1``), dims
-  sets whose groups have the same rank list and options share one process group (e.g.
-  ``["tp", "cp"]`` and ``"tp"`` when cp has size 1); ``destroy()`` destroys it once.
-
-A grid holds no global state: two grids in one process are independent.
+supported release (0.14 ... 0.19, the superset of their APIs, 0.19's view semantics), creating
+only the calling rank's groups; several views of the same ranks live in one grid, and a grid
+holds no global state. One release's exact class:
+:func:`parallel_state_ng.builders.grid_releases.hyper_comm_grid_class`. See docs/engine.md.
 """
 
 from __future__ import annotations
@@ -330,7 +306,9 @@ class HyperCommGrid:
         ``None``. ``all_ranks=True`` creates every group of the enumeration on every rank
         instead (megatron's collective behaviour). Keyword arguments (``timeout``,
         ``pg_options``, ``group_desc``, ``backend``) go to ``torch.distributed.new_group``.
-        In a view, dims all shared with the base view give the base view's group.
+        In a view, dims all shared with the base view give the base view's group. With group
+        sharing on (:mod:`parallel_state_ng.groups.sharing`), dims sets whose groups have the
+        same ranks and options share one process group, destroyed once.
 
         Raises:
             KeyError: the group over these dims was already created (in this view, or in

@@ -1,25 +1,10 @@
 """``HyperCommGrid`` classes with exactly one megatron-core release's surface.
 
-:class:`parallel_state_ng.builders.grid.HyperCommGrid` serves the superset of every supported release's
-API. Code written for one release may feature-detect (``hasattr(grid, "destroy")``) or call
-positionally, so ``compat.install(hyper_comm_grid=True)`` puts in place of
-``megatron.core.hyper_comm_grid.HyperCommGrid`` the class :func:`hyper_comm_grid_class`
-returns: a subclass of ours in which
-
-* every Megatron method the release has is there with that release's signature (names, order,
-  kinds, defaults), e.g. ``create_pg(self, dims, **kwargs)`` before 0.19 and
-  ``create_pg(self, dims, *, view=None, **kwargs)`` from 0.19 on; a ``view=`` keyword before
-  0.19 is a ``TypeError``, as in those releases;
-* every Megatron method the release lacks is absent (``hasattr`` is False, not in ``dir``),
-  e.g. ``destroy`` and ``is_current_rank_in_grid`` before 0.17;
-* the behaviour is our grid's (only the caller's group created, megatron's enumerations, the
-  0.19 view semantics, exception types valid for every release), and our extra methods
-  (``coord``, ``group_ranks``, ``group``, ``device_mesh``, ``has_pg``, ``views``, ...) stay:
-  they carry names no release uses. ``create_pg(..., all_ranks=True)`` still works through
-  ``**kwargs``.
-
-The facts come from :mod:`parallel_state_ng.releases.hyper_comm_grid`; one class per release
-series is built from them (and cached), there is no per-release code.
+:func:`hyper_comm_grid_class` returns a subclass of
+:class:`parallel_state_ng.builders.grid.HyperCommGrid` whose Megatron methods are exactly the
+release's (absent ones absent, signatures equal) and whose behaviour and extra methods are
+ours, built from :mod:`parallel_state_ng.releases.hyper_comm_grid` (one cached class per
+series). ``compat.install(hyper_comm_grid=True)`` puts it in Megatron's place. See docs/engine.md.
 """
 
 from __future__ import annotations

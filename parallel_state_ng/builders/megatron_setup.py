@@ -1,19 +1,10 @@
 """What Megatron's pg_collection path still needs besides the collection, without private MCore calls.
 
-Megatron code that takes ``pg_collection=`` still reaches two global things (measured on
-0.15–0.19):
-
-* ``DotProductAttention`` (and the tensor-parallel gather mappings) take scratch memory from
-  ``parallel_state.get_global_memory_buffer()``, which exists only after
-  ``initialize_model_parallel`` or the private ``parallel_state._set_global_memory_buffer()``:
-  :func:`ensure_global_memory_buffer`.
-* The training schedule: ``get_forward_backward_func()`` without ``pp_size``/``vp_size`` reads
-  the pipeline sizes from the globals (0.15 takes no arguments at all), and the pipelined
-  schedules need ``p2p_communicator=P2PCommunicator(pp_group=..., config=...)`` next to
-  ``pg_collection=``: :func:`megatron_schedule`.
-
-Which release takes what is data (:mod:`parallel_state_ng.releases.new_code_path`);
-megatron-core is imported only when these functions run.
+:func:`ensure_global_memory_buffer` (the scratch buffer ``DotProductAttention`` reads) and
+:func:`megatron_schedule` (the schedule ``get_forward_backward_func`` would pick, with
+``pg_collection=`` and ``p2p_communicator=``). Release data:
+:mod:`parallel_state_ng.releases.new_code_path`; megatron-core is imported only when these run.
+See docs/compat.md ("The rest of the pg_collection set-up").
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Scopes in which Megatron's global parallel state refuses to answer.
 
-A job may hold Megatron's module globals (a legacy module set up with
-``initialize_model_parallel``, served by ``compat.parallel_state``) next to modules whose
-groups come from no global (:func:`~parallel_state_ng.builders.collection.build_megatron_groups`,
-passed as ``pg_collection=``). While a new-code module runs, a global getter reached from it
-would silently answer for the legacy module's grid: the class of bug behind upstream's wrong
-gradients. Inside :func:`no_globals` (or ``MegatronGroups.scope()``) compat's served getters
-raise :class:`GlobalStateRefusedError` naming the getter and the scope instead, and the
-initialization probes (``model_parallel_is_initialized``, ``is_initialized``) answer "not
-initialized", which is what Megatron's pg_collection path sees in a job without globals.
-:func:`allow_globals` (entered by ``compat.parallel_state.use_state``) re-opens the globals
-inside such a scope, e.g. for a legacy module called from a new one; the innermost scope wins.
-
-The state is one stack per process (compat's globals are per process too). Entering and
-leaving a scope costs a list append/pop; a served getter pays one truth test of
-:data:`REFUSING`. This module imports neither torch nor megatron.
+Inside :func:`no_globals` (or ``MegatronGroups.scope()``) compat's served grid functions raise
+:class:`GlobalStateRefusedError` and the initialization probes answer "not initialized";
+:func:`allow_globals` re-opens them, the innermost scope wins. One stack per process; a served
+getter pays one truth test of :data:`REFUSING`; no torch or megatron import. See docs/compat.md
+("Scoping").
 """
 
 from __future__ import annotations

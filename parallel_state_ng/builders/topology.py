@@ -1,15 +1,10 @@
 """Multi-module topologies in one call: every module's grid, groups and ProcessGroupCollection.
 
-:func:`build_topology` takes a list of :class:`~parallel_state_ng.layout.topology_spec.ModuleSpec`
-(validated as a whole before any group exists) and, on this rank, builds each module the rank
-belongs to with :func:`~parallel_state_ng.builders.collection.build_megatron_groups` (only the
-rank's own groups; a module the rank is not in costs nothing). Every module also gets a
-:class:`~parallel_state_ng.builders.grid.HyperCommGrid` over its ranks (dims ``tp``, ``cp``,
-``dp``, ``pp`` in the module's order, an ``"expert"`` view with ``etp``, ``ep``, ``edp`` and the
-shared ``pp``) that serves the module's own groups: Megatron's multi-module code (``RankRole``,
-the bridge communicator) takes those grids. :meth:`Topology.multi_module_collection` is
-Megatron's ``MultiModuleProcessGroupCollection`` for this rank (0.19+). One
-:meth:`Topology.destroy` destroys everything; a failure while building leaves nothing.
+:func:`build_topology` validates a list of
+:class:`~parallel_state_ng.layout.topology_spec.ModuleSpec` as a whole, then builds each module
+the rank belongs to (its own groups only) with a :class:`~parallel_state_ng.builders.grid.HyperCommGrid`
+for Megatron's multi-module code; one :meth:`Topology.destroy` frees everything, a failure leaves
+nothing. See docs/engine.md ("Multi-module topologies in one call").
 """
 
 from __future__ import annotations

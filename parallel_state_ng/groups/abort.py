@@ -1,30 +1,10 @@
 """Aborting every process group the engine created: no collective, no store wait, bounded time.
 
-When a rank has died or stopped, a destroy that synchronizes with the group's members (a
-barrier, a store wait) can hang or wait out a timeout. :func:`abort_groups` instead aborts each
-live group the engine created in this process (every group made through
-:func:`parallel_state_ng.groups.creation.new_member_group`: compat's state, grids, handles'
-CPU groups, Megatron groups, topologies) and removes it from torch's registries, talking to
-no peer and no store. It returns in milliseconds whatever the peers do; afterwards the owners'
-``destroy()`` / ``destroy_model_parallel()`` find their groups gone and succeed at once.
-
-What torch 2.13 offers, and its limits (measured with gloo on CPU):
-
-* ``ProcessGroup.abort()`` exists for gloo and returns at once with dead and with stopped
-  (``SIGSTOP``) peers. It does **not** wake a collective already blocked in another thread on
-  a stopped peer: that call stays blocked until the group's own timeout. A dead peer (process
-  gone) is different: gloo raises "Connection closed by peer" in the blocked collective at
-  once, so detection of a *dead* rank in training costs nothing.
-* ``torch.distributed.distributed_c10d._abort_process_group(group)`` aborts and unregisters
-  one group (documented as NCCL-only, works for gloo: it asks for the CUDA backend and treats
-  its absence as "none"); ``_abort_process_group()`` with no group aborts every group in
-  torch's registry and the default group.
-* ``destroy_process_group`` of a gloo group (``shutdown``) returns at once with dead or
-  stopped peers, so torch's own teardown (nvidia-resiliency-ext's ``AbortTorchDistributed``
-  destroys the default group, hence every group) does not hang on gloo either.
-* NCCL (GPUs) needs the abort proper: ``shutdown`` may wait for pending work; ``abort()``
-  is what ``AbortTorchDistributed`` calls. :func:`abort_groups` calls ``abort()`` on every
-  backend.
+:func:`abort_groups` aborts and unregisters each live group made through
+:func:`parallel_state_ng.groups.creation.new_member_group` (compat's state, grids, handles' CPU
+groups, Megatron groups, topologies), talking to no peer and no store; the owners' ``destroy()``
+then returns at once. See docs/reliability.md ("Abort without waiting", with what torch 2.13
+offers for gloo).
 """
 
 from __future__ import annotations
@@ -54,7 +34,8 @@ class AbortResult:
 def abort_group(group: Any) -> bool:
     """Abort ``group`` and remove it from torch's registries, without waiting for anything.
 
-    Returns False when the group was no longer registered (aborted or destroyed elsewhere).
+    Every backend's ``abort()`` is called: NCCL needs it (its ``shutdown`` may wait for pending
+    work). Returns False when the group was no longer registered (aborted or destroyed elsewhere).
     Errors of the backend's ``abort()`` are swallowed: the group is unregistered regardless.
     """
     world = dist.distributed_c10d._world

@@ -1,30 +1,11 @@
 """Cross-rank agreement check: ranks that pass different parallel settings fail fast.
 
-If one rank calls ``initialize_model_parallel(tensor_model_parallel_size=2)`` and the others
-pass 1, each rank computes different groups and waits for peers that never come: the job
-hangs until the communication timeout, with no hint of the cause. :func:`check_agreement`
-compares every rank's settings through the default process group's key-value store before
-any group is created, and makes EVERY rank raise the same clear error instead:
-
-* :class:`ParallelConfigMismatchError` when the settings differ: it names the ranks of each
-  distinct configuration, the fields that differ and their values;
-* :class:`ParallelConfigTimeoutError` when some rank does not arrive within ``timeout``: it
-  names the ranks that are missing.
-
-This module decides when a check runs (settings, environment) and who takes part; each call
-is one *round* of the store protocol in :mod:`parallel_state_ng.groups.agreement_protocol`
-(5 store operations per rank whatever the world size; only the last rank to arrive reads
-O(world) data), under a store prefix built from the check's name, its participants and a
-per-call sequence number, so repeated checks never meet old keys.
-
-Every build of the pipeline runs the check by default
-(:func:`parallel_state_ng.groups.pipeline.agree`; off with ``PSNG_AGREEMENT_CHECK=0`` or
-:func:`set_agreement_check`; timeout from ``PSNG_AGREEMENT_TIMEOUT``, default 60 s).
-``HyperCommGrid(..., check_agreement=True)`` runs it on request.
-
-Every participant must make the same sequence of checks with a given name (true for SPMD code).
-A rank that skipped one (it crashed and was recovered, or a test made it skip) is out of step
-with the others until :func:`realign_sequences` is called on every rank.
+:func:`check_agreement` compares every rank's settings through the default store before any
+group is created and makes every rank raise the same error on a difference or a missing rank,
+instead of a hang. This module decides when a check runs and who takes part; each call is one
+round of :mod:`parallel_state_ng.groups.agreement_protocol`, under a store prefix made of the
+check's name, its participants and a per-call sequence number (repeated checks never meet old
+keys). See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -201,6 +182,9 @@ def check_agreement(
     Raises:
         ParallelConfigMismatchError: on every participant, when the fields differ.
         ParallelConfigTimeoutError: when some participant does not arrive within ``timeout``.
+
+    Every participant makes the same sequence of checks with a given ``name`` (true for SPMD
+    code); after a rank skipped one, see :func:`realign_sequences`.
 
     On the ``fake`` backend (simulated ranks in one process) the other ranks do not exist and
     the store is a dummy, so there is nothing to compare with: the check is skipped and the

@@ -1,33 +1,10 @@
 """The agreement check's store protocol: what one round writes, compares and raises.
 
 :mod:`parallel_state_ng.groups.agreement` decides *when* a check runs and *who* takes part; this
-module is the part that talks to the key-value store. One round (:func:`run_round`) runs on a
-store already prefixed for it (by the check's name, its participants and a per-call sequence
-number, so repeated checks never meet old keys):
-
-1. each rank writes the JSON of its settings (:func:`canonical_json`) under the key of their
-   hash (``cfg/<hash>``, identical value for agreeing ranks), writes the hash under its own key
-   (``fp/<index>``) and increments an arrival counter with ``add``;
-2. the rank whose ``add`` returns the participant count (the last to arrive; exactly one) reads
-   every hash in one ``multi_get``, compares, and publishes a verdict (``compare_set``: the
-   first verdict wins);
-3. every other rank waits for the verdict, bounded by ``timeout``, and reads it in one round
-   trip (:func:`read_present`); the last arrival has it from its ``compare_set`` already.
-
-A rank therefore does 5 store operations whatever the world size (set, set, add, wait, read;
-the last arrival: set, set, add, multi_get, compare_set), two of them without a reply (``set``),
-and only the last arrival reads O(world) data, in one request per 8,192 ranks. Each rank's
-``fp`` key is deleted later, off the critical path (:func:`flush_deferred_deletes`: while the
-rank waits in its next round or in an init's closing round). If the
-verdict does not come in time, the first rank to claim the ``reporter`` key (``compare_set``)
-finds the missing ranks (one ``check`` per participant, done by that rank alone and only on
-this error path) and publishes a timeout verdict the others wait for a little longer. Keys
-that must outlive a failed round stay, so a rank arriving late meets the same verdict instead
-of waiting forever.
-
-The verdict becomes the same error on every rank: :class:`ParallelConfigMismatchError` (the
-ranks of each distinct configuration and the fields that differ) or
-:class:`ParallelConfigTimeoutError` (the ranks that did not arrive).
+module talks to the key-value store. One round (:func:`run_round`, which states the steps)
+costs every rank 5 store operations whatever the world size, and ends on every rank with the
+same verdict: agreement, :class:`ParallelConfigMismatchError` or
+:class:`ParallelConfigTimeoutError`. See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -384,6 +361,16 @@ def run_round(
 
     Every participant calls it with its own ``fields``; ``name`` is used in the errors and
     ``timeout`` (seconds) bounds the wait for the verdict.
+
+    Each rank writes the JSON of its fields under ``cfg/<hash>`` and the hash under
+    ``fp/<index>``, then increments an arrival counter (``add``). The rank whose ``add``
+    returns the participant count reads every hash (one ``multi_get`` per 8,192 ranks),
+    compares, and publishes the verdict with ``compare_set`` (the first verdict wins); the
+    others wait for it and read it with :func:`read_present`. If it does not come in time,
+    the first rank to claim the ``reporter`` key finds the missing ranks and publishes a
+    timeout verdict. Keys a late rank needs outlive a failed round, so it meets the same
+    verdict instead of waiting forever; ``fp`` keys are deleted later
+    (:func:`flush_deferred_deletes`).
 
     Returns:
         ``(store_ops, compared)`` when everyone agrees: the store operations this rank

@@ -1,49 +1,11 @@
 """Creating a process group with only its members, under a name all members agree on.
 
-``torch.distributed.new_group(..., use_local_synchronization=True)`` lets the members alone
-create a group, but torch names such a group after its ranks *and the number of groups the
-calling process already has*. Ranks that belong to different numbers of groups (a rank on the
-first pipeline stage holds an embedding group, its neighbour does not) then compute different
-names for their next common group, look for each other under different store prefixes, and
-wait until the timeout.
-
-:func:`new_member_group` names a group after what every member does know: its rank list and
-how many groups with exactly that rank list this process created before (every member takes
-part in each creation of a group over it, so that count is the same on all of them).
-Names are never reused, so a re-created group never meets keys left in the store by an earlier
-one. :func:`destroy_groups` destroys groups and drops the per-name tag entry torch leaves
-behind, so repeated create/destroy cycles leave no trace in torch's registries.
-
-The per-set counters are process-wide because torch's group registry is process-wide; they
-carry no layout state.
-
-Early destroy. gloo connects every pair of members while the group is created, so a member
-that returned early and destroyed the group at once could close sockets a slower member is
-still connecting through. The guard costs nothing where groups are created: each member of a
-gloo group leaves one mark in the group's store when its creation returns (a ``set``, which
-does not wait for a reply), and :func:`destroy_groups` waits for every member's mark (one
-``wait`` on the store, which returns at once in the common case) before it destroys the group.
-The wait is bounded (:data:`ENV_SETTLE_TIMEOUT`, default 30 s): a member that never marks the
-group is dead or failed before finishing it, and closing our end cannot hurt it, so a rollback
-after a failure never hangs. (A barrier at the end of every creation, the previous guard, put
-one synchronization of all members on the critical path of each group: 30 % of the init time
-of an 8-process job.) Groups destroyed with ``torch.distributed.destroy_process_group``
-directly get no such guard, exactly as groups made by ``torch.distributed.new_group``.
-Inside :func:`creation_round` (an init that ends with a closing round among all members:
-:class:`parallel_state_ng.groups.liveness.InitWatch`) no mark is left at all: once that round
-has passed, every member has finished creating every group of the init, which is what the
-marks would tell, and a failed round means every member is rolling back anyway.
-The bound counts from the group's creation, not from the destroy: a group older than the
-bound is destroyed without waiting, and members known to be dead (:func:`mark_dead`, filled
-by the failure detection of :mod:`parallel_state_ng.core.failure`) are never waited for.
-
-Every group made here is kept in a process-wide registry of live groups (:func:`live_groups`)
-until it is destroyed, so :mod:`parallel_state_ng.groups.abort` can abort every group the engine
-created without knowing who owns it. A new default process group (``init_process_group``
-after ``destroy_process_group``: an in-process restart) starts afresh: names count from 0
-again (a replacement process and the survivors must agree on them, so the new world needs a
-fresh store or store prefix, as torch's own group names restart too), and the registries of
-the old world are dropped.
+:func:`new_member_group` names a group after its rank list and how many groups over that list
+this process made before (torch's own name also counts the process's other groups, which
+differ between ranks). :func:`destroy_groups` first waits, bounded, for every member of a gloo
+group to finish creating it. :func:`live_groups` is the process-wide registry
+:mod:`parallel_state_ng.groups.abort` aborts; a new default process group resets names and
+registries. See docs/engine.md (group names) and docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -96,7 +58,7 @@ _rounds_open: list[int] = [0]
 
 @contextmanager
 def creation_round(covered: bool) -> Iterator[None]:
-    """Groups made inside get no readiness mark when ``covered`` (see the module docstring).
+    """Groups made inside get no readiness mark when ``covered`` (docs/reliability.md).
 
     ``covered`` says that the block ends with a round every member of every group made in it
     takes part in, after its last creation (a closing round), so no member can destroy a
@@ -118,7 +80,11 @@ def on_new_world(callback: Any) -> None:
 
 
 def sync_world() -> None:
-    """Drop the registries and name counters of an earlier default group (see the module docstring)."""
+    """Drop the registries and name counters of an earlier default group.
+
+    Names count from 0 again in a new world (an in-process restart), so it needs a fresh store
+    or store prefix, as torch's own group names do (docs/reliability.md).
+    """
     default = dist.distributed_c10d._world.default_pg
     if default is _world_of_state[0]:
         return
@@ -162,7 +128,11 @@ def forget_all() -> None:
 
 
 def mark_dead(ranks: Iterable[int]) -> None:
-    """Record global ``ranks`` as dead in the current world: no destroy waits for them."""
+    """Record global ``ranks`` as dead in the current world: no destroy waits for them.
+
+    :func:`new_member_group` records the ranks a
+    :class:`~parallel_state_ng.groups.liveness.RankFailureError` names.
+    """
     sync_world()
     _dead.update(int(r) for r in ranks)
 
@@ -176,9 +146,10 @@ def new_member_group(ranks: Sequence[int], *, context: liveness.CreationContext 
     """``new_group(ranks, use_local_synchronization=True, **kwargs)`` under a stable name.
 
     Only the members call it, with the same rank list (same order); each member must create
-    its groups over a given rank list in the same sequence (true for SPMD code). A gloo group
+    its groups over a given rank list in the same sequence (true for SPMD code). Names are never
+    reused, so a re-created group never meets store keys an earlier one left. A gloo group
     may be destroyed right away through :func:`destroy_groups`, which first waits for every
-    member to finish creating it (see the module docstring). Other keyword arguments
+    member to finish creating it (docs/reliability.md). Other keyword arguments
     (``timeout``, ``backend``, ``pg_options``, ``group_desc``) go to
     ``torch.distributed.new_group``. A build that creates many groups passes one
     :class:`~parallel_state_ng.groups.liveness.CreationContext` to all of them (``context``;
@@ -263,7 +234,8 @@ def destroy_groups(groups: Iterable[Any]) -> int:
 
     ``None`` entries, groups already destroyed and repeats are skipped. A gloo group made by
     :func:`new_member_group` is destroyed only once every member has finished creating it
-    (bounded wait, see the module docstring). Besides
+    (bounded wait, docs/reliability.md); a group destroyed with
+    ``torch.distributed.destroy_process_group`` directly gets no such wait. Besides
     ``torch.distributed.destroy_process_group``, this removes the now empty
     ``ptd:<group name>`` tag list torch keeps for every named group.
     """

@@ -1,21 +1,9 @@
 """``DeviceMesh`` interop: a torch ``DeviceMesh`` over a grid's existing process groups.
 
-:func:`device_mesh` builds a ``torch.distributed.device_mesh.DeviceMesh`` whose mesh dims are
-dims of a :class:`~parallel_state_ng.builders.grid.HyperCommGrid` (or of one of its views), with
-``DeviceMesh.from_group``: every mesh dim uses the grid's own process group, so DTensor and
-FSDP2 / tensor-parallel APIs run on the communicators the grid already has and no new
-communicator is created. The grid supplies the groups (``HyperCommGrid.device_mesh``);
-this module does the layout math and builds the mesh (:func:`mesh_over_groups`), so it
-does not depend on the grid.
-
-The mesh is the caller's *slice* of the grid: the ranks that agree with the caller on every
-grid dim that is not a mesh dim. Ranks of other slices build their own (different) mesh;
-that is the usual SPMD pattern for a sub-mesh, since ranks of different slices never talk
-through it.
-
-A mesh dim is one grid dim (``"tp"``) or several taken together (``("dp", "cp")``, a
-flattened dim, whose group is ``grid.create_pg(["dp", "cp"])``). Along a merged mesh dim
-ranks run in the grid's layout order (first dim fastest), the order of that group.
+:func:`device_mesh` builds the caller's slice of a grid as a ``DeviceMesh`` with
+``DeviceMesh.from_group``, one grid group per mesh dim (a mesh dim may merge several grid
+dims), so no new communicator is created; ranks of other slices build their own mesh (SPMD).
+:func:`mesh_over_groups` does the math without importing the grid. See docs/engine.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """``GroupHandle``: one process group seen from the calling rank, with ring topology and helpers.
 
-A handle is built from plain data — the ordered member ranks, the device process group and,
-optionally, a CPU (gloo) companion group — so anything that owns process groups (a
-:class:`~parallel_state_ng.builders.grid.HyperCommGrid`, the Megatron-shaped compat state) can hand
-one out. It answers the questions training code keeps asking about a group (my position,
-the first / last member, my ring neighbours) and wraps the common collectives.
-
-Order. ``ranks`` is the handle's order: ``rank_in_group``, ``first_rank``, ``next_rank`` and
-the ``group_src`` of :meth:`GroupHandle.broadcast` all refer to it, and
-:meth:`GroupHandle.all_gather` / :meth:`GroupHandle.reduce_scatter` lay out chunks in it.
-``torch.distributed.new_group`` sorts its ranks by default, so a process group's own order
-may differ from the order the caller cares about (e.g. a pipeline listed out of rank
-order); the helpers translate between the two.
-
-CPU companion. :attr:`GroupHandle.cpu_group` (used by :meth:`GroupHandle.barrier` and
-:meth:`GroupHandle.broadcast_object`) is created lazily; create it on every rank at the same
-point, see its docstring.
-
-Example (on every member of the group):
-    >>> h = grid.group("pp")
-    >>> if not h.is_last:
-    ...     h.send_next(activations).wait()
-    >>> total = h.all_reduce(torch.ones(1))      # == h.size
+Built from plain data (the ordered member ranks, the device group, optionally a CPU companion),
+so anything that owns process groups can hand one out: position, first/last member, ring
+neighbours, collectives in the handle's rank order, and a lazily created gloo CPU group.
+See docs/engine.md ("Handles and DeviceMesh").
 """
 
 from __future__ import annotations
@@ -50,7 +32,9 @@ class GroupHandle:
     """The calling rank's view of one process group.
 
     Args:
-        ranks: global ranks of the members in the handle's order (see the module docstring).
+        ranks: global ranks of the members in the handle's order, which positions, neighbours,
+            ``group_src`` and chunk layouts refer to (``new_group`` sorts its ranks, so the
+            process group's own order may differ; the helpers translate).
         group: the device process group over exactly these ranks.
         cpu_group: an existing CPU (gloo) group over the same ranks. When omitted, one is
             created on first use of :attr:`cpu_group` (or :meth:`barrier`,

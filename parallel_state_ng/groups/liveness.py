@@ -1,33 +1,10 @@
 """Failing fast when a rank dies or stops while groups are being created.
 
-Without this, a rank that dies after the agreement check leaves the survivors blocked in
-gloo's connect (and torch's rendezvous) for the group timeout: 30 minutes by default. Here:
-
-* **Bounded creation.** A gloo group is created with a short timeout (:func:`creation_timeout`,
-  0.7 × :data:`ENV_FAILURE_TIMEOUT`, default 30 s) and given the caller's timeout
-  right after (torch's ``_set_pg_timeout``, which gloo and NCCL honour): the healthy path pays
-  nothing, a missing member makes the creation raise within the bound.
-* **Arrival marks** name the missing member. Each member leaves one mark in the default store
-  before connecting (a ``set``, which on a ``TCPStore`` does not wait for a reply: ~5 µs).
-  When a creation fails, the members without a mark are the ones that never reached it. A
-  member that is alive but failed elsewhere first (blocked in a group with the dead rank)
-  leaves a failure record; a survivor waits briefly for the records of the members it
-  found missing and then names the rank *they* found missing instead.
-* **Closing round** (:class:`InitWatch`): an init over many ranks (``initialize_model_parallel``,
-  ``build_megatron_groups``) ends with one store round among its participants: each rank
-  marks its arrival and bumps a counter; the last arrival publishes "ok" (and learns the
-  verdict from that ``compare_set``: no wait, no read). A rank that failed
-  publishes its failure instead (first verdict wins), so ranks that share no group with the
-  dead one, already waiting, raise at once with the same story; if nobody reports (the rank
-  died after its last group), the first waiter to give up names the ranks that never arrived.
-  4 store operations per rank in the healthy case (the last arrival: 3), once per init.
-
-All errors are :class:`RankFailureError`, naming the dead (or stopped) ranks, the step the
-raising rank was in, and the rank that saw the failure first. Limits (torch 2.13, gloo): a
-rank that is alive but *stopped* (``SIGSTOP``) cannot be told from a dead one; a member
-that dies *during* gloo's connect, after its mark, is named only through the absence of its
-failure record; NCCL creates communicators lazily, so only the closing round covers it. The
-fake backend (one process, a dummy store) is skipped.
+A gloo group is created with a short bound (:func:`creation_timeout`) after an arrival mark in
+the default store, so a missing member makes the creation raise instead of waiting out the
+group timeout; an init ends with a closing round (:class:`InitWatch`). Every survivor raises
+:class:`RankFailureError` naming the dead ranks. :func:`agree_on_survivors` serves a restart.
+See docs/reliability.md ("Fail fast while groups are created", with the limits found).
 """
 
 from __future__ import annotations
@@ -271,7 +248,7 @@ def _creation_failure(
 
 
 class InitWatch:
-    """The closing round of one init over ``ranks`` (see the module docstring).
+    """The closing round of one init over ``ranks`` (docs/reliability.md: "Closing round").
 
     Usage, on every participant::
 

@@ -1,17 +1,10 @@
 """Carrying out a rank's group plan: the process groups of one Megatron layout on this rank.
 
-:func:`create_model_groups` executes :func:`parallel_state_ng.layout.plan.group_plan` for a
-:class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`: it creates only this rank's groups,
-each with ``new_group(..., use_local_synchronization=True)`` under a name that depends only on
-its members (:mod:`parallel_state_ng.groups.creation`), in the creation order of the layout's
-release, and runs the plan's SHARP steps. If anything fails, every group created so far is
-destroyed before the error propagates (atomic creation). The result,
-:class:`ModelParallelGroups`, touches no module global: compat publishes one into
-``compat.parallel_state``'s globals, :class:`~parallel_state_ng.builders.collection.MegatronGroups`
-exports one as a ``ProcessGroupCollection``.
-
-:func:`global_values` says, for one such object, what every Megatron module global would hold
-(MCore's aliases included), reading the group-kind table; both consumers read it.
+:func:`create_model_groups` executes :func:`parallel_state_ng.layout.plan.group_plan` (only this
+rank's groups, member-named, in the release's creation order, atomic); its
+:class:`ModelParallelGroups` touches no module global. :func:`global_values` says what every
+Megatron module global would hold for one; compat and
+:class:`~parallel_state_ng.builders.collection.MegatronGroups` read it. See docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -187,7 +180,9 @@ def create_model_groups(
     options: PlanOptions,
     name: str = "create_model_groups",
 ) -> ModelParallelGroups:
-    """Create ``rank``'s groups for ``layout`` and ``options``; atomic (see the module docstring).
+    """Create ``rank``'s groups for ``layout`` and ``options``; atomic.
+
+    If anything fails, every group created so far is destroyed before the error propagates.
 
     ``nccl_options(key)`` gives the ``pg_options`` of a group whose kind has NCCL-config key
     ``key``; ``timeout`` is the timeout of the groups whose rule is ``"init"``. ``name`` (the

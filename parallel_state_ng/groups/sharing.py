@@ -1,27 +1,9 @@
 """One process group for group kinds with the same members and the same options (opt-in).
 
-Megatron-Core creates one communicator per group kind even when kinds coincide: with context
-parallel size 1 the data-parallel group with context parallelism has the members of the data-
-parallel group, tensor x context equals tensor, tensor x data x context equals tensor x data;
-with expert parallel size 1 and expert-tensor size = tensor size several expert kinds repeat
-dense ones. Every NCCL communicator costs GPU memory and init time.
-
-With sharing on, kinds whose rank lists are identical (same ranks, same order) AND whose
-creation options are identical share one process group. Options compared:
-
-* ``backend`` as requested (``None`` — the default backend — differs from an explicit
-  ``"gloo"``, so a gloo twin never shares with its main group);
-* ``pg_options``: NCCL options by value (high-priority stream, ``cga_cluster_size``,
-  ``max_ctas``, ``min_ctas``, ``net_name``); any other options object only with itself;
-* ``timeout`` (``None``, torch's default, differs from any explicit value).
-
-The shared group keeps the description (``group_desc``) of the first kind that asked for it.
-Sharing is per :class:`GroupPool` (one ``initialize_model_parallel``); groups of different
-grids are never shared, so destroying one grid cannot touch another's groups.
-
-Off by default (Megatron code may rely on distinct group objects). On with the environment
-variable ``PSNG_SHARE_GROUPS=1`` or :func:`set_group_sharing`; every rank must use the same
-setting (``initialize_model_parallel``'s agreement check compares it).
+With sharing on (``PSNG_SHARE_GROUPS=1`` or :func:`set_group_sharing`, the same on every rank),
+requests of one :class:`GroupPool` whose :func:`sharing_key` is equal (same ranks in the same
+order, backend, ``pg_options``, timeout) get one process group. Off by default. See
+docs/compat.md ("Group sharing").
 """
 
 from __future__ import annotations
@@ -115,7 +97,12 @@ def options_key(pg_options: Any) -> Hashable:
 
 
 def sharing_key(ranks: Sequence[int], backend: str | None, pg_options: Any, timeout: Any) -> tuple:
-    """The key two group requests must have in common to share one group."""
+    """The key two group requests must have in common to share one group.
+
+    ``backend`` as requested (``None``, the default backend, differs from ``"gloo"``, so a gloo
+    twin never shares with its main group); ``timeout`` ``None`` (torch's default) differs
+    from any explicit value.
+    """
     return (tuple(ranks), None if backend is None else str(backend).lower(), options_key(pg_options), timeout)
 
 
@@ -152,7 +139,8 @@ class GroupPool:
     """Creates the groups of one build; with sharing on, reuses a group for an equal request.
 
     ``share=None`` takes :func:`group_sharing_enabled`. ``create`` makes a group (default
-    :func:`parallel_state_ng.groups.creation.new_member_group`).
+    :func:`parallel_state_ng.groups.creation.new_member_group`). Groups of different pools
+    (different grids or inits) are never shared, so destroying one cannot touch another's.
     """
 
     def __init__(self, share: bool | None = None, create: Callable[..., Any] | None = None) -> None:

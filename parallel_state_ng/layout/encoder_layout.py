@@ -1,23 +1,9 @@
 """How megatron-core 0.12/0.13 joins an encoder block to the decoder's groups (pure math).
 
-In the encoder/decoder era ``initialize_model_parallel`` can give an encoder its own tensor and
-pipeline sizes. The encoder gets the first ranks of the world, ``[0, encoder world)``, with a
-rank generator of its own (expert size 1, the same order, data-parallel and context-parallel
-sizes as the decoder); the decoder and expert generators start after it. MCore then walks both
-generators for every group kind:
-
-* pipeline groups are stitched: each decoder pipeline is preceded by one encoder pipeline.
-  There are at least as many decoder pipelines as encoder ones (encoder tensor size <= decoder
-  tensor size), so consecutive decoder pipelines share an encoder pipeline: with ``D`` decoder
-  and ``E`` encoder pipelines, encoder pipeline ``j`` precedes ``D // E`` of them, one more for
-  the first ``D % E``. An encoder rank is therefore in several pipeline groups.
-* model-parallel (tp × pp) groups are concatenated: encoder group ``i`` + decoder group ``i``
-  (both generators have ``dp × cp`` of them).
-* every other kind lists the encoder's groups, then the decoder's (or expert's): a rank's group
-  is the one of its own block.
-
-:class:`EncoderBlock` answers these for one rank in O(group size), and enumerates them in
-MCore's order for tools and tests. No ``torch.distributed`` here.
+:class:`EncoderBlock` states the rules (the encoder on the first ranks, stitched pipelines,
+concatenated model-parallel groups) and answers them for one rank in O(group size), or
+enumerates them in MCore's order. No ``torch.distributed``. See docs/releases.md
+("The encoder/decoder era").
 """
 
 from __future__ import annotations
@@ -31,6 +17,14 @@ _PP = ("pp",)
 
 class EncoderBlock:
     """The encoder layout of a 0.12/0.13 configuration and how its groups join the decoder's.
+
+    The encoder has the first ranks and a rank generator of its own (expert size 1, the
+    decoder's order, data- and context-parallel sizes); the decoder and expert generators
+    start after it. Pipeline groups are stitched: with ``D`` decoder and ``E`` encoder
+    pipelines (``D >= E``), encoder pipeline ``j`` precedes ``D // E`` decoder ones, one more
+    for the first ``D % E``, so an encoder rank is in several. Model-parallel (tp × pp) groups
+    are concatenated (encoder group ``i`` + decoder group ``i``); every other kind lists the
+    encoder's groups, then the decoder's (or expert's).
 
     Args:
         encoder: the encoder's layout (ranks ``[0, encoder world)``).

@@ -1,22 +1,10 @@
 """Megatron-Core's process-group kinds: every fact about each kind, stated once.
 
-:data:`GROUP_KINDS` has one :class:`GroupKind` per kind of group some supported release (0.12
-… 0.19) builds. A row says what the group is (its rank generator and ``get_ranks`` dims), the
-``group_desc`` MCore gives it (and its gloo twin), the module globals it is published in (its
-group, rank list, gloo twin, and the global it falls back to when this rank does not build the
-kind), the ``ProcessGroupCollection`` field ``use_mpu_process_groups()`` fills from each
-global, its NCCL-config key and timeout rule, and the releases that build it (names of
-:class:`~parallel_state_ng.releases.facts.ReleaseFacts` attributes). Kind names are
-MCore's ``nccl_comm_cfgs`` keys where one exists.
-
-Everything reads this table: the creation order (:mod:`parallel_state_ng.layout.plan`), the
-layout math (:class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`), compat's publishing of
-globals and its ``ProcessGroupCollection`` export, and the tools. Pure data: no
-``torch.distributed``.
-
-Aliases MCore sets instead of building a group are fallbacks, not kinds: with
-``gtp_remat_size == 1`` the 0.19 GTP data-parallel globals hold the plain data-parallel groups,
-and with one distributed-optimizer instance the intra-partial globals hold the full groups.
+:data:`GROUP_KINDS` has one :class:`GroupKind` per kind some supported release builds: its
+ranks, ``group_desc``, module globals, ``ProcessGroupCollection`` field, NCCL-config key,
+timeout rule and releases. The creation order, the layout math, compat and the tools all read
+it. MCore's aliases (the 0.19 GTP data-parallel globals when ``gtp_remat_size == 1``, ...) are a
+kind's fallbacks, not kinds. Pure data. See docs/architecture.md ("the group plan").
 """
 
 from __future__ import annotations

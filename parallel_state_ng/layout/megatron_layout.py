@@ -1,25 +1,11 @@
 """Megatron-Core's process-group kinds as pure layout math, for every supported release.
 
-:class:`MegatronLayout` describes, for one ``initialize_model_parallel`` configuration of one
-release (0.12 … 0.19), every group kind that release builds as groups of a
-:class:`~parallel_state_ng.layout.named_layout.Layout`: the dense ("decoder") layout ``tp, cp, dp, pp``
-and the expert layout ``etp, ep, edp, pp`` (same order string, pp shared), plus the derived
-kinds (hierarchical context parallel, partial data parallel, embedding,
-distributed-optimizer instance, hybrid dp×cp). Release 0.17 adds ``rank_offset`` /
-``local_world_size`` (both layouts cover ``[rank_offset, rank_offset + local_world_size)``);
-release 0.19 adds the GTP weight-rematerialization axis ``gtp_remat`` (size
-``gtp_remat_size`` in the dense layout, injected after ``tp``; ``expert_gtp_remat_size`` in
-the expert layout, injected after ``ep``) and its kinds. With GTP sizes 1 a 0.19 layout has
-0.18's groups. Releases 0.12–0.13 may put an encoder block before the decoder (its own
-tensor and pipeline sizes; pipelines stitched across both: :mod:`parallel_state_ng.layout.encoder_layout`).
-For any rank it gives that rank's group of any kind in closed form (O(group
-size)), with MCore's in-group order; it can also enumerate all groups of a kind (for tools
-and tests).
-
-The kinds, their MCore globals and tokens are listed in :mod:`parallel_state_ng.layout.kinds`
-(:data:`GROUP_KINDS`), their creation order in :mod:`parallel_state_ng.layout.plan`; the
-per-release facts in :mod:`parallel_state_ng.releases.facts`.
-No ``torch.distributed`` here: the compat module turns these rank lists into process groups.
+:class:`MegatronLayout` gives, for one ``initialize_model_parallel`` configuration of one release
+(0.12 … 0.19), any rank's group of any kind in closed form (O(group size), MCore's in-group
+order): the dense layout ``tp, cp, dp, pp``, the expert layout ``etp, ep, edp, pp`` and the
+derived kinds (:mod:`parallel_state_ng.layout.kinds`), with 0.17's rank range, 0.19's GTP axes
+and 0.12/0.13's encoder block (:mod:`parallel_state_ng.layout.encoder_layout`). No
+``torch.distributed``. See docs/architecture.md and docs/releases.md.
 """
 
 from __future__ import annotations
@@ -74,6 +60,10 @@ class MegatronLayout:
     indivisible world or a size > 1 missing from ``order``, ``AssertionError`` for its asserted
     conditions), with messages that name the argument and its value; arguments the release
     does not have raise ``TypeError``.
+
+    0.19's GTP axis ``gtp_remat`` comes after ``tp`` in the dense layout (size
+    ``gtp_remat_size``) and after ``ep`` in the expert one (``expert_gtp_remat_size``); with
+    GTP sizes 1 a 0.19 layout has 0.18's groups.
 
     Ranks outside ``[rank_offset, rank_offset + local_world_size)`` are in no group:
     :meth:`group` returns ``None`` for them.

@@ -1,23 +1,10 @@
 """Pure rank-layout math: named dims, coordinates and groups.
 
-Nothing here touches ``torch.distributed`` (plain torch tensors do the vectorized work). A
-:class:`Layout` is a set of named dims laid over a contiguous block of ranks
-``[rank_offset, rank_offset + size)``. Dims are given
-in Megatron-Core's ``order`` convention: the *first* name varies fastest, exactly like the
-``order="tp-cp-ep-dp-pp"`` string of ``initialize_model_parallel`` and ``dim_names`` of
-megatron's ``HyperCommGrid``.
-
-Groups over a subset ``S`` of dims are the sets of ranks that agree on every dim outside
-``S``. Enumerations follow MCore's ``RankGenerator.get_ranks``: groups are numbered by the
-dims outside ``S`` (first varies fastest) and each group lists its ranks by the dims inside
-``S`` (first varies fastest). One rank's group is computed in closed form in O(group size);
-a full enumeration is a vectorized tensor expression (no per-rank Python loop).
-
-A layout can be *split*: a dim, or a set of dims taken together, is re-expressed as named
-sub-dims (first varies fastest). That is how hierarchical context-parallel groups and
-partial data-parallel groups are described. When the split dims are adjacent the result is
-again a plain mixed-radix layout; otherwise a composed layout evaluates ranks through its
-parent.
+A :class:`Layout` lays named dims over ranks ``[rank_offset, rank_offset + size)`` in
+Megatron-Core's ``order`` convention (the first name varies fastest); groups and enumerations
+equal MCore's ``RankGenerator.get_ranks``, one rank's group in O(group size). A layout can be
+*split* into named sub-dims (hierarchical context parallel, partial data parallel). No
+``torch.distributed``. See docs/engine.md ("Layouts: pure rank math").
 """
 
 from __future__ import annotations
@@ -88,6 +75,10 @@ def validate_dims(shape: Sequence[int], dim_names: Sequence[str]) -> tuple[tuple
 
 class Layout:
     """Named dims over a contiguous block of ranks (pure math, immutable).
+
+    A group over a subset ``S`` of dims is the ranks that agree on every dim outside ``S``;
+    enumerations number groups by the dims outside ``S`` and list each group's ranks by the
+    dims inside ``S`` (first fastest both times), as ``RankGenerator.get_ranks`` does.
 
     Args:
         shape: size of each dim.
@@ -418,7 +409,9 @@ class Layout:
         kept. Example: with ``cp`` of size 8, ``split("cp", [2, 4], ["cp0", "cp1"])`` gives
         the level-0 and level-1 hierarchical context-parallel dims; with ``dp`` and ``cp``
         taken together, ``split(["cp", "dp"], [intra, n], ["intra", "inter"])`` gives the
-        partial data-parallel groups (contiguous chunks of each dp-cp group).
+        partial data-parallel groups (contiguous chunks of each dp-cp group). Adjacent split
+        dims give a plain mixed-radix layout; otherwise a composed layout evaluates ranks
+        through its parent.
         """
         merged = self.dims(dims)
         if not merged:

@@ -1,14 +1,10 @@
 """The group plan: the ordered creation steps of one rank's ``initialize_model_parallel``.
 
-:data:`CREATION_ORDER` is the order in which Megatron-Core's ``initialize_model_parallel``
-creates its groups, as rows naming kinds of :data:`~parallel_state_ng.layout.kinds.GROUP_KINDS`
-with the configuration each row needs; which releases build a kind is the kind's own
-``exists``. :func:`group_plan` turns it into one rank's steps for a
-:class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` and the init options: only the groups
-the rank belongs to, each with its ranks (closed form, no loop over the world), its
-``group_desc``, backend, NCCL-config key and timeout rule. SHARP's environment switch and
-barrier are steps too. Pure: nothing here touches ``torch.distributed``; compat executes the
-steps, the tools count them.
+:data:`CREATION_ORDER` is MCore's creation order as rows of
+:data:`~parallel_state_ng.layout.kinds.GROUP_KINDS` kinds; :func:`group_plan` turns it into one
+rank's steps (its groups only, each with ranks, ``group_desc``, backend, NCCL key, timeout
+rule; SHARP steps too). Pure: compat executes the steps, the tools count them. See
+docs/architecture.md ("the group plan").
 """
 
 from __future__ import annotations

@@ -1,31 +1,9 @@
 """Rebuilding a Megatron layout over the ranks that survived a failure (pure math).
 
-Given the layout a job ran with and the ranks that died, :func:`plan_rebuild` says what the
-job can continue with, in the same processes:
-
-* **the new world**: the survivors renumbered (``new_rank[old]``), the layout's tensor,
-  context, pipeline and expert sizes kept, the data-parallel size shrunk to the complete
-  model replicas that survived (``shrink``), or kept with spare ranks moved into the dead
-  ranks' places (``keep_data_parallel=True``, when the old layout left spares outside its
-  ``local_world_size``);
-* **where each new rank's state is**: ``source[new]``, the old rank that holds the
-  parameters and optimizer state the new rank needs (itself when it kept its place), and
-  ``replica[new]``, that rank's old data-parallel index.
-
-A *replica unit* is the smallest block of consecutive data-parallel indices that holds a
-whole model, dense and expert parts: with expert parallelism an expert shard sits at a given
-``(expert tp, ep, pp)`` position, which is tied to the data-parallel index whenever
-``ep × expert tp`` does not divide ``tp × cp``. A unit survives when none of its ranks died;
-surviving units keep their ranks' positions inside the unit, so a survivor's own state is
-the state of its new position and nothing has to move in ``shrink`` mode.
-
-Everything is vectorized over ranks with torch integer tensors (no Python loop over the
-world): a million-rank layout is planned in well under a second.
-
-Refused with :class:`RebuildError` (a ``ValueError``): no complete replica survives (every
-replica lost a member of some tp/cp/pp slice); the distributed-optimizer instances do not
-divide the new data-parallel size; an encoder block (0.12/0.13) or a GTP axis (0.19), which
-this plan does not cover; not enough spares to keep the data-parallel size.
+:func:`plan_rebuild` gives the new world (survivors renumbered, the data-parallel size shrunk
+to the complete model replicas that survived, or kept with spares) and where each new rank's
+state is, vectorized over ranks with torch integer tensors. See docs/reliability.md
+("Rebuild over the survivors").
 """
 
 from __future__ import annotations
@@ -48,7 +26,7 @@ class RebuildError(ValueError):
 
 @dataclass(frozen=True)
 class RebuildPlan:
-    """The new world and layout after a failure (see the module docstring).
+    """The new world and layout after a failure (docs/reliability.md: "Rebuild over the survivors").
 
     Attributes:
         old_world_size: ranks of the old job.
@@ -189,7 +167,10 @@ def plan_rebuild(
             new layout is then a ``local_world_size`` sub-world, 0.17+); else they leave.
 
     Raises:
-        RebuildError: see the module docstring.
+        RebuildError: no complete replica survives (every replica lost a member of some
+            tp/cp/pp slice); the distributed-optimizer instances do not divide the new
+            data-parallel size; an encoder block (0.12/0.13) or a GTP axis (0.19); not
+            enough spares to keep the data-parallel size.
     """
     _refuse_unsupported(layout)
     world, start, size = layout.world_size, layout.rank_offset, layout.layout_world_size

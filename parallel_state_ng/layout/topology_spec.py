@@ -1,12 +1,9 @@
 """Multi-module topologies as pure data: which module runs on which ranks, with which parallelism.
 
-A heterogeneous job (Megatron's MiMo: a vision encoder feeding a language model) runs several
-*modules*, each with its own tensor/pipeline/context/expert sizes and its own ``order``, either
-on disjoint ranges of ranks or colocated over the same ranks. :class:`ModuleSpec` states one
-module; :func:`validate_topology` checks a whole topology before any process group exists and
-returns each module's :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`. Nothing here
-touches ``torch.distributed``: :mod:`parallel_state_ng.builders.topology` creates the groups, the
-layout tool draws the blocks.
+:class:`ModuleSpec` states one module (MiMo's vision encoder, language model, ...), on disjoint
+or colocated ranks; :func:`validate_topology` checks a whole topology before any process group
+exists and returns each module's :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`.
+See docs/engine.md ("Multi-module topologies in one call").
 """
 
 from __future__ import annotations

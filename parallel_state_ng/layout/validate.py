@@ -1,13 +1,9 @@
 """Up-front checks of ``initialize_model_parallel`` arguments (compat and the engine's builders).
 
-Each check names the argument and its value. Where MCore itself rejects a value, the error
-is of MCore's type (a size of 0 makes MCore divide by zero, so the error for it is a
-``ValueError`` that is also a ``ZeroDivisionError``; a negative size trips MCore's own layout
-assertion, so that error is also an ``AssertionError``; a non-str ``order`` makes MCore fail
-with ``AttributeError``, a non-str pipeline backend with ``ValueError``); where MCore would go
-on and build a wrong layout (bools, repeated order tokens), the error is a plain
-``ValueError`` or ``TypeError``. Layout-level conditions (divisibility, ``order``) are
-checked by :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`.
+Each check names the argument and its value, with MCore's exception type where MCore rejects
+the value (the error classes below say which), a plain ``ValueError`` or ``TypeError`` where MCore
+would build a wrong layout. Layout-level conditions are
+:class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`'s. See docs/differences.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Which Megatron-Core release to mirror, and what differs between releases.
 
-Megatron-Core's ``parallel_state`` / ``hyper_comm_grid`` API moved between releases (functions
-added and removed, parameters inserted, new parallelism axes). Every such difference is stated
-as data in this package, keyed by release series (``"0.19"``); code elsewhere asks
-:class:`Release` questions and never compares version strings itself.
-
-Selection (:func:`select_release`), first match wins:
-
-1. ``$PSNG_MEGATRON_VERSION`` (``0.19`` or ``0.19.2``);
-2. the installed ``megatron-core`` distribution, read with :mod:`importlib.metadata`
-   (megatron is not imported);
-3. the newest supported release.
-
-A release newer than the newest supported one is served as the newest, with a warning naming
-both; an older unsupported one raises :class:`UnsupportedReleaseError` naming the supported
-range.
+Every difference between releases is data in this package, keyed by release series (``"0.19"``);
+code elsewhere asks :class:`Release` questions and never compares version strings itself.
+:func:`select_release` picks the release (``$PSNG_MEGATRON_VERSION``, else the installed
+megatron-core, else the newest). See docs/releases.md ("Which release is served").
 """
 
 from __future__ import annotations

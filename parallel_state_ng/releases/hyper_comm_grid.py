@@ -1,26 +1,10 @@
 """Per-release facts about ``megatron.core.hyper_comm_grid.HyperCommGrid`` (data only).
 
-Read from each release's ``megatron/core/hyper_comm_grid.py`` (0.14.0 and 0.15.x share one file,
-0.17.x and 0.18.x another; 0.12/0.13 have no ``HyperCommGrid``):
-
-* 0.14: ``__init__(shape, dim_names, rank_offset=0, backend=None)``, ``create_pg(dims, **kwargs)``,
-  ``get_pg(dims)``, and the private ``_gen_rank_enum(dims)`` that Megatron's pipeline code calls.
-* 0.16: ``get_rank_enum(dims)``.
-* 0.17: ``destroy()``, ``is_current_rank_in_grid()``.
-* 0.19: ``register_view(name, shape, dim_names, shared_dims=None)``; ``create_pg``, ``get_pg``
-  and ``get_rank_enum`` take a keyword-only ``view=None``. A group over dims all shared with the
-  base view is the base view's group (one key, one object).
-
-Every release raises ``ValueError`` for ``len(shape) != len(dim_names)`` and a negative
-``rank_offset``, ``RuntimeError`` when the world size is unknown or too small, and ``KeyError``
-for a second ``create_pg`` over the same dims and for ``get_pg`` before ``create_pg``. An unknown
-dim is ``ValueError`` in a list (all releases) and in 0.19 everywhere, but ``KeyError``
-(``get_pg``) or einops' ``RuntimeError`` (``create_pg``, ``get_rank_enum``) for a single name
-before 0.19: :class:`parallel_state_ng.layout.named_layout.UnknownDimError` is all three, so one
-implementation serves every release.
-
+Read from each release's ``megatron/core/hyper_comm_grid.py`` (0.12/0.13 have none).
 :data:`METHODS` gives, per method, the signature each release introduced (a later entry replaces
-an earlier one; ``None`` would mark a removal). :func:`methods` answers for one release.
+an earlier one; ``None`` would mark a removal); :func:`methods` answers for one release. An
+unknown dim raises a different type per release and call:
+:class:`parallel_state_ng.layout.named_layout.UnknownDimError` is all of them. See docs/engine.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""Per-release facts for Megatron's pg_collection path (code that takes its groups from a
-``ProcessGroupCollection`` instead of ``parallel_state``'s globals).
+"""Per-release facts for Megatron's pg_collection path (groups from a ``ProcessGroupCollection``).
 
-Read from each release's ``megatron/core/parallel_state.py``,
-``pipeline_parallel/schedules.py`` and ``pipeline_parallel/p2p_communication.py`` (0.15.3,
-0.16.1, 0.17.1, 0.18.2, 0.19.2; ``tests/releases/test_new_code_path_releases.py`` compares
-these tables with the wheels' sources).
-
-* :data:`GRID_FREE_FUNCTIONS` — ``parallel_state`` functions that read or write no grid (the
-  plain global memory buffer, pure rank arithmetic, NCCL-option helpers): they keep working
-  inside a no-globals scope
-  (:func:`parallel_state_ng.builders.scope.no_globals`).
-* :data:`INITIALIZATION_PROBES` — functions that only ask whether the globals are set, and
-  what they answer inside such a scope (what a job without globals answers).
-* :data:`FORWARD_BACKWARD_FUNC_PARAMS` — ``get_forward_backward_func``'s parameters per
-  series (0.15 has none: it reads the pipeline sizes from the globals).
-* :data:`SCHEDULE_FUNCTIONS` / :data:`P2P_COMMUNICATOR_TAKERS` — the schedule functions, and
-  which of them take ``p2p_communicator=`` per series.
-* :data:`P2P_COMMUNICATOR` — where ``P2PCommunicator(pp_group, config)`` lives (0.15+).
+Read from each release's ``parallel_state.py``, ``pipeline_parallel/schedules.py`` and
+``p2p_communication.py`` (0.15.3 … 0.19.2, compared with the wheels by
+``tests/releases/test_new_code_path_releases.py``): the functions that work inside a no-globals
+scope, the initialization probes, the schedules and who takes ``p2p_communicator=``. See
+docs/compat.md ("Scoping", "The rest of the pg_collection set-up").
 """
 
 from __future__ import annotations

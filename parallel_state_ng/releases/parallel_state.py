@@ -1,27 +1,10 @@
-"""Per-release facts about ``megatron.core.parallel_state``: its API surface and behaviour.
+"""Per-release facts about ``megatron.core.parallel_state``: its API surface and behaviour (data).
 
-Read from each release's ``megatron/core/parallel_state.py`` and ``process_groups_config.py``
-(0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2; within a series the files are identical). The
-legacy releases 0.12 and 0.13 (0.12.3, 0.13.1: the encoder/decoder era) are stated in
-:mod:`.parallel_state_legacy` as differences from 0.14 and merged into these tables at import.
-Everything here is data; ``compat`` builds the module it serves from it, and tools (e.g. an
-upgrade checker) can query it:
-
-* :data:`FUNCTIONS` — every public function, as a list of signature :class:`Variant` s, each
-  valid for a range of release series. A function exists in a release iff a variant covers
-  it. Every parameter of every release is positional-or-keyword; a parameter is ``(name,
-  default)`` or a bare name (required).
-* :data:`GLOBALS` — every module-level state global with the series range it exists in and
-  its value at import time.
-* :data:`RANK_GENERATOR` — ``RankGenerator``'s methods, as signature variants (``self``
-  omitted).
-* The ``ProcessGroupCollection`` facts are in :mod:`parallel_state_ng.releases.process_groups_config`.
-
-* :data:`REPLACEMENTS` — what to use instead of a removed function, parameter or global
-  (:mod:`.parallel_state_replacements`; :data:`REQUIRED`, :class:`Variant`: :mod:`.parallel_state_variants`).
-
-Queries: :func:`functions`, :func:`signature`, :func:`globals_of`, :func:`rank_generator_methods`,
-:func:`has`, :func:`positional_changes`, :func:`replacement`.
+Read from each release's ``parallel_state.py`` (0.14.0 … 0.19.2); 0.12/0.13 are merged in at
+import from :mod:`.parallel_state_legacy`. Tables: :data:`FUNCTIONS`, :data:`GLOBALS`,
+:data:`RANK_GENERATOR`, :data:`REPLACEMENTS`; queries: :func:`functions`, :func:`signature`,
+:func:`globals_of`, :func:`rank_generator_methods`, :func:`has`, :func:`positional_changes`,
+:func:`replacement`. See docs/releases.md.
 """
 
 from __future__ import annotations
@@ -101,7 +84,8 @@ _INIT_018 = drop_param(_INIT_017, "create_all_gather_group")
 # 0.19: gtp_remat_size, expert_gtp_remat_size after expert_model_parallel_size.
 _INIT_019 = insert_params(_INIT_018, "expert_model_parallel_size", ("gtp_remat_size", 1), ("expert_gtp_remat_size", 1))
 
-#: name -> signature variants, in the order the functions appear in MCore's module.
+#: name -> signature variants, in the order the functions appear in MCore's module. A function
+#: exists in a release iff a variant covers it; every parameter is positional-or-keyword.
 FUNCTIONS: dict[str, list[Variant]] = {
     "get_nccl_options": _always("pg_name", "nccl_comm_cfgs"),
     "update_pg_timeout": [_v("0.15", "0.19", "timeout", ("pg", None))],

@@ -1,14 +1,8 @@
 """Facts about ``megatron.core.parallel_state`` of the legacy releases 0.12 and 0.13 (data only).
 
-Read from 0.12.3's and 0.13.1's ``parallel_state.py`` (the encoder/decoder era). A function,
-global or ``RankGenerator`` method that 0.14 has is, unless stated here, in 0.12 and 0.13 too,
-with 0.14's signature and import value. :mod:`.parallel_state` merges these tables into its own
-(``FUNCTIONS``, ``GLOBALS``, ``RANK_GENERATOR``) when it is imported; query the
-facts there. What the legacy layouts build (encoder block, stitched pipelines, which partial
-data-parallel groups exist) is in :mod:`.layout`.
-
-A signature is written as for :mod:`.parallel_state`'s variants: ``(first series, last series,
-*parameters)``, a parameter being a bare name (required) or ``(name, default)``.
+Read from 0.12.3's and 0.13.1's ``parallel_state.py``, stated as differences from 0.14 (what
+0.14 has is in 0.12/0.13 too unless stated here); :mod:`.parallel_state` merges these tables
+into its own at import, query them there. See docs/releases.md ("The encoder/decoder era").
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     Spec = tuple[str, str, Unpack[tuple[str | tuple[str, Any], ...]]]
-else:
+else:  # (first series, last series, *parameters); a parameter: a bare name (required) or (name, default)
     Spec = tuple[str | tuple[str, Any], ...]
 
 #: Names 0.14 has whose first release is 0.13 (0.12 lacks them).
