@@ -22,7 +22,7 @@ if importlib.util.find_spec("megatron") is None:
 import gpt_collection  # noqa: E402
 import gpt_training  # noqa: E402
 
-from tests.support import mcore_releases  # noqa: E402
+from tests.support.releases import wheels as mcore_releases  # noqa: E402
 
 LAYOUTS = [
     TrainConfig(tp=2, pp=2, steps=2),

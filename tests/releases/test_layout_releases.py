@@ -19,7 +19,7 @@ import pytest
 
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.releases import parse_release
-from tests.support.mcore_releases import RELEASES, run_in_release
+from tests.support.releases.wheels import RELEASES, run_in_release
 
 CONFIGS_PER_RELEASE = 24
 TOKENS = ("tp", "cp", "ep", "dp", "pp")
@@ -206,7 +206,7 @@ def test_layout_matches_release(series: str) -> None:
     configs = configs_for(series)
     assert max(c.get("local_world_size") or c["world_size"] for c in configs) >= 1024
     result = run_in_release(
-        RELEASES[series], "tests.support.layout_release_checks", "check_release", series, configs, 10
+        RELEASES[series], "tests.support.releases.layout_checks", "check_release", series, configs, 10
     )
     stats = result["stats"]
     assert result["mismatch_count"] == 0, "\n".join(result["mismatches"])
