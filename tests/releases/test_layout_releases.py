@@ -1,6 +1,6 @@
 """MegatronLayout vs each supported release's own ``initialize_model_parallel`` and ``RankGenerator``.
 
-One subprocess per release (:func:`mcore_releases.run_in_release`) runs a seeded batch of
+One subprocess per release (:func:`tests.support.releases.wheels.run_in_release`) runs a seeded batch of
 configurations through the release's init with a recording ``torch.distributed`` stand-in and
 compares every group it builds with :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`
 (see ``layout_release_checks.py``): world sizes up to 1,024, random orders, distributed-optimizer

@@ -9,7 +9,7 @@ counts and problem lists; this side asserts the counts reach the plan (a silentl
 fails) and the problem lists are empty.
 
 The release installed in this interpreter is also compared in-process by
-``tests/compat/test_compat_differential.py`` with the full plan (``diff_configs.WORLD_PLAN``, 321
+``tests/compat/test_compat_differential.py`` with the full plan (``configs.WORLD_PLAN``, 321
 configurations on 0.16.1); its subprocess here runs the API, helper and bad-input checks and a
 differential sample only, not the same plan twice.
 """
