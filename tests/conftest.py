@@ -53,14 +53,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     passed = {r.nodeid for r in terminalreporter.stats.get("passed", ()) if r.nodeid.startswith(test)}
     if not any(getattr(r, "nodeid", "").startswith(test) for group in terminalreporter.stats.values() for r in group):
         return
-    from tests.support import doc_blocks
+    from tests.support import docs
 
-    blocks = doc_blocks.all_blocks()
+    blocks = docs.all_blocks()
     executed = {b.where for b in blocks if f"{test}test_command_block[{b.where}]" in passed}
     if f"{test}test_python_blocks" in passed:
         executed |= {b.where for b in blocks if b.kind == "python"}
     terminalreporter.write_sep("-", "docs code blocks (tests/docs/test_docs_blocks.py)")
-    terminalreporter.write_line(doc_blocks.summary(blocks, executed))
+    terminalreporter.write_line(docs.summary(blocks, executed))
 
 
 @pytest.fixture
@@ -69,26 +69,21 @@ def fake_world():
 
     The default process group is destroyed after the test, so tests stay independent.
     """
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from tests.support.worlds.fake import fake_world
 
-    def init(rank: int, world_size: int) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
-
-    yield init
+    yield fake_world
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")
 def gloo_world():
-    """Return ``get(world_size)``: a persistent :class:`tests.support.gloo_world.GlooWorld`, one per size.
+    """Return ``get(world_size)``: a persistent :class:`tests.support.worlds.gloo.GlooWorld`, one per size.
 
     Worlds are shared by all tests of one pytest(-xdist) worker process and closed at the end
     of the session; a world that failed (timeout, dead worker) is replaced on the next get.
     """
-    from tests.support.gloo_world import GlooWorld
+    from tests.support.worlds.gloo import GlooWorld
 
     worlds: dict[int, GlooWorld] = {}
 

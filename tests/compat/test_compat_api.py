@@ -18,7 +18,7 @@ import megatron.core.parallel_state as mcore_ps
 import pytest
 
 import compat.parallel_state as compat_ps
-from tests.support import differential as D
+from tests.support.differential import library as D
 from tests.support.paths import ROOT
 
 FUNCTIONS = sorted(D.reference_functions())

@@ -1,9 +1,9 @@
 """Differential test: ``compat.parallel_state`` against Megatron-Core's ``parallel_state``.
 
 For each configuration (world size 1 ... 1024, every argument of the installed MCore's
-``initialize_model_parallel``; configurations in ``tests/support/diff_configs.py``) and several
+``initialize_model_parallel``; configurations in ``tests/support/differential/configs.py``) and several
 ranks of it (first, last, a few seeded random ones), in one process on the fake backend: init MCore on rank r, snapshot everything
-observable (``tests/support/differential.py``), destroy; do the same with compat; the two must match.
+observable (``tests/support/differential/library.py``), destroy; do the same with compat; the two must match.
 A configuration MCore rejects must be rejected by compat with the same exception type (or a
 subclass), and compat must be atomic: after its failed init the state is what it was before.
 """
@@ -17,12 +17,12 @@ from typing import Any
 import megatron.core.parallel_state as mcore_ps
 import pytest
 
-from tests.support import differential as D
-from tests.support import helper_cases as H
-from tests.support.diff_configs import Config, emb_all
-from tests.support.diff_configs_plan import all_configs
-from tests.support.diff_run import Tally, compare_config, run_side
-from tests.support.diff_run import init_kwargs as _init_kwargs
+from tests.support.differential import helper_cases as H
+from tests.support.differential import library as D
+from tests.support.differential.configs import Config, emb_all
+from tests.support.differential.plans import all_configs
+from tests.support.differential.run import Tally, compare_config, run_side
+from tests.support.differential.run import init_kwargs as _init_kwargs
 
 warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
 

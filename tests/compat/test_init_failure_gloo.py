@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.support.failure_world import run_world
+from tests.support.worlds.failure import run_world
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

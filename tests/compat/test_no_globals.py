@@ -4,7 +4,7 @@ Fake backend. A legacy grid is set up with ``initialize_model_parallel`` next to
 with ``build_megatron_groups``. Inside ``groups.scope()`` / ``no_globals()`` every served
 function that reads or writes a grid raises ``GlobalStateRefusedError`` naming itself and the
 scope, the initialization probes answer "not initialized", grid-free functions work; outside,
-everything observable (``tests/support/differential.py``'s snapshot) is what it was, also after
+everything observable (``tests/support/differential/library.py``'s snapshot) is what it was, also after
 an exception and out-of-order exits. Megatron's own functions that read a getter (installed
 with ``compat.install()``) raise inside the scope instead of answering for the legacy grid.
 """
@@ -53,7 +53,7 @@ def _call_anyhow(fn) -> object:
 
 
 def _snap():
-    from tests.support import differential as D
+    from tests.support.differential import library as D
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -61,7 +61,7 @@ def _snap():
 
 
 def _same(reference, other, what):
-    from tests.support import differential as D
+    from tests.support.differential import library as D
 
     diffs = D.compare(reference, other)
     assert not diffs, f"{what}:\n{D.describe(diffs)}"

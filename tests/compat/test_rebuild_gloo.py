@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.support.failure_world import RESTART_CASE, kept_after_shrink, lose_rank, run_world
+from tests.support.worlds.failure import RESTART_CASE, kept_after_shrink, lose_rank, run_world
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

@@ -2,7 +2,7 @@
 
 Fake backend: two configurations over the same world; inside ``use_state(x)`` everything the
 module shows (every getter with every argument combination and every module global, via
-``tests/support/differential.py``'s snapshot) equals what it shows when ``x`` is the only grid, and the
+``tests/support/differential/library.py``'s snapshot) equals what it shows when ``x`` is the only grid, and the
 other grid is untouched on exit (normal exit, exception, nesting); ``set_*`` overrides are per
 block; a getter whose group the active grid lacks raises; destruction is complete.
 
@@ -62,7 +62,7 @@ def _same(D, reference, other, what):
 
 @pytest.mark.parametrize("world,config_a,config_b", PAIRS, ids=["w8", "w16"])
 def test_each_scope_sees_exactly_its_grid(world, config_a, config_b, fake_world):
-    D = pytest.importorskip("tests.support.differential")
+    D = pytest.importorskip("tests.support.differential.library")
     import compat.parallel_state as ps
 
     config_a = dict(config_a, create_gloo_process_groups=False)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.gloo_world import WorkerError
+from tests.support.worlds.gloo import WorkerError
 
 
 def _sum_of_ranks():

@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/*.md is run, or marked as not run (tests/support/doc_blocks.py).
+"""Every code block of README.md and docs/*.md is run, or marked as not run (tests/support/docs.py).
 
 Python blocks run in one runner process that forks a child per block; shell and console blocks
 run as written in bash from the repository root; a console block's shown output must appear in
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import doc_blocks
+from tests.support import docs
 from tests.support.paths import ROOT
 
-BLOCKS = doc_blocks.all_blocks()
+BLOCKS = docs.all_blocks()
 COMMANDS = [b for b in BLOCKS if b.runs and b.kind in ("shell", "console")]
 #: Pages other branches are creating; a link to one may precede it.
 PENDING_PAGES: frozenset[str] = frozenset()
@@ -27,7 +27,7 @@ PENDING_PAGES: frozenset[str] = frozenset()
 def test_every_block_is_run_or_marked():
     kinds = {b.kind for b in BLOCKS}
     assert kinds <= {"python", "shell", "console", "output"}
-    assert sum(b.runs for b in BLOCKS) >= 20, doc_blocks.summary(BLOCKS)
+    assert sum(b.runs for b in BLOCKS) >= 20, docs.summary(BLOCKS)
     for block in BLOCKS:
         assert block.runs or block.kind == "output" or block.skip, block.where
         assert block.skip is None or len(block.skip) >= 10, f"{block.where}: say why it is not run"
@@ -38,12 +38,12 @@ def test_every_block_is_run_or_marked():
 def test_python_blocks():
     expected = [b.where for b in BLOCKS if b.kind == "python" and b.runs]
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.doc_blocks", "run-python"],
+        [sys.executable, "-m", "tests.support.docs", "run-python"],
         cwd=ROOT,
-        env=doc_blocks.shell_env(),
+        env=docs.shell_env(),
         capture_output=True,
         text=True,
-        timeout=doc_blocks.BLOCK_TIMEOUT * 3,
+        timeout=docs.BLOCK_TIMEOUT * 3,
     )
     assert proc.returncode == 0, proc.stderr[-5000:]
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -57,13 +57,13 @@ def test_python_blocks():
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("block", COMMANDS, ids=[b.where for b in COMMANDS])
 def test_command_block(block):
-    run = doc_blocks.run_console_block if block.kind == "console" else doc_blocks.run_shell_block
+    run = docs.run_console_block if block.kind == "console" else docs.run_shell_block
     problems = run(block)
     assert not problems, "\n".join(problems)
 
 
 def test_output_blocks():
-    problems = [f"{b.where}: {p}" for b in BLOCKS if b.kind == "output" for p in doc_blocks.check_output_block(b)]
+    problems = [f"{b.where}: {p}" for b in BLOCKS if b.kind == "output" for p in docs.check_output_block(b)]
     assert not problems, "\n".join(problems)
 
 
@@ -78,7 +78,7 @@ def _anchors(page: Path) -> set[str]:
 def test_relative_links_resolve():
     broken = []
     root = Path(ROOT).resolve()
-    for page in doc_blocks.doc_pages():
+    for page in docs.doc_pages():
         source = root / page
         text = re.sub(r"^```.*?^```", "", source.read_text(encoding="utf-8"), flags=re.S | re.M)
         for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
@@ -106,28 +106,28 @@ def test_rules_are_enforced(tmp_path):
     }
     for text, message in cases.items():
         (tmp_path / "README.md").write_text(text)
-        with pytest.raises(doc_blocks.DocBlockError, match=message):
-            doc_blocks.parse("README.md", str(tmp_path))
+        with pytest.raises(docs.DocBlockError, match=message):
+            docs.parse("README.md", str(tmp_path))
     (tmp_path / "README.md").write_text(
         "* item\n\n    continued item text\n\n<!-- docs-test: skip (costly) -->\n```bash\nx\n```\n"
     )
-    [block] = doc_blocks.parse("README.md", str(tmp_path))
+    [block] = docs.parse("README.md", str(tmp_path))
     assert block.skip == "costly" and not block.runs
 
 
 def test_literal_comments_are_assertions():
-    assert doc_blocks.literal_prefix(" [1, 5]: first and last stage") == (True, [1, 5])
-    assert doc_blocks.literal_prefix(" [[0, 2], [1, 3]] == RankGenerator.get_ranks('dp')") == (True, [[0, 2], [1, 3]])
-    assert doc_blocks.literal_prefix(" {'tp': 1, 'dp': 0}") == (True, {"tp": 1, "dp": 0})
-    assert doc_blocks.literal_prefix(" GroupHandle: ranks, first/last") == (False, None)
-    assert doc_blocks.exec_block("x = [1, 2]\nlen(x)  # 2\nx  # [1, 2] as built\n", "t") == 2
+    assert docs.literal_prefix(" [1, 5]: first and last stage") == (True, [1, 5])
+    assert docs.literal_prefix(" [[0, 2], [1, 3]] == RankGenerator.get_ranks('dp')") == (True, [[0, 2], [1, 3]])
+    assert docs.literal_prefix(" {'tp': 1, 'dp': 0}") == (True, {"tp": 1, "dp": 0})
+    assert docs.literal_prefix(" GroupHandle: ranks, first/last") == (False, None)
+    assert docs.exec_block("x = [1, 2]\nlen(x)  # 2\nx  # [1, 2] as built\n", "t") == 2
     with pytest.raises(AssertionError, match="gave 3, the comment says 2"):
-        doc_blocks.exec_block("1 + 2  # 2\n", "t")
+        docs.exec_block("1 + 2  # 2\n", "t")
 
 
 def test_console_output_matching():
-    [cmd] = doc_blocks.console_commands("$ echo a \\\n  b\na b\n")
+    [cmd] = docs.console_commands("$ echo a \\\n  b\na b\n")
     assert cmd.text == "echo a \\\n  b" and cmd.shown == ["a b"]
-    assert doc_blocks.missing_output(["a", "...", "c", "d"], "a\nb\nc\nd\n") is None
-    assert doc_blocks.missing_output(["a", "c"], "a\nb\nc\n") == "a\nc"  # a stretch must be contiguous
-    assert doc_blocks.missing_output(["c", "...", "a"], "a\nb\nc\n") == "a"  # and in order
+    assert docs.missing_output(["a", "...", "c", "d"], "a\nb\nc\nd\n") is None
+    assert docs.missing_output(["a", "c"], "a\nb\nc\n") == "a\nc"  # a stretch must be contiguous
+    assert docs.missing_output(["c", "...", "a"], "a\nb\nc\n") == "a"  # and in order

@@ -20,8 +20,8 @@ import sys
 import pytest
 import train_gpt  # scripts/ (pythonpath in pyproject.toml)
 
-from tests.support.mcore_releases import release_dir
 from tests.support.paths import ROOT, SCRIPTS
+from tests.support.releases.wheels import release_dir
 
 RELEASE = "0.17.1"
 LAYOUT = ["--nproc", "4", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]

@@ -22,7 +22,7 @@ if importlib.util.find_spec("megatron") is None:
 import gpt_collection  # noqa: E402
 import gpt_training  # noqa: E402
 
-from tests.support import mcore_releases  # noqa: E402
+from tests.support.releases import wheels as mcore_releases  # noqa: E402
 
 LAYOUTS = [
     TrainConfig(tp=2, pp=2, steps=2),
@@ -48,7 +48,7 @@ def _compare(results: list[dict], cfgs: list[TrainConfig]) -> None:
 @pytest.mark.network
 @pytest.mark.parametrize("world", [4, 8])
 def test_collection_trains_exactly_like_the_global_path(world):
-    from tests.support.gloo_world import GlooWorld
+    from tests.support.worlds.gloo import GlooWorld
 
     path = str(mcore_releases.release_dir(mcore_releases.RELEASES["0.19"]))
     cfgs = [cfg.replace(megatron_path=path) for cfg in LAYOUTS if cfg.world_size == world]

@@ -83,7 +83,7 @@ def _check_variants(results: list[dict], cfgs: list[TrainConfig]) -> dict[str, l
 
 
 def _run_fresh(world_size: int, cfgs: list[TrainConfig], timeout: float) -> list[dict]:
-    from tests.support.gloo_world import GlooWorld
+    from tests.support.worlds.gloo import GlooWorld
 
     world = GlooWorld(world_size)
     try:

@@ -18,7 +18,7 @@ import math
 import pytest
 from gpt_config import TrainConfig  # scripts/ (pythonpath in pyproject.toml)
 
-from tests.support.mcore_releases import RELEASES, release_dir
+from tests.support.releases.wheels import RELEASES, release_dir
 
 try:
     INSTALLED = importlib.metadata.version("megatron-core")
@@ -36,7 +36,7 @@ VARIANTS = ("compat-before", "mcore", "compat-after")
 def test_core_loop_trains_bit_identically_on_release(version):
     import gpt_training
 
-    from tests.support.gloo_world import GlooWorld
+    from tests.support.worlds.gloo import GlooWorld
 
     cfg = TrainConfig(tp=1, pp=2, vpp=2, steps=2, megatron_path=str(release_dir(version)))
     world = GlooWorld(cfg.world_size)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import two_modules  # scripts/ (pythonpath in pyproject.toml)
 
-from tests.support import mcore_releases
+from tests.support.releases import wheels as mcore_releases
 
 
 def _check(results: list[dict], layout: str) -> None:

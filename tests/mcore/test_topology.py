@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from parallel_state_ng.builders.topology import EXPERT_VIEW, build_topology, module_grid_dims
 from parallel_state_ng.layout.topology_spec import ModuleSpec, TopologySpecError, validate_topology
-from tests.support import mcore_releases
+from tests.support.releases import wheels
 
 
 def _live_groups() -> int:
@@ -198,7 +198,7 @@ def multi_module_report() -> dict:
 
     import megatron.core
 
-    from tests.support.diff_observe import fake_world
+    from tests.support.worlds.fake import fake_world
 
     # role.py alone: the mimo package's __init__ imports the whole model stack (and triton).
     path = Path(megatron.core.__path__[0]) / "models" / "mimo" / "config" / "role.py"
@@ -235,7 +235,7 @@ def multi_module_report() -> dict:
 @pytest.mark.multiprocess
 @pytest.mark.network
 def test_multi_module_collection_and_rank_role_on_019():
-    report = mcore_releases.run_in_release(mcore_releases.RELEASES["0.19"], __name__, "multi_module_report")
+    report = wheels.run_in_release(wheels.RELEASES["0.19"], __name__, "multi_module_report")
     for rank in (0, 1):
         r = report[f"non_colocated/{rank}"]
         assert r["modules"] == ["vision"] and r["language"] is None and r["role_modules"] == ["vision"]

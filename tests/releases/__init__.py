@@ -1,4 +1,4 @@
 """Per-release checks.
 
-Each supported megatron-core release in its own subprocess (wheels from tests.support.mcore_releases).
+Each supported megatron-core release in its own subprocess (wheels from tests.support.releases.wheels).
 """

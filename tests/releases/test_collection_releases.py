@@ -1,11 +1,11 @@
 """``build_megatron_groups(...).collection()`` against each release's ``use_mpu_process_groups()``.
 
 Each release with a ``ProcessGroupCollection`` (0.15 on) runs in its own process
-(:func:`tests.support.mcore_releases.run_in_release`): hand-written and seeded configurations,
+(:func:`tests.support.releases.wheels.run_in_release`): hand-written and seeded configurations,
 0.17+ also placed on part of a larger world (``rank_offset`` / ``local_world_size``), several
 ranks each, fake backend. Every field of every sampled rank must hold the ranks MCore's own
 collection holds after ``initialize_model_parallel`` with the same arguments, and what MCore
-rejects must be rejected (:mod:`tests.support.collection_checks`).
+rejects must be rejected (:mod:`tests.support.releases.collection_checks`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from parallel_state_ng.releases import process_groups_config as facts
-from tests.support import mcore_releases
+from tests.support.releases import wheels
 
 SEED = 17
 SERIES = [s for s, cls in facts.COLLECTION_CLASS.items() if cls is not None]
@@ -28,8 +28,8 @@ def test_series_with_a_collection():
 @pytest.mark.network
 @pytest.mark.parametrize("series", SERIES)
 def test_collection_matches_release(series):
-    version = mcore_releases.RELEASES[series]
-    result = mcore_releases.run_in_release(version, "tests.support.collection_checks", "run", SEED, 24)
+    version = wheels.RELEASES[series]
+    result = wheels.run_in_release(version, "tests.support.releases.collection_checks", "run", SEED, 24)
     print(
         f"{version}: {result['configs']} configs, {result['ranks']} ranks, {result['fields']} fields, "
         f"{result['rejected_by_both']} rejected by both, {len(result['mismatches'])} mismatches"

@@ -1,7 +1,7 @@
 """HyperCommGrid per megatron-core release: ours against each release's own ``hyper_comm_grid``.
 
-One subprocess per release (``tests.support.mcore_releases.run_in_release``) runs the batch in
-``tests/support/grid_release_checks.py`` on torch's fake backend: public surface (methods present and
+One subprocess per release (``tests.support.releases.wheels.run_in_release``) runs the batch in
+``tests/support/releases/grid_checks.py`` on torch's fake backend: public surface (methods present and
 absent, signatures; the superset class accepts every release's calls), seeded rank
 enumerations (``get_rank_enum``, ``_gen_rank_enum``), ``create_pg`` membership on several
 ranks, Megatron's own ``BridgeCommunicator`` leader / boundary-stage helpers (0.15+, they call
@@ -45,9 +45,9 @@ GRID_SERIES = [s for s in SUPPORTED_SERIES if facts.has_class(s)]
 @pytest.mark.network
 @pytest.mark.parametrize("series", GRID_SERIES)
 def test_grid_matches_release(series):
-    from tests.support.mcore_releases import RELEASES, run_in_release
+    from tests.support.releases.wheels import RELEASES, run_in_release
 
-    result = run_in_release(RELEASES[series], "tests.support.grid_release_checks", "run_checks", SEED)
+    result = run_in_release(RELEASES[series], "tests.support.releases.grid_checks", "run_checks", SEED)
     assert result["served"] == series and result["release"] == RELEASES[series]
     assert result["methods"] == sorted(facts.method_names(series))
     assert result["mismatches"] == [], "\n".join(result["mismatches"][:20])

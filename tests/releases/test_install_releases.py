@@ -1,6 +1,6 @@
 """``compat.install()`` and the ProcessGroupCollection export on every supported release.
 
-One subprocess per release (``tests.support.mcore_releases.run_in_release``): the release's own
+One subprocess per release (``tests.support.releases.wheels.run_in_release``): the release's own
 ``megatron.core.parallel_state``, ``process_groups_config`` and ``hyper_comm_grid`` are loaded
 first, plus a module that binds names with ``from megatron.core.parallel_state import ...``;
 then ``compat.install(hyper_comm_grid=True)`` must rebind all of them to compat (serving that
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import mcore_releases
+from tests.support.releases import wheels
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.network]
 
-VERSIONS = list(mcore_releases.RELEASES.values())
+VERSIONS = list(wheels.RELEASES.values())
 
 
 def check_install(version: str) -> dict:
@@ -118,7 +118,7 @@ def check_install(version: str) -> dict:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_install_on_release(version):
-    out = mcore_releases.run_in_release(version, "tests.releases.test_install_releases", "check_install", version)
+    out = wheels.run_in_release(version, "tests.releases.test_install_releases", "check_install", version)
     assert out["served"] == version
     assert all(out["rebound"].values()), out["rebound"]
     assert all(out["restored"].values()), out["restored"]

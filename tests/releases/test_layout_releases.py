@@ -1,6 +1,6 @@
 """MegatronLayout vs each supported release's own ``initialize_model_parallel`` and ``RankGenerator``.
 
-One subprocess per release (:func:`mcore_releases.run_in_release`) runs a seeded batch of
+One subprocess per release (:func:`tests.support.releases.wheels.run_in_release`) runs a seeded batch of
 configurations through the release's init with a recording ``torch.distributed`` stand-in and
 compares every group it builds with :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`
 (see ``layout_release_checks.py``): world sizes up to 1,024, random orders, distributed-optimizer
@@ -19,7 +19,7 @@ import pytest
 
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.releases import parse_release
-from tests.support.mcore_releases import RELEASES, run_in_release
+from tests.support.releases.wheels import RELEASES, run_in_release
 
 CONFIGS_PER_RELEASE = 24
 TOKENS = ("tp", "cp", "ep", "dp", "pp")
@@ -206,7 +206,7 @@ def test_layout_matches_release(series: str) -> None:
     configs = configs_for(series)
     assert max(c.get("local_world_size") or c["world_size"] for c in configs) >= 1024
     result = run_in_release(
-        RELEASES[series], "tests.support.layout_release_checks", "check_release", series, configs, 10
+        RELEASES[series], "tests.support.releases.layout_checks", "check_release", series, configs, 10
     )
     stats = result["stats"]
     assert result["mismatch_count"] == 0, "\n".join(result["mismatches"])

@@ -5,7 +5,7 @@ release's sources (``ast``, no import); :func:`parallel_state_ng.megatron_schedu
 :func:`parallel_state_ng.ensure_global_memory_buffer` run in a process bound to each release
 whose schedules import without triton (0.15–0.18; 0.19's schedules import triton, which the
 CPU torch lacks) and must pick MCore's own schedule and neighbours
-(:mod:`tests.support.new_code_path_checks`).
+(:mod:`tests.support.releases.new_code_path_checks`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from parallel_state_ng.releases import as_release
 from parallel_state_ng.releases import new_code_path as facts
 from parallel_state_ng.releases import parallel_state as api
-from tests.support import mcore_releases
-from tests.support.new_code_path_checks import source_facts
+from tests.support.releases import wheels
+from tests.support.releases.new_code_path_checks import source_facts
 
 SERIES = list(facts.FORWARD_BACKWARD_FUNC_PARAMS)
 # What a grid-free function may name among parallel_state's globals.
@@ -31,7 +31,7 @@ def test_series_with_a_pg_collection_path():
 @pytest.mark.network
 @pytest.mark.parametrize("series", SERIES)
 def test_release_data_matches_the_sources(series):
-    root = mcore_releases.release_dir(mcore_releases.RELEASES[series]) / "megatron" / "core"
+    root = wheels.release_dir(wheels.RELEASES[series]) / "megatron" / "core"
     found = source_facts(str(root), list(api.globals_of(series)))
     assert tuple(found["get_forward_backward_func"]) == facts.FORWARD_BACKWARD_FUNC_PARAMS[series]
     params = found["schedule_params"]
@@ -56,6 +56,6 @@ def test_release_data_matches_the_sources(series):
 @pytest.mark.network
 @pytest.mark.parametrize("series", ["0.15", "0.16", "0.17", "0.18"])
 def test_schedule_and_buffer_match_release(series):
-    result = mcore_releases.run_in_release(mcore_releases.RELEASES[series], "tests.support.new_code_path_checks", "run")
+    result = wheels.run_in_release(wheels.RELEASES[series], "tests.support.releases.new_code_path_checks", "run")
     assert result["cases"] == 5, result
     assert not result["problems"], "\n".join(result["problems"])

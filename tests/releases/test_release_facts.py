@@ -14,19 +14,19 @@ from __future__ import annotations
 import pytest
 
 from parallel_state_ng.releases import KNOWN_SERIES, SUPPORTED_SERIES, parse_release
-from tests.support import mcore_releases
+from tests.support.releases import wheels
 
 
 def test_legacy_series_are_supported():
-    assert set(mcore_releases.LEGACY_RELEASES) <= set(SUPPORTED_SERIES) == set(KNOWN_SERIES)
-    assert [s for s in SUPPORTED_SERIES if parse_release(s).before("0.14")] == sorted(mcore_releases.LEGACY_RELEASES)
+    assert set(wheels.LEGACY_RELEASES) <= set(SUPPORTED_SERIES) == set(KNOWN_SERIES)
+    assert [s for s in SUPPORTED_SERIES if parse_release(s).before("0.14")] == sorted(wheels.LEGACY_RELEASES)
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.network
-@pytest.mark.parametrize("version", sorted(mcore_releases.LEGACY_RELEASES.values()))
+@pytest.mark.parametrize("version", sorted(wheels.LEGACY_RELEASES.values()))
 def test_data_matches_legacy_release(version):
-    result = mcore_releases.run_in_release(version, "tests.support.release_facts_checks", "facts_report", version)
+    result = wheels.run_in_release(version, "tests.support.releases.facts_checks", "facts_report", version)
     assert result["functions"] >= 80 and result["globals"] >= 45 and result["rank_generator_methods"] == 3, result
     assert not result["problems"], "\n".join(result["problems"])

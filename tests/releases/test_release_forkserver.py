@@ -1,4 +1,4 @@
-"""The fork server behind ``run_in_release`` (``tests/support/release_forkserver.py``).
+"""The fork server behind ``run_in_release`` (``tests/support/releases/forkserver.py``).
 
 Each call is a process of its own, forked from the release's zygote: what one call changes
 (module globals, ``torch.distributed`` functions, ``sys.modules``, the environment) is not seen
@@ -14,11 +14,11 @@ import sys
 
 import pytest
 
-from tests.support import mcore_releases
+from tests.support.releases import wheels
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.network]
 
-VERSION = mcore_releases.RELEASES["0.14"]
+VERSION = wheels.RELEASES["0.14"]
 _TOUCHED: list[int] = []  # a module global the first call changes
 
 
@@ -49,7 +49,7 @@ def observe(name: str) -> dict:
         "env": os.environ.get(name),
         "release": importlib.metadata.version("megatron-core"),
         "parallel_state": importlib.import_module("megatron.core.parallel_state").__file__.startswith(
-            str(mcore_releases.release_dir(VERSION))
+            str(wheels.release_dir(VERSION))
         ),
         "cwd": os.getcwd(),
     }
@@ -68,11 +68,9 @@ def hang() -> None:
 
 
 def test_calls_are_isolated_and_see_the_callers_environment():
-    first = mcore_releases.run_in_release(VERSION, __name__, "touch_everything")
-    forked = mcore_releases.run_in_release(VERSION, __name__, "observe", "PSNG_PROBE", env={"PSNG_PROBE": "forked"})
-    fresh = mcore_releases.run_in_release(
-        VERSION, __name__, "observe", "PSNG_PROBE", env={"PSNG_PROBE": "forked"}, fresh=True
-    )
+    first = wheels.run_in_release(VERSION, __name__, "touch_everything")
+    forked = wheels.run_in_release(VERSION, __name__, "observe", "PSNG_PROBE", env={"PSNG_PROBE": "forked"})
+    fresh = wheels.run_in_release(VERSION, __name__, "observe", "PSNG_PROBE", env={"PSNG_PROBE": "forked"}, fresh=True)
     assert len({first["pid"], forked["pid"], fresh["pid"]}) == 3
     expected = {
         "touched": [],
@@ -82,7 +80,7 @@ def test_calls_are_isolated_and_see_the_callers_environment():
         "env": "forked",
         "release": VERSION,
         "parallel_state": True,
-        "cwd": str(mcore_releases.ROOT),
+        "cwd": str(wheels.ROOT),
     }
     for seen in (forked, fresh):
         assert {k: v for k, v in seen.items() if k != "pid"} == expected
@@ -90,7 +88,7 @@ def test_calls_are_isolated_and_see_the_callers_environment():
 
 def test_failures_and_timeouts_are_reported_and_the_server_keeps_serving():
     with pytest.raises(RuntimeError, match=r"(?s)fail on megatron-core .*ValueError: failed on purpose"):
-        mcore_releases.run_in_release(VERSION, __name__, "fail")
+        wheels.run_in_release(VERSION, __name__, "fail")
     with pytest.raises(subprocess.TimeoutExpired):
-        mcore_releases.run_in_release(VERSION, __name__, "hang", timeout=2)
-    assert mcore_releases.run_in_release(VERSION, __name__, "observe", "PSNG_PROBE")["release"] == VERSION
+        wheels.run_in_release(VERSION, __name__, "hang", timeout=2)
+    assert wheels.run_in_release(VERSION, __name__, "observe", "PSNG_PROBE")["release"] == VERSION

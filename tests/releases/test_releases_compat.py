@@ -1,7 +1,7 @@
 """compat against every supported Megatron-Core release, each in its own process.
 
 For each release (0.12.3, 0.13.1, 0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2) one subprocess bound to it
-(``tests.support.mcore_releases.run_in_release``) runs ``tests.support.release_checks.run``: compat must serve
+(``tests.support.releases.wheels.run_in_release``) runs ``tests.support.releases.compat_checks.run``: compat must serve
 that release (picked from ``importlib.metadata``) and match its API both ways, its
 ``initialize_model_parallel`` on the differential configurations (every getter and global, on
 several ranks of worlds up to 1,024 ranks) and its rejections of bad input. The child returns
@@ -9,7 +9,7 @@ counts and problem lists; this side asserts the counts reach the plan (a silentl
 fails) and the problem lists are empty.
 
 The release installed in this interpreter is also compared in-process by
-``tests/compat/test_compat_differential.py`` with the full plan (``diff_configs.WORLD_PLAN``, 321
+``tests/compat/test_compat_differential.py`` with the full plan (``configs.WORLD_PLAN``, 321
 configurations on 0.16.1); its subprocess here runs the API, helper and bad-input checks and a
 differential sample only, not the same plan twice.
 """
@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from parallel_state_ng.releases import ENV_VAR, installed_megatron_version
-from tests.support import differential as D
-from tests.support import mcore_releases, release_checks
+from tests.support.differential import library as D
+from tests.support.releases import compat_checks, wheels
 
-VERSIONS = list(mcore_releases.RELEASES.values())
+VERSIONS = list(wheels.RELEASES.values())
 INSTALLED = installed_megatron_version()
 # Differential configurations of the installed release's subprocess (the full plan runs in-process).
 INSTALLED_SAMPLE = 20
@@ -74,12 +74,12 @@ def test_compat_serves_release(version):
     """API (both directions), differential and bad input of compat against one release."""
     full = version != INSTALLED
     start = time.perf_counter()
-    result = mcore_releases.run_in_release(
+    result = wheels.run_in_release(
         version,
-        "tests.support.release_checks",
+        "tests.support.releases.compat_checks",
         "run",
         version,
-        release_checks.RELEASE_PLAN,
+        compat_checks.RELEASE_PLAN,
         True,
         10_000 if full else INSTALLED_SAMPLE,
         env={ENV_VAR: ""},  # compat must pick the release from importlib.metadata, not an override
@@ -121,7 +121,7 @@ def test_compat_serves_release(version):
 @pytest.mark.network
 def test_not_getters_are_known_to_some_release():
     """Every name in differential.NOT_GETTERS is a function of at least one supported release."""
-    functions, _ = release_checks.known_release_names()
+    functions, _ = compat_checks.known_release_names()
     assert len(functions) >= 90
     stale = sorted(set(D.NOT_GETTERS) - functions)
     assert not stale, f"differential.NOT_GETTERS names no release's function: {stale}"
@@ -131,7 +131,7 @@ def test_release_names_are_read_from_the_sources():
     """The ast reading of a release's parallel_state.py finds what importing it finds (installed one)."""
     import megatron.core.parallel_state as installed
 
-    functions, state = release_checks._release_names(Path(inspect.getfile(installed)))
+    functions, state = compat_checks._release_names(Path(inspect.getfile(installed)))
     assert functions >= set(D.reference_functions())
     assert set(D.reference_globals()) <= state
     assert "_TENSOR_MODEL_PARALLEL_GROUP" in state and "initialize_model_parallel" in functions

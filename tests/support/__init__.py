@@ -1,4 +1,1 @@
-"""Helpers for the tests (not collected).
-
-Gloo worlds, the differential library and configurations, per-release harnesses.
-"""
+"""Helpers for the tests (not collected): worlds, releases, the differential harness, the docs' code blocks."""

@@ -5,7 +5,7 @@ The sample is 0.13-era code; every line that uses ``megatron.core.parallel_state
 exactly the marked lines with their kinds, the summary must count them, the exit status must be 1.
 
 Then the report is checked against megatron-core 0.13.1's and 0.19.2's real ``parallel_state``
-(one process each, ``tests.support.mcore_releases.run_in_release``): every call of the sample is bound
+(one process each, ``tests.support.releases.wheels.run_in_release``): every call of the sample is bound
 with ``inspect.signature(real_fn).bind`` in both releases, and a call's meaning changes (function
 gone, binding refused, an argument bound to another parameter, a default it relies on changed)
 exactly on the lines the report names; every fixed call the report proposes binds in 0.19 to the
@@ -28,7 +28,7 @@ import pytest
 from parallel_state_ng.__main__ import main
 from parallel_state_ng.releases import parse_release
 from parallel_state_ng.tools.port.upgrade import KINDS, check_file
-from tests.support import mcore_releases
+from tests.support.releases import wheels
 
 FROM, TO = "0.13.1", "0.19.2"
 
@@ -251,7 +251,7 @@ def test_report_matches_the_real_signatures(tree):
     specs = [calls[n] for n in lines] + [spec for _, spec in fixes]
     with ThreadPoolExecutor(2) as pool:  # 0.13 is not served by compat; 0.19 is, and must bind alike
         old, new = pool.map(
-            lambda version: mcore_releases.run_in_release(
+            lambda version: wheels.run_in_release(
                 version, "tests.tools.test_port_upgrade", "real_bindings", specs, sorted(removed), version == TO
             ),
             (FROM, TO),

@@ -1,12 +1,10 @@
 """The per-release data (``parallel_state_ng.releases.parallel_state``) against one release's module.
 
 :func:`facts_report` runs inside a process bound to one megatron-core release
-(``tests.support.mcore_releases.run_in_release``). It compares what the data says about that release —
-public functions with their parameters (names, kinds, defaults) in module order, state globals
-with their import-time values, ``RankGenerator``'s methods — with the imported
-``megatron.core.parallel_state``, both directions. For the supported releases compat is built
-from the same data and checked by ``tests/support/release_checks.py``; this check covers the releases
-the data knows but compat does not serve (0.12, 0.13), for the upgrade check.
+(``tests.support.releases.wheels.run_in_release``) and compares what the data says about it with
+the imported ``megatron.core.parallel_state``, both directions. It covers the releases the data
+knows but compat does not serve (0.12, 0.13), for the upgrade check; the supported ones are
+checked through compat (:mod:`tests.support.releases.compat_checks`).
 """
 
 from __future__ import annotations
@@ -36,7 +34,11 @@ def _value_matches(expected: Any, actual: Any) -> bool:
 
 
 def facts_report(version: str) -> dict:
-    """Data vs the imported release: counts and problems (empty when they agree)."""
+    """Data vs the imported release: counts and problems (empty when they agree).
+
+    Public functions with their parameters (names, kinds, defaults) in module order, state
+    globals with their import-time values, ``RankGenerator``'s methods.
+    """
     import megatron.core.parallel_state as ref
 
     from parallel_state_ng.releases import parallel_state as data

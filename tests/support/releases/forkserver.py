@@ -1,26 +1,10 @@
-"""Fork server for the release-bound calls of :func:`tests.support.mcore_releases.run_in_release`.
+"""Fork server for the release-bound calls of :func:`tests.support.releases.wheels.run_in_release`.
 
-A new interpreter per call pays Python, torch (~1.5 s CPU) and the release's
-``megatron.core.parallel_state`` (~0.9 s) before any check runs, and the per-release test files
-make ~45 such calls. Here one server process per pytest(-xdist) worker imports torch once; for
-each release it forks a *zygote* that binds itself to that release
-(:func:`tests.support.mcore_releases.activate`) and imports its ``parallel_state``; each call then
-runs in a new process forked from that zygote. A call still gets a process of its own, as a
-fresh interpreter would: its own modules, ``torch.distributed`` state, monkeypatches, signal
-handlers and environment (the caller's, set before the call's module is imported), and nothing
-it does reaches the next call, whatever the order the tests run in. Only the imports are shared.
-
-The parent side (:func:`call`) keeps the server for the life of the test process (closed at
-exit). It falls back to a fresh interpreter (returns ``None``) when ``$PSNG_RELEASE_FORK`` is
-``0`` or while another thread of the same process is using the server. A server is started with
-the caller's environment; a call whose environment differs in anything torch could read at
-import (any variable apart from ``PSNG_*`` ones, which only this project reads, and
-``PYTEST_CURRENT_TEST``) gets a new server started with it.
-
-Protocol, JSON lines: the parent sends ``{dest, module, function, args, env, cwd, out, err}``
-to the server, which passes it to the release's zygote; the zygote forks the call (stdout and
-stderr to the files ``out`` and ``err``, the result line as in a fresh child), waits for it and
-answers ``{"status": exit code}``.
+A new interpreter per call pays Python, torch (~1.5 s CPU) and the release's ``parallel_state``
+(~0.9 s) before any check runs. Here one server per pytest(-xdist) worker imports torch once;
+per release it forks a *zygote* bound to that release (:func:`tests.support.releases.binding.activate`)
+that imports its ``parallel_state``; each call is forked from that zygote: a process of its own
+(modules, ``torch.distributed`` state, environment), nothing it does reaches the next call.
 """
 
 from __future__ import annotations
@@ -43,11 +27,15 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
-ROOT = Path(__file__).resolve().parents[2]
-DISABLE_VAR = "PSNG_RELEASE_FORK"  # "0": every call in a fresh interpreter
-
+from tests.support.paths import ROOT
+from tests.support.releases import binding
+from tests.support.worlds.forking import DISABLE_VAR, env_key
 
 # --------------------------------------------------------------------------- server side
+# Protocol, JSON lines: the parent sends ``{dest, module, function, args, env, cwd, out, err}``
+# to the server, which passes it to the release's zygote; the zygote forks the call (stdout and
+# stderr to the files ``out`` and ``err``, the result line as in a fresh child), waits for it and
+# answers ``{"status": exit code}``.
 
 
 def _send(fd: int, message: dict) -> None:
@@ -68,12 +56,10 @@ def _run_call(request: dict) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        from tests.support import mcore_releases
-
         try:
             fn = getattr(importlib.import_module(request["module"]), request["function"])
             result = fn(*request["args"])
-            sys.stdout.write(mcore_releases._RESULT_MARK + json.dumps(result) + "\n")
+            binding.write_result(result)
             code = 0
         except BaseException:  # reported like a fresh child's uncaught exception
             traceback.print_exc()
@@ -90,9 +76,7 @@ def _run_call(request: dict) -> None:
 
 def _zygote(dest: str, requests: BinaryIO, answers: int) -> None:
     """Bound to the release at ``dest``: fork one process per request, answer its exit status."""
-    from tests.support import mcore_releases
-
-    mcore_releases.activate(dest)
+    binding.activate(dest)
     with contextlib.suppress(Exception):  # a call that imports it reports the error itself
         importlib.import_module("megatron.core.parallel_state")
     gc.collect()
@@ -166,25 +150,21 @@ def serve() -> None:
 # --------------------------------------------------------------------------- parent side
 
 
-def _env_key(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if not k.startswith("PSNG_") and k != "PYTEST_CURRENT_TEST"}
-
-
 class ForkServer:
     """A running server process (see the module docstring)."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.key = _env_key(env)
+        self.key = env_key(env)
         self.tmp = tempfile.mkdtemp(prefix="psng-forkserver-")
         self.log = open(os.path.join(self.tmp, "server.log"), "wb")  # noqa: SIM115 (closed in close())
         self.calls = itertools.count()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from tests.support import release_forkserver as s; s.serve()"],
+            [sys.executable, "-c", "from tests.support.releases import forkserver as s; s.serve()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
             env=env,
-            cwd=str(ROOT),
+            cwd=ROOT,
             start_new_session=True,  # its zygotes and calls share its process group: killed together
         )
 
@@ -260,18 +240,22 @@ def call(
     """Run ``module.function(*args)`` in a call forked from the zygote of the release at ``dest``.
 
     ``env`` is the call's whole environment. Returns None where the caller must start a fresh
-    interpreter instead (disabled, or the server is busy with another thread's call).
+    interpreter instead: ``$PSNG_RELEASE_FORK`` is ``0``, or another thread of this process is
+    using the server. The server lives as long as the test process (closed at exit) and is
+    started with the caller's environment; a call whose environment differs in anything torch
+    could read at import (any variable apart from ``PSNG_*`` ones, which only this project
+    reads, and ``PYTEST_CURRENT_TEST``) gets a new server started with it.
     """
     if os.environ.get(DISABLE_VAR) == "0" or not _LOCK.acquire(blocking=False):
         return None
     try:
-        if _SERVER and (not _SERVER[0].alive or _SERVER[0].key != _env_key(env)):
+        if _SERVER and (not _SERVER[0].alive or _SERVER[0].key != env_key(env)):
             _SERVER.pop().close()
         if not _SERVER:
             _SERVER.append(ForkServer(env))
         request = {"dest": dest, "module": module, "function": function, "args": args, "env": env}
         try:
-            return _SERVER[0].call({**request, "cwd": str(ROOT)}, timeout)
+            return _SERVER[0].call({**request, "cwd": ROOT}, timeout)
         finally:
             if not _SERVER[0].alive:
                 _SERVER.pop().close()

@@ -1,4 +1,4 @@
-"""One full differential run (:mod:`tests.support.differential`): ``initialize_model_parallel``,
+"""One full differential run (:mod:`tests.support.differential.library`): ``initialize_model_parallel``,
 the setter phase, the calls made after init, destroy, and MCore's module state reset to import
 time around each run.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import megatron.core.parallel_state as mcore_ps
 import torch.distributed as dist
 
-from tests.support.diff_api import (
+from tests.support.differential.api import (
     ABSENT,
     MISSING,
     SETTER_VALUES,
@@ -23,7 +23,7 @@ from tests.support.diff_api import (
     reference_functions,
     reference_globals,
 )
-from tests.support.diff_snapshot import (
+from tests.support.differential.snapshot import (
     _BARRIERS,
     _CUDA_CALLS,
     Difference,
@@ -97,7 +97,12 @@ def env_diff(before: dict[str, str], after: dict[str, str]) -> tuple:
 
 @dataclass
 class Observation:
-    """What one ``initialize_model_parallel`` run showed."""
+    """What one ``initialize_model_parallel`` run showed.
+
+    Besides getters and globals, an observation of ``initialize_model_parallel`` records the
+    warning categories init emits (0.13: ``DeprecationWarning`` for encoder sizes), environment
+    changes, barriers and the setter phase.
+    """
 
     outcome: Any  # "ok" or raised(...)
     state: dict[str, Any]  # snapshot after init (or after the failure)
@@ -287,12 +292,3 @@ def _after_init_phase(ps: Any, rank: int, calls: tuple[Call, ...]) -> dict[str, 
         out[f"held_by:{path}"] = tuple(holders.get(id(group), ()))
     out.update({f"after_init_state:{k}": v for k, v in snapshot(ps, rank).items()})
     return out
-
-
-def fake_world(rank: int, world_size: int) -> None:
-    """(Re)initialize the default process group as a fake-backend world."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())

@@ -1,7 +1,7 @@
-"""The reference API of the differential library (:mod:`tests.support.differential`).
+"""The reference API of the differential library (:mod:`tests.support.differential.library`).
 
 Which functions and globals ``megatron.core.parallel_state`` of this process has (the
-installed Megatron-Core, or the release ``tests.support.mcore_releases.activate`` bound the
+installed Megatron-Core, or the release ``tests.support.releases.binding.activate`` bound the
 process to), how they split into getters and setters, and every getter call a snapshot makes
 (argument values keyed by parameter name). Nothing here is written per release.
 """
@@ -16,6 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import megatron.core.parallel_state as mcore_ps
+
+# The list of getters, setters and globals is derived from the *reference* module — the
+# ``megatron.core.parallel_state`` importable in this process: the installed Megatron-Core, or,
+# inside a process bound to another release by ``tests.support.releases.binding.activate``, that release
+# — never from the module under test. A getter the reference has and the tested module lacks
+# shows up as a ``("missing",)`` value, and a getter added to a newer Megatron-Core that this
+# library does not know how to call raises :class:`UnknownApiError`. Nothing here is written per
+# release: parameter values are keyed by parameter name, the functions to call come from the
+# reference's own namespace, pristine globals from the reference at import time.
 
 MISSING = ("missing",)
 ABSENT = ("absent",)
@@ -150,7 +159,7 @@ def classify_functions() -> tuple[list[str], list[str]]:
         else:
             raise UnknownApiError(
                 f"public function {name}{inspect.signature(functions[name])} is neither a getter "
-                "(get_/is_/has_), a setter, nor listed in NOT_GETTERS: teach tests/support/diff_api.py"
+                "(get_/is_/has_), a setter, nor listed in NOT_GETTERS: teach tests/support/differential/api.py"
             )
     return getters, setters
 
@@ -166,11 +175,11 @@ def getter_calls(world_size: int) -> tuple[Call, ...]:
         params = list(inspect.signature(functions[name]).parameters.values())
         for p in params:
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                raise UnknownApiError(f"{name} takes *{p.name}: teach tests/support/diff_api.py")
+                raise UnknownApiError(f"{name} takes *{p.name}: teach tests/support/differential/api.py")
             if p.name not in values:
                 raise UnknownApiError(
                     f"getter {name} has parameter {p.name!r} with no known values: teach "
-                    "tests/support/differential.py (_param_values)"
+                    "tests/support/differential/library.py (_param_values)"
                 )
         calls.append(Call(name))
         names = [p.name for p in params]

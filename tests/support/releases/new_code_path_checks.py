@@ -1,12 +1,9 @@
 """Checks of :mod:`parallel_state_ng.builders.megatron_setup` against one megatron-core release.
 
 :func:`source_facts` reads the release's sources with ``ast`` (no import: 0.19 needs triton to
-import its schedules) and returns what :mod:`parallel_state_ng.releases.new_code_path`
-states about it. :func:`run` (in a process bound to the release, fake backend) compares
-``megatron_schedule(build_megatron_groups(...), config)`` with the schedule MCore's own
-``get_forward_backward_func()`` picks after ``initialize_model_parallel`` with the same sizes,
-and the communicator's neighbours with ``P2PCommunicator`` over MCore's pipeline group; and
-checks ``ensure_global_memory_buffer`` against MCore's own buffer.
+import its schedules) and returns what :mod:`parallel_state_ng.releases.new_code_path` states
+about it. :func:`run` (in a process bound to the release, fake backend) compares the schedule,
+the communicator's neighbours and ``ensure_global_memory_buffer`` with MCore's own.
 """
 
 from __future__ import annotations
@@ -60,7 +57,13 @@ def source_facts(root: str, module_globals: list[str]) -> dict[str, Any]:
 
 
 def run() -> dict[str, Any]:
-    """Schedule and buffer checks on the fake backend; returns the cases and any mismatch."""
+    """Schedule and buffer checks on the fake backend; returns the cases and any mismatch.
+
+    ``megatron_schedule(build_megatron_groups(...), config)`` against the schedule MCore's own
+    ``get_forward_backward_func()`` picks after ``initialize_model_parallel`` with the same
+    sizes, the communicator's neighbours against ``P2PCommunicator`` over MCore's pipeline
+    group, and ``ensure_global_memory_buffer`` against MCore's own buffer.
+    """
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as mps
@@ -69,7 +72,7 @@ def run() -> dict[str, Any]:
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
     from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer, megatron_schedule
-    from tests.support.diff_observe import fake_world
+    from tests.support.worlds.fake import fake_world
 
     problems: list[str] = []
     cases = 0

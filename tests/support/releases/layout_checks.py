@@ -1,16 +1,11 @@
 """Child side of ``test_layout_releases.py``: one release's own init, recorded, vs MegatronLayout.
 
-Runs inside a process bound to one megatron-core release (:func:`mcore_releases.run_in_release`).
-For each configuration, that release's ``initialize_model_parallel`` runs against a recording
-stand-in for ``torch.distributed`` (``create_group`` records ranks and ``group_desc``; the
-getters read the recorded groups), followed by ``create_all_gather_groups`` where the release
-has it. Every recorded group, kind by kind, is then compared with
-:class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` of the same release: the creation
-order of the kinds, each kind's full enumeration, the per-rank closed form for sampled ranks
-(ranks outside a ``rank_offset`` block included), hybrid dp×cp groups, ``get_all_ranks()``,
-and the exception type where the release rejects the configuration. The release's own
-``RankGenerator`` is also compared token by token (every token subset, ``get_gtp_ranks``)
-with the dense and expert layouts for small worlds.
+Runs inside a process bound to one megatron-core release
+(:func:`tests.support.releases.wheels.run_in_release`): that release's
+``initialize_model_parallel`` runs against a recording stand-in for ``torch.distributed``, and
+every recorded group is compared with
+:class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` of the same release
+(:func:`check_release`).
 """
 
 from __future__ import annotations
@@ -179,7 +174,18 @@ def _check_generator(ps: Any, lay: Any, series: str, out: list[str]) -> int:
 
 
 def check_release(series: str, configs: list[dict], seed: int) -> dict:
-    """Compare the release's init with MegatronLayout on ``configs``; return counts and mismatches."""
+    """Compare the release's init with MegatronLayout on ``configs``; return counts and mismatches.
+
+    For each configuration the release's ``initialize_model_parallel`` runs against the recording
+    stand-in (``create_group`` records ranks and ``group_desc``; the getters read the recorded
+    groups), followed by ``create_all_gather_groups`` where the release has it. Every recorded
+    group, kind by kind, is compared with the layout: the creation order of the kinds, each
+    kind's full enumeration, the per-rank closed form for sampled ranks (ranks outside a
+    ``rank_offset`` block included), hybrid dp×cp groups, ``get_all_ranks()``, and the exception
+    type where the release rejects the configuration. The release's own ``RankGenerator`` is
+    also compared token by token (every token subset, ``get_gtp_ranks``) with the dense and
+    expert layouts for small worlds.
+    """
     import sys
 
     # 0.19's destroy_model_parallel tries (and tolerates failing) to import the MoE

@@ -1,17 +1,10 @@
 """Short-lived gloo worlds in which ranks die or stop on purpose (failure tests).
 
-:class:`tests.support.gloo_world.GlooWorld` keeps its workers for many tests and is closed
-as soon as one dies; failure tests need the opposite: a fresh world per test whose ranks may
-``os._exit`` or ``SIGSTOP`` themselves. :func:`run_world` starts ``world_size`` processes
-(forked from the fork server of :mod:`tests.support.gloo_world`, which has imported torch;
-spawned where that cannot serve the environment), joins them in a gloo world over a
-``FileStore`` in ``directory`` (no ports: ``pytest -n auto`` safe), runs
-``fn(rank, directory, *args)`` on each and returns ``{rank: result}`` for the ranks that
-reported (a rank that died reports nothing; a rank whose ``fn`` raised reports
-``("raised", type name, message, seconds)``). Every process still alive at the end (a stopped
-rank) is killed, so a test never leaves one behind. :func:`survivors` is how the survivors of
-such a world agree on who died; :func:`lose_rank` kills a rank and has the others detect and
-agree on it; :func:`kept_after_shrink` checks the outcome of a restart at tp 2 × dp 2.
+:class:`tests.support.worlds.gloo.GlooWorld` keeps its workers for many tests and is closed as
+soon as one dies; failure tests need the opposite: a fresh world per test whose ranks may
+``os._exit`` or ``SIGSTOP`` themselves (:func:`run_world`). :func:`lose_rank` kills a rank and
+has the others detect and agree on it; :func:`kept_after_shrink` checks the outcome of a
+restart at tp 2 × dp 2.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from tests.support.gloo_world import worker_context
+from tests.support.worlds.gloo import worker_context
 
 
 def _worker(rank: int, world_size: int, directory: str, fn: Callable[..., Any], args: tuple, outbox, env: dict) -> None:
@@ -55,8 +48,13 @@ def run_world(
 ) -> dict[int, Any]:
     """Run ``fn(rank, directory, *args)`` on ``world_size`` fresh gloo ranks; ``{rank: result}``.
 
-    Collects results until ``expect`` ranks (default: all) reported or ``timeout`` seconds
-    passed, then kills every process still alive.
+    The processes are forked from the fork server of :mod:`tests.support.worlds.gloo`, which has
+    imported torch (spawned where that cannot serve the environment), and join a gloo world over
+    a ``FileStore`` in ``directory`` (no ports: ``pytest -n auto`` safe). A rank that died
+    reports nothing; a rank whose ``fn`` raised reports ``("raised", type name, message,
+    seconds)``. Collects results until ``expect`` ranks (default: all) reported or ``timeout``
+    seconds passed, then kills every process still alive (a stopped rank), so a test never
+    leaves one behind.
     """
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     ctx = worker_context(full_env)  # forked from the fork server that has imported torch

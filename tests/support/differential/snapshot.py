@@ -1,7 +1,8 @@
-"""Observing a ``parallel_state`` module (:mod:`tests.support.differential`): group recording,
+"""Observing a ``parallel_state`` module (:mod:`tests.support.differential.library`): group recording,
 value encoding, snapshots and their comparison.
 
-See :mod:`tests.support.differential` for the value encoding and what a snapshot holds.
+The value encoding is :func:`encode`'s; :mod:`tests.support.differential.library` says what a
+snapshot holds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.support.diff_api import ABSENT, MISSING, getter_calls, reference_globals
+from tests.support.differential.api import ABSENT, MISSING, getter_calls, reference_globals
 
 # --------------------------------------------------------------------------- group recording
 
@@ -130,7 +131,23 @@ class _Encoder:
 
 
 def encode(value: Any) -> Any:
-    """Plain, comparable encoding of a value (see the module docstring)."""
+    """Plain, comparable encoding of a value (a call that raises: :func:`raised`).
+
+    * ``None``, ``bool``, ``int``, ``str``, ``float`` stay as they are (an int subclass such as
+      ``numpy.int64`` becomes ``(type name, int)``);
+    * a ``ProcessGroup`` becomes ``("group", ranks)``; its metadata goes to extra keys
+      ``meta:<key>`` (``group_desc``, the ``timeout`` / ``backend`` / ``pg_options`` it was
+      created with) and ``alias:<key>`` (the first key holding the very same object, so shared
+      communicators are visible);
+    * lists / tuples / dicts keep their type: ``("list", items)``, ``("tuple", items)``,
+      ``("dict", sorted items)``; a group inside one gets its metadata keys under its index
+      (``meta:<key>[1]``): 0.12/0.13's list of pipeline groups of an encoder rank and its rank
+      lists compare by membership, order, description, timeout and backend of every element;
+    * anything else becomes ``("object", type name)``;
+    * a call that raises becomes ``("raises", type name, names of the type's MRO)``; compat may
+      raise a subclass of MCore's exception type (code that catches MCore's still catches it), or
+      of the builtin base of a third-party one (:data:`THIRD_PARTY_ERRORS`).
+    """
     return _Encoder()(value, track=False)
 
 

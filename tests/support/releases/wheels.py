@@ -2,24 +2,10 @@
 
 Every supported release's ``parallel_state.py`` / ``hyper_comm_grid.py`` /
 ``process_groups_config.py`` is the specification compat is checked against. Only one
-megatron-core can be installed, so tests get the others from their wheels:
-
-* :data:`RELEASES` maps each supported series (0.12 ... 0.19) to the patch release tests use;
-  :data:`LEGACY_RELEASES` is its encoder/decoder-era part (0.12, 0.13).
-* :func:`release_dir` downloads the wheel (``pip download --no-deps``; releases 0.17+ publish
-  cp312-only wheels, fetched with ``--python-version 3.12 --only-binary=:all:``) and unzips it
-  into a cache directory (``$PSNG_RELEASE_CACHE``, default ``~/.cache/parallel_state_ng/
-  megatron-core``). Concurrent test workers wait on a file lock; a finished release is a
-  directory that is never modified again.
-* :func:`activate` (inside a fresh process) puts a release first on ``sys.path`` and registers
-  ``megatron`` and ``megatron.core`` as bare packages, so ``megatron.core.parallel_state`` of
-  that release imports without running ``megatron/core/__init__.py`` (0.18+ imports triton
-  there). ``importlib.metadata.version("megatron-core")`` then reports the release, which is
-  how compat picks the API it serves.
-* :func:`run_in_release` runs ``module.function(*args)`` in a new process bound to one
-  release and returns its (JSON) result: each call in its own process, forked from a zygote
-  that has imported torch and the release's ``parallel_state`` once
-  (:mod:`tests.support.release_forkserver`).
+megatron-core can be installed, so tests get the others from their wheels (:data:`RELEASES`,
+:func:`release_dir`) and run code bound to one of them (:func:`run_in_release`; the binding is
+:mod:`tests.support.releases.binding`, the processes come from
+:mod:`tests.support.releases.forkserver`).
 """
 
 from __future__ import annotations
@@ -27,20 +13,19 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import glob
-import importlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import types
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository root: tests.support imports from there
+from tests.support.paths import ROOT  # the repository root: tests.support imports from there
+from tests.support.releases import binding, forkserver
 
 # Release series -> the patch release the tests use (within a series the files compat mirrors
 # are byte-identical), oldest first. 0.12 and 0.13 are the encoder/decoder era
@@ -57,8 +42,6 @@ RELEASES: dict[str, str] = {
 }
 # Series whose wheels are cp312-only (0.12-0.16 install on Python 3.11 normally).
 _CP312_ONLY = {"0.17", "0.18", "0.19"}
-
-_RESULT_MARK = "@@PSNG-RESULT@@"
 
 
 def cache_root() -> Path:
@@ -106,7 +89,12 @@ def _download(version: str, into: Path) -> Path:
 
 
 def release_dir(version: str) -> Path:
-    """The unzipped wheel of megatron-core ``version`` (downloaded on first use)."""
+    """The unzipped wheel of megatron-core ``version`` (downloaded on first use).
+
+    ``pip download --no-deps`` (releases 0.17+ publish cp312-only wheels, fetched with
+    ``--python-version 3.12 --only-binary=:all:``), unzipped into :func:`cache_root`. Concurrent
+    test workers wait on a file lock; a finished release is a directory never modified again.
+    """
     root = cache_root()
     dest = root / version
     if (dest / "megatron" / "core" / "parallel_state.py").is_file():
@@ -125,26 +113,6 @@ def release_dir(version: str) -> Path:
     return dest
 
 
-def activate(dest: str | os.PathLike) -> None:
-    """Make ``megatron.core`` of the release unzipped at ``dest`` importable in this process.
-
-    Must run before anything imports megatron. ``megatron`` and ``megatron.core`` become bare
-    packages (their ``__init__`` does not run); submodules load from ``dest``.
-    """
-    dest = str(dest)
-    already = [m for m in sys.modules if m == "megatron" or m.startswith("megatron.")]
-    if already:
-        raise RuntimeError(f"megatron is already imported in this process: {already[:3]}")
-    sys.path.insert(0, dest)
-    importlib.invalidate_caches()
-    for name, sub in (("megatron", "megatron"), ("megatron.core", "megatron/core")):
-        package = types.ModuleType(name)
-        package.__path__ = [os.path.join(dest, sub)]
-        package.__package__ = name
-        sys.modules[name] = package
-    sys.modules["megatron"].core = sys.modules["megatron.core"]
-
-
 def run_in_release(
     version: str,
     module: str,
@@ -156,50 +124,39 @@ def run_in_release(
 ) -> Any:
     """Run ``module.function(*args)`` in a new process bound to megatron-core ``version``.
 
-    ``module`` is a fully qualified name (``tests.support.release_checks``,
+    ``module`` is a fully qualified name (``tests.support.releases.compat_checks``,
     ``tests.releases.test_install_releases``): the child has the repository root on its
     ``PYTHONPATH``. Arguments and the return value travel as JSON. A failure in the child raises ``RuntimeError`` with
     its output.
 
     The process is forked from a zygote that has imported torch and the release's
-    ``parallel_state`` (:mod:`tests.support.release_forkserver`): a process of its own per call,
+    ``parallel_state`` (:mod:`tests.support.releases.forkserver`): a process of its own per call,
     without paying the imports again. ``fresh=True`` (or ``$PSNG_RELEASE_FORK=0``) starts a new
     interpreter instead.
     """
-    from tests.support import release_forkserver
-
     dest = release_dir(version)
     child_env = dict(os.environ)
     child_env.update(env or {})
-    child_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), child_env.get("PYTHONPATH", "")])
+    child_env["PYTHONPATH"] = os.pathsep.join([ROOT, child_env.get("PYTHONPATH", "")])
     child_env.setdefault("OMP_NUM_THREADS", "1")
     done = None
     if not fresh:
-        done = release_forkserver.call(str(dest), module, function, list(args), child_env, timeout)
+        done = forkserver.call(str(dest), module, function, list(args), child_env, timeout)
     if done is None:
         payload = json.dumps({"dest": str(dest), "module": module, "function": function, "args": list(args)})
         done = subprocess.run(
-            [sys.executable, "-c", "import tests.support.mcore_releases as m; m._child_main()"],
+            [sys.executable, "-c", "from tests.support.releases import binding; binding.child_main()"],
             input=payload,
             capture_output=True,
             text=True,
             timeout=timeout,
             env=child_env,
-            cwd=str(ROOT),
+            cwd=ROOT,
         )
     for line in done.stdout.splitlines():
-        if line.startswith(_RESULT_MARK):
-            return json.loads(line[len(_RESULT_MARK) :])
+        if line.startswith(binding.RESULT_MARK):
+            return json.loads(line[len(binding.RESULT_MARK) :])
     raise RuntimeError(
         f"{module}.{function} on megatron-core {version} failed (exit {done.returncode}):\n"
         f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-8000:]}"
     )
-
-
-def _child_main() -> None:
-    payload = json.loads(sys.stdin.read())
-    activate(payload["dest"])
-    fn = getattr(importlib.import_module(payload["module"]), payload["function"])
-    result = fn(*payload["args"])
-    sys.stdout.write(_RESULT_MARK + json.dumps(result) + "\n")
-    sys.stdout.flush()

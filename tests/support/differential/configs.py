@@ -1,20 +1,11 @@
 """Configurations for the differential test, for whichever release is the reference.
 
 A :class:`Config` is one ``initialize_model_parallel`` call on a fake world (plus, on 0.18+,
-calls made after it such as ``create_all_gather_groups``). :func:`diff_configs_plan.all_configs`
-gives hand-written edge cases and seeded random ones (``tests/support/diff_configs_plan.py``). Everything here follows the *reference*
-``megatron.core.parallel_state`` of this process (the installed Megatron-Core, or the release
-``tests.support.mcore_releases.activate`` bound the process to): a configuration only uses parameters
-the reference's ``initialize_model_parallel`` has, the sampler draws GTP sizes only where the
-reference has ``gtp_remat_size``, a sub-world only where it has ``rank_offset`` and
-``local_world_size``, the all-gather groups after init only where it has
-``create_all_gather_groups``, and an encoder block or a pipeline split rank only where it has
-the 0.12/0.13 encoder sizes and ``pipeline_model_parallel_split_rank``; the release-specific
-families are in ``tests/support/diff_configs_releases.py``. A parameter of the reference this module
-does not know raises :class:`differential.UnknownApiError` (a new argument is never silently
-left at its default).
-
-Running and comparing them is ``tests/support/diff_run.py``.
+calls made after it such as ``create_all_gather_groups``). Everything here follows the
+*reference* ``megatron.core.parallel_state`` of this process (:func:`applies`). The plan of
+hand-written and seeded random cases is :mod:`tests.support.differential.plans`, the
+release-specific families :mod:`tests.support.differential.release_configs`; running and
+comparing them is :mod:`tests.support.differential.run`.
 """
 
 from __future__ import annotations
@@ -32,7 +23,8 @@ from typing import Any
 import megatron.core.parallel_state as mcore_ps
 
 from parallel_state_ng.releases import Release, parse_release
-from tests.support import differential as D
+from tests.support.differential import legacy_layout
+from tests.support.differential import library as D
 
 # --------------------------------------------------------------------------- embedding callables
 # MCore calls get_embedding_ranks(ranks) with one list of python ints per pipeline group. These
@@ -87,7 +79,18 @@ YAMLS = {
 
 @dataclass
 class Config:
-    """One ``initialize_model_parallel`` call on a fake world of ``world`` ranks."""
+    """One ``initialize_model_parallel`` call on a fake world of ``world`` ranks.
+
+    It follows the reference: the installed Megatron-Core, or the release
+    :func:`tests.support.releases.binding.activate` bound the process to. A configuration only
+    uses parameters the reference's ``initialize_model_parallel`` has; the sampler draws GTP
+    sizes only where the reference has ``gtp_remat_size``, a sub-world only where it has
+    ``rank_offset`` and ``local_world_size``, the all-gather groups after init only where it has
+    ``create_all_gather_groups``, and an encoder block or a pipeline split rank only where it
+    has the 0.12/0.13 encoder sizes and ``pipeline_model_parallel_split_rank``. A parameter of
+    the reference this module does not know raises :class:`library.UnknownApiError` (a new
+    argument is never silently left at its default).
+    """
 
     world: int
     kwargs: dict[str, Any]
@@ -123,7 +126,7 @@ class Config:
             parts.append(f"{short}{k.get(name, 1)}")
         if k.get("expert_tensor_parallel_size") is not None:
             parts.append(f"etp{k['expert_tensor_parallel_size']}")
-        for name, short in _releases().ID_PARTS:  # 0.12/0.13: encoder sizes, split rank
+        for name, short in legacy_layout.ID_PARTS:  # 0.12/0.13: encoder sizes, split rank
             if name in k:
                 parts.append(f"{short}{k[name]}")
         for name, short in (
@@ -184,8 +187,8 @@ class Config:
         offset, local = self.kwargs.get("rank_offset"), self.kwargs.get("local_world_size")
         if isinstance(offset, int) and isinstance(local, int):  # both edges of the sub-world
             ranks += [r for r in (offset, offset + local - 1) if 0 <= r < w and r not in ranks]
-        if _releases().ENC_PP in self.kwargs:  # 0.12/0.13: where the encoder and decoder blocks meet
-            ranks += [r for r in _releases().boundary_ranks(self) if r not in ranks]
+        if legacy_layout.ENC_PP in self.kwargs:  # 0.12/0.13: where the encoder and decoder blocks meet
+            ranks += [r for r in legacy_layout.boundary_ranks(self) if r not in ranks]
         return ranks
 
 
@@ -224,14 +227,14 @@ def init_parameters() -> tuple[str, ...]:
     """Parameter names of the reference's ``initialize_model_parallel``, in order.
 
     Raises:
-        differential.UnknownApiError: a parameter this module does not know how to vary.
+        library.UnknownApiError: a parameter this module does not know how to vary.
     """
     names = tuple(inspect.signature(mcore_ps.initialize_model_parallel).parameters)
     unknown = [n for n in names if n not in KNOWN_INIT_PARAMETERS]
     if unknown:
         raise D.UnknownApiError(
             f"initialize_model_parallel has parameters {unknown} the configuration sampler does not know: "
-            "teach tests/diff_configs.py"
+            "teach tests/support/differential/configs.py"
         )
     return names
 
@@ -264,19 +267,12 @@ KNOWN_INIT_PARAMETERS = frozenset(
         "create_all_gather_group",
         "rank_offset",
         "local_world_size",
-        # 0.12/0.13 (tests/support/diff_configs_releases.py)
+        # 0.12/0.13 (tests/support/differential/release_configs.py)
         "pipeline_model_parallel_split_rank",
         "encoder_tensor_model_parallel_size",
         "encoder_pipeline_model_parallel_size",
     }
 )
-
-
-def _releases():
-    """``tests/support/diff_configs_releases.py`` (imported on first use: it imports this module)."""
-    from tests.support import diff_configs_releases
-
-    return diff_configs_releases
 
 
 @functools.cache

@@ -1,8 +1,8 @@
 """Running a differential configuration on the reference and on compat, and comparing.
 
-:func:`compare_config` runs one :class:`diff_configs.Config` on both modules for every compared
+:func:`compare_config` runs one :class:`configs.Config` on both modules for every compared
 rank and returns the failures; the in-process test (installed release,
-``tests/compat/test_compat_differential.py``) and the per-release test (``tests/support/release_checks.py``, one
+``tests/compat/test_compat_differential.py``) and the per-release test (``tests/support/releases/compat_checks.py``, one
 subprocess per release) share it.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import megatron.core.parallel_state as mcore_ps
 
-from tests.support import differential as D
-from tests.support.diff_configs import YAMLS, Config, reference_release
+from tests.support.differential import library as D
+from tests.support.differential.configs import YAMLS, Config, reference_release
 
 # --------------------------------------------------------------------------- running
 

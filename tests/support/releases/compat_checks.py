@@ -1,24 +1,10 @@
 """Checks of ``compat.parallel_state`` against one Megatron-Core release, run inside that release.
 
 :func:`run` is called by ``tests/releases/test_releases_compat.py`` through
-``mcore_releases.run_in_release`` — one fresh process per release, in which
-``megatron.core.parallel_state`` is that release's module (the reference) and compat picks the
-release from ``importlib.metadata``. It returns a JSON summary with, per section, what was
-checked (counts, so a silently empty run is visible) and the problems found (plain strings; the
-parent test asserts the lists are empty):
-
-* ``api``: both directions — every public function of the release exists in compat with equal
-  parameter names, kinds and defaults, and compat has no public function the release lacks
-  (apart from :data:`COMPAT_EXTRAS`); every state global of the release exists in compat, and
-  compat has none that another supported release has and this one lacks; ``RankGenerator``'s
-  constructor and methods both ways; ``MEGATRON_VERSION`` names the release.
-* ``differential``: ``tests/support/diff_configs.py`` configurations (hand-written and seeded random,
-  world sizes to 1,024, on the fake backend) on several ranks each, every getter and global of
-  the release compared (``tests/support/differential.py``); plus the uninitialized state.
-* ``helpers``: ``RankGenerator`` and the public helper functions (``tests/support/helper_cases.py``).
-* ``bad_input``: the table of ``tests/compat/test_bad_input.py`` restricted to the release's
-  parameters: compat raises at once naming the argument, stays untouched, accepts a good call
-  next; where the release raises, compat's exception is an instance of the release's type.
+``wheels.run_in_release`` — one process per release, in which ``megatron.core.parallel_state``
+is that release's module (the reference) and compat picks the release from
+``importlib.metadata``. Four sections: ``api``, ``differential``, ``helpers``, ``bad_input``
+(what each checks: :func:`run`).
 """
 
 from __future__ import annotations
@@ -105,11 +91,11 @@ def _release_names(path: Path) -> tuple[set, set]:
 
 def known_release_names() -> tuple[set, set]:
     """Union over every supported release (cached wheels) of public functions and state globals."""
-    from tests.support import mcore_releases
+    from tests.support.releases import wheels
 
     functions, state = set(), set()
-    for version in mcore_releases.RELEASES.values():
-        f, s = _release_names(mcore_releases.release_dir(version) / "megatron" / "core" / "parallel_state.py")
+    for version in wheels.RELEASES.values():
+        f, s = _release_names(wheels.release_dir(version) / "megatron" / "core" / "parallel_state.py")
         functions |= f
         state |= s
     return functions, state
@@ -135,7 +121,7 @@ def api_report(version: str) -> dict:
     import megatron.core.parallel_state as ref
 
     import compat.parallel_state as ps
-    from tests.support import differential as D
+    from tests.support.differential import library as D
 
     problems: list[str] = []
     served = getattr(ps, VERSION_ATTRIBUTE, None)
@@ -208,11 +194,10 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
     import torch.distributed as dist
 
     import compat.parallel_state as ps
-    from tests.support import diff_configs as C
-    from tests.support import diff_configs_plan as plans
-    from tests.support import diff_configs_releases as CR
-    from tests.support import diff_run
-    from tests.support import differential as D
+    from tests.support.differential import configs as C
+    from tests.support.differential import legacy_layout, plans
+    from tests.support.differential import library as D
+    from tests.support.differential import run as diff_run
 
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
     problems: list[str] = []
@@ -233,15 +218,15 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
         "gtp": lambda c: c.kwargs.get("gtp_remat_size", 1) != 1 or c.kwargs.get("expert_gtp_remat_size", 1) != 1,
         "sub_world": lambda c: "local_world_size" in c.kwargs or "rank_offset" in c.kwargs,
         "after_init": lambda c: bool(c.after_init),
-        "encoder": CR.has_encoder,  # 0.12/0.13: an encoder block
-        "split_rank": CR.has_split_rank,  # 0.12/0.13: a pipeline split rank
+        "encoder": legacy_layout.has_encoder,  # 0.12/0.13: an encoder block
+        "split_rank": legacy_layout.has_split_rank,  # 0.12/0.13: a pipeline split rank
     }
     present = {
         "gtp": C.has("gtp_remat_size"),
         "sub_world": C.has("local_world_size"),
         "after_init": C.has_function("create_all_gather_groups"),
-        "encoder": C.has(CR.ENC_PP),
-        "split_rank": C.has(CR.SPLIT),
+        "encoder": C.has(legacy_layout.ENC_PP),
+        "split_rank": C.has(legacy_layout.SPLIT),
     }
     tally = diff_run.Tally()
     worlds = set()
@@ -290,7 +275,7 @@ def helpers_report() -> dict:
     import torch.distributed as dist
 
     import compat.parallel_state as ps
-    from tests.support import helper_cases as H
+    from tests.support.differential import helper_cases as H
 
     problems: list[str] = []
     generators, helpers = H.rank_generator_cases(), H.helper_cases()
@@ -332,7 +317,7 @@ def bad_input_report() -> dict:
 
     import compat.parallel_state as ps
     from tests.compat import test_bad_input as B
-    from tests.support import differential as D
+    from tests.support.differential import library as D
 
     parameters = set(inspect.signature(ref.initialize_model_parallel).parameters)
     cases = B._build_cases(parameters, parse_release(importlib.metadata.version("megatron-core")))
@@ -404,7 +389,27 @@ def bad_input_report() -> dict:
 
 
 def run(version: str, plan: dict, hand_written: bool = True, max_configs: int = 10_000) -> dict:
-    """All checks against the release this process is bound to; returns the JSON summary."""
+    """All checks against the release this process is bound to; returns the JSON summary.
+
+    Per section, what was checked (counts, so a silently empty run is visible) and the problems
+    found (plain strings; the parent test asserts the lists are empty):
+
+    * ``api``: both directions — every public function of the release exists in compat with
+      equal parameter names, kinds and defaults, and compat has no public function the release
+      lacks (apart from :data:`COMPAT_EXTRAS`); every state global of the release exists in
+      compat, and compat has none that another supported release has and this one lacks;
+      ``RankGenerator``'s constructor and methods both ways; ``MEGATRON_VERSION`` names the
+      release.
+    * ``differential``: :mod:`tests.support.differential.configs` configurations (hand-written
+      and seeded random, world sizes to 1,024, on the fake backend) on several ranks each, every
+      getter and global of the release compared (:mod:`tests.support.differential.library`);
+      plus the uninitialized state.
+    * ``helpers``: ``RankGenerator`` and the public helper functions
+      (:mod:`tests.support.differential.helper_cases`).
+    * ``bad_input``: the table of ``tests/compat/test_bad_input.py`` restricted to the release's
+      parameters: compat raises at once naming the argument, stays untouched, accepts a good call
+      next; where the release raises, compat's exception is an instance of the release's type.
+    """
     start = time.perf_counter()
     out: dict[str, Any] = {"version": version, "installed": importlib.metadata.version("megatron-core")}
     if out["installed"] != version:

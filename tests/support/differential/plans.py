@@ -1,10 +1,10 @@
 """The configuration plan of the differential test: hand-written cases and seeded random ones.
 
 :func:`all_configs` gives the hand-written edge cases (every invalid configuration class
-written out, the release-specific families of ``tests/support/diff_configs_releases.py``)
-and seeded random configurations per world size (:data:`diff_configs.WORLD_PLAN`), each using
+written out, the release-specific families of ``tests/support/differential/release_configs.py``)
+and seeded random configurations per world size (:data:`configs.WORLD_PLAN`), each using
 only what the *reference* ``megatron.core.parallel_state`` of this process has (see
-``tests/support/diff_configs.py``, which defines :class:`Config`).
+``tests/support/differential/configs.py``, which defines :class:`Config`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import random
 from datetime import timedelta
 from typing import Any
 
-from tests.support import diff_configs_releases as CR
-from tests.support import differential as D
-from tests.support.diff_configs import (
+from tests.support.differential import library as D
+from tests.support.differential import release_configs as CR
+from tests.support.differential.configs import (
     ALL_ORDERS,
     COMMON_ORDERS,
     EMBEDDING_CALLABLES,
@@ -368,7 +368,7 @@ def _hand_written() -> list[Config]:
         Config(8, {"tensor_model_parallel_size": 2}, tag="default-gloo", invalid=True, hand_written=True),
         c(8, create_all_gather_group=None),
         # release-specific families: 0.19 GTP, 0.17+ sub-world, 0.18+ all-gather groups; 0.12/0.13
-        # encoder blocks and split ranks (tests/support/diff_configs_releases.py)
+        # encoder blocks and split ranks (tests/support/differential/release_configs.py)
         *CR.hand_written_recent(c, bad, ag),
         *CR.hand_written_legacy(c, bad),
     ]

@@ -1,12 +1,10 @@
 """Differential check of ``build_megatron_groups(...).collection()`` against one megatron-core release.
 
-Runs inside a process bound to one release (:func:`tests.support.mcore_releases.run_in_release`,
-or the installed megatron-core in-process). For each configuration and sampled rank, on the
-fake backend: MCore's own ``initialize_model_parallel`` then
-``ProcessGroupCollection.use_mpu_process_groups()`` gives the reference (the ranks of every
-field), destroyed again; then :func:`parallel_state_ng.builders.collection.build_megatron_groups`
-with the same arguments gives ours. Every field of every rank must hold the same ranks (or be
-``None`` on both). Arguments MCore rejects must be rejected by ours too.
+Runs inside a process bound to one release (:func:`tests.support.releases.wheels.run_in_release`,
+or the installed megatron-core in-process), on the fake backend: for each configuration and
+sampled rank, every field of MCore's own ``ProcessGroupCollection.use_mpu_process_groups()``
+and of :func:`parallel_state_ng.builders.collection.build_megatron_groups` with the same
+arguments must hold the same ranks (:func:`run`).
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from tests.support.diff_observe import fake_world, reset_mcore
+from tests.support.differential.observe import reset_mcore
+from tests.support.worlds.fake import fake_world
 
 _SIZE_KEYS = (
     "tensor_model_parallel_size",
@@ -169,7 +168,13 @@ def _with_offset(world: int, kwargs: dict[str, Any], rng: random.Random) -> tupl
 
 
 def run(seed: int = 0, random_count: int = 24) -> dict[str, Any]:
-    """Compare every configuration's sampled ranks; returns totals and the mismatches."""
+    """Compare every configuration's sampled ranks; returns totals and the mismatches.
+
+    MCore's own ``initialize_model_parallel`` then ``use_mpu_process_groups()`` gives the
+    reference (the ranks of every field), destroyed again; then ``build_megatron_groups`` with
+    the same arguments gives ours. Every field of every rank must hold the same ranks (or be
+    ``None`` on both). Arguments MCore rejects must be rejected by ours too.
+    """
     import megatron.core.parallel_state as mps
 
     params = inspect.signature(mps.initialize_model_parallel).parameters

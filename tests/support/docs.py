@@ -1,27 +1,8 @@
 """The code blocks of README.md and docs/*.md: found, classified and run (tests/docs).
 
-Rules (docs/testing.md states them for writers):
-
-* Every fenced block has an info string. ``python`` blocks run; ``bash`` / ``sh`` / ``shell``
-  blocks run in bash (they must exit 0); ``console`` blocks are shell sessions: each ``$ command``
-  (a trailing backslash continues it) runs, and the output shown under it must appear in the real output, each
-  stretch between ``...`` lines contiguous and in order. ``text`` and ``json`` blocks are output or
-  data and are not run (``json`` must parse).
-* HTML comments on the lines right above a block steer it:
-  ``<!-- docs-test: skip (REASON) -->`` (not run: too expensive for CI, or illustrative; counted
-  and reported with its reason), ``<!-- docs-test: fake-world rank=R size=W -->`` (a python block
-  runs on simulated rank R of a W-rank world, torch's fake backend), ``<!-- docs-test: exit=N -->``
-  (a console command is expected to exit with N) and ``<!-- docs-test: same-as PATH -->`` (a
-  ``json`` / ``text`` block shows that file, which must be equal).
-* In a python block, an expression statement whose trailing comment starts with a Python literal
-  is an assertion: ``lay.coord(5)  # {'tp': 1, 'dp': 0, 'pp': 1}`` must evaluate to that literal.
-  The literal is the longest prefix of the comment that parses as one, cut before a space, ``:``,
-  ``;``, ``=`` or ``(`` (and not ending in a comma: ``# [1, 3], computed ...`` is the list).
-* Each python block is independent: it runs in its own process (forked from one runner that has
-  imported torch, the packages and megatron-core once), from the repository root.
-
-``python -m tests.support.doc_blocks`` prints the blocks per page and the totals;
-``python -m tests.support.doc_blocks run-python`` runs every python block and prints one JSON
+The rules (docs/testing.md states them for writers) are in the comment below the imports.
+``python -m tests.support.docs`` prints the blocks per page and the totals;
+``python -m tests.support.docs run-python`` runs every python block and prints one JSON
 result per block (what tests/docs/test_docs_blocks.py does).
 """
 
@@ -39,6 +20,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.paths import ROOT
+
+# Rules:
+# * Every fenced block has an info string. ``python`` blocks run; ``bash`` / ``sh`` / ``shell``
+#   blocks run in bash (they must exit 0); ``console`` blocks are shell sessions: each ``$ command``
+#   (a trailing backslash continues it) runs, and the output shown under it must appear in the real output, each
+#   stretch between ``...`` lines contiguous and in order. ``text`` and ``json`` blocks are output or
+#   data and are not run (``json`` must parse).
+# * HTML comments on the lines right above a block steer it:
+#   ``<!-- docs-test: skip (REASON) -->`` (not run: too expensive for CI, or illustrative; counted
+#   and reported with its reason), ``<!-- docs-test: fake-world rank=R size=W -->`` (a python block
+#   runs on simulated rank R of a W-rank world, torch's fake backend), ``<!-- docs-test: exit=N -->``
+#   (a console command is expected to exit with N) and ``<!-- docs-test: same-as PATH -->`` (a
+#   ``json`` / ``text`` block shows that file, which must be equal).
+# * In a python block, an expression statement whose trailing comment starts with a Python literal
+#   is an assertion: ``lay.coord(5)  # {'tp': 1, 'dp': 0, 'pp': 1}`` must evaluate to that literal.
+#   The literal is the longest prefix of the comment that parses as one, cut before a space, ``:``,
+#   ``;``, ``=`` or ``(`` (and not ending in a comma: ``# [1, 3], computed ...`` is the list).
+# * Each python block is independent: it runs in its own process (forked from one runner that has
+#   imported torch, the packages and megatron-core once), from the repository root.
 
 PYTHON = frozenset({"python", "py"})
 SHELL = frozenset({"bash", "sh", "shell"})

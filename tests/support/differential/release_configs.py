@@ -1,21 +1,10 @@
 """Release-specific configuration families for the differential test.
 
-Used by ``tests/support/diff_configs_plan.py`` (and lazily by ``tests/support/diff_configs.py``).
-Every configuration here passes an argument or calls a function only some releases have, so
-:func:`diff_configs.applies` keeps it exactly where the reference has them:
-
-* :func:`hand_written_recent`: 0.19's GTP weight-rematerialization sizes, 0.17+'s layout on part
-  of the world (``rank_offset`` / ``local_world_size``), 0.18+'s all-gather groups after init;
-* 0.12/0.13 (the encoder/decoder era; :func:`hand_written_legacy`, :func:`random_encoder_config`,
-  :func:`random_legacy_extras`):
-
-  - ``encoder_tensor_model_parallel_size`` / ``encoder_pipeline_model_parallel_size``: with an
-    encoder (encoder pp > 0; encoder tp 0 means "= tp"; encoder pp ``None`` means 0) the world
-    is an encoder block ``[0, enc_world)`` followed by the decoder block; the world must be
-    divisible by ``(enc_tp * enc_pp + tp * pp) * cp``, ``dp = world // that``, ``enc_tp <= tp``;
-    the expert layout covers the decoder block only (``edp = decoder_world // (etp * ep * pp)``);
-  - ``pipeline_model_parallel_split_rank``: changes the default embedding / position-embedding
-    ranks and is returned by ``get_pipeline_model_parallel_split_rank()``.
+Used by :mod:`tests.support.differential.plans`. Every configuration here passes an argument or
+calls a function only some releases have, so :func:`configs.applies` keeps it exactly where the
+reference has them: :func:`hand_written_recent` (0.17+ to 0.19); :func:`hand_written_legacy`,
+:func:`random_encoder_config` and :func:`random_legacy_extras` (0.12/0.13, the encoder/decoder
+era; the arithmetic is :mod:`tests.support.differential.legacy_layout`).
 """
 
 from __future__ import annotations
@@ -26,54 +15,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from tests.support import diff_configs as C
-
-ENC_TP = "encoder_tensor_model_parallel_size"
-ENC_PP = "encoder_pipeline_model_parallel_size"
-SPLIT = "pipeline_model_parallel_split_rank"
-# id text of each legacy argument (``Config.id``)
-ID_PARTS = ((ENC_TP, "enctp"), (ENC_PP, "encpp"), (SPLIT, "split"))
-
-
-def encoder_block(kwargs: dict[str, Any], world: int) -> tuple[int, int] | None:
-    """``(encoder world size, data-parallel size)`` as MCore derives them, when ``kwargs`` has an
-    encoder block (encoder pp > 0) in a world it divides; else ``None``.
-    """
-    enc_pp = kwargs.get(ENC_PP) or 0
-    sizes = [
-        kwargs.get(n, 1)
-        for n in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
-    ]
-    enc_tp = kwargs.get(ENC_TP, 0)
-    if not all(type(v) is int for v in (enc_pp, enc_tp, *sizes)) or enc_pp <= 0:
-        return None
-    tp, pp, cp = sizes
-    enc_tp = enc_tp or tp
-    total = (enc_tp * enc_pp + tp * pp) * cp
-    if total <= 0 or world % total:
-        return None
-    dp = world // total
-    return enc_tp * enc_pp * cp * dp, dp
-
-
-def has_encoder(cfg: C.Config) -> bool:
-    """Whether the configuration asks for an encoder block (encoder pp > 0)."""
-    value = cfg.kwargs.get(ENC_PP)
-    return type(value) is int and value > 0
-
-
-def has_split_rank(cfg: C.Config) -> bool:
-    """Whether the configuration passes a pipeline split rank."""
-    return cfg.kwargs.get(SPLIT) is not None
-
-
-def boundary_ranks(cfg: C.Config) -> list[int]:
-    """The last encoder rank and the first decoder rank (where the blocks meet)."""
-    block = encoder_block(cfg.kwargs, cfg.world)
-    if block is None:
-        return []
-    enc_world = block[0]
-    return [r for r in (enc_world - 1, enc_world) if 0 <= r < cfg.world]
+from tests.support.differential import configs as C
+from tests.support.differential.legacy_layout import ENC_PP, ENC_TP, SPLIT
 
 
 def _split_choices(rng: random.Random, stages: int) -> int:
@@ -187,7 +130,11 @@ def random_encoder_config(rng: random.Random, w: int) -> C.Config | None:
 def hand_written_recent(
     c: Callable[..., C.Config], bad: Callable[..., C.Config], ag: Callable[..., Any]
 ) -> list[C.Config]:
-    """0.17-0.19 edge cases (``c``/``bad``/``ag`` are :func:`diff_configs_plan._hand_written`'s factories)."""
+    """0.17-0.19 edge cases (``c``/``bad``/``ag`` are :func:`plans._hand_written`'s factories).
+
+    0.19's GTP weight-rematerialization sizes, 0.17+'s layout on part of the world
+    (``rank_offset`` / ``local_world_size``), 0.18+'s all-gather groups after init.
+    """
     return [
         # 0.19: the GTP weight-rematerialization axis (dense after tp, expert after ep)
         c(8, gtp_remat_size=2),
@@ -282,7 +229,7 @@ def hand_written_recent(
 
 
 def hand_written_legacy(c: Callable[..., C.Config], bad: Callable[..., C.Config]) -> list[C.Config]:
-    """The 0.12/0.13 edge cases (``c``/``bad`` are :func:`diff_configs_plan._hand_written`'s factories)."""
+    """The 0.12/0.13 edge cases (``c``/``bad`` are :func:`plans._hand_written`'s factories)."""
     emb = C.EMBEDDING_CALLABLES
     enc = {ENC_TP: 1, ENC_PP: 1}
     return [

@@ -1,31 +1,10 @@
-"""A persistent multi-process gloo world for tests.
+"""A persistent multi-process gloo world for tests: :class:`GlooWorld`.
 
 Spawning processes (and importing torch / megatron in them) is slow on a 2-core machine, so a
-:class:`GlooWorld` keeps its worker processes alive and runs many test functions on them.
-
-    world = GlooWorld(4)
-    results = world.run(my_fn, 3)    # my_fn(3) on every rank; list of results by rank
-    world.close()
-
-``fn`` must be a module-level function (picklable by reference) of an importable module
-(``tests.core.test_grid_gloo``, ``gpt_training`` from scripts/); the workers are spawned and
-inherit the parent's ``sys.path`` (the repository root and scripts/, from ``pythonpath`` in
-pyproject.toml). Inside ``fn`` the default process group is a gloo
-group over all workers (``torch.distributed.get_rank()`` etc. work). An exception in any
-worker is re-raised in the parent as :class:`WorkerError` carrying every failing rank's
-traceback. A world whose worker died or timed out is closed and must not be reused.
-
-The rendezvous uses a ``FileStore`` in a fresh temporary directory: no fixed ports, safe
-under ``pytest -n auto``.
-
-Workers start from multiprocessing's fork server, which has imported torch once (~1.5 s of CPU
-per worker otherwise): each worker is still a new process that has imported nothing else (no
-megatron), with ``sys.path`` and the main module prepared as ``spawn`` prepares them, and the
-parent's environment at ``GlooWorld(...)`` time plus ``env``. The server is started with that
-environment; a world whose environment differs in anything torch could read at import (see
-:func:`tests.support.release_forkserver.call`) is spawned instead, as is every world with
-``$PSNG_RELEASE_FORK=0``. One difference from ``spawn``: forked workers share the server's
-string-hash seed.
+world keeps its worker processes alive and runs many test functions on them. Workers start from
+multiprocessing's fork server, which has imported torch once (:func:`worker_context`); the
+rendezvous is a ``FileStore`` in a fresh temporary directory (no fixed ports, safe under
+``pytest -n auto``).
 """
 
 from __future__ import annotations
@@ -42,7 +21,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tests.support.release_forkserver import DISABLE_VAR, _env_key
+from tests.support.worlds.forking import DISABLE_VAR, env_key
 
 _PRELOAD = ["torch", "torch.distributed"]  # what the fork server imports
 _SERVER_ENV: list[dict[str, str]] = []  # the environment (key) the fork server was started with
@@ -70,8 +49,17 @@ def _environ(env: dict[str, str]):
 
 
 def worker_context(env: dict[str, str]) -> Any:
-    """The ``forkserver`` context, its server running with ``env``; ``spawn`` where it cannot."""
-    if os.environ.get(DISABLE_VAR) == "0" or (_SERVER_ENV and _SERVER_ENV[0] != _env_key(env)):
+    """The ``forkserver`` context, its server running with ``env``; ``spawn`` where it cannot.
+
+    The server has imported torch once (~1.5 s of CPU per worker otherwise): each worker is
+    still a new process that has imported nothing else (no megatron), with ``sys.path`` and the
+    main module prepared as ``spawn`` prepares them, and the environment it is given. A world
+    whose environment differs in anything torch could read at import from the one the server
+    was started with (see :func:`tests.support.releases.forkserver.call`) is spawned instead, as
+    is every world with ``$PSNG_RELEASE_FORK=0``. One difference from ``spawn``: forked workers
+    share the server's string-hash seed.
+    """
+    if os.environ.get(DISABLE_VAR) == "0" or (_SERVER_ENV and _SERVER_ENV[0] != env_key(env)):
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     with _environ(env):  # the server (started, or restarted after dying, here) imports torch with it
@@ -79,7 +67,7 @@ def worker_context(env: dict[str, str]) -> Any:
         multiprocessing.forkserver.ensure_running()
     if not _SERVER_ENV:
         atexit.register(_stop_server)
-    _SERVER_ENV[:] = [_env_key(env)]
+    _SERVER_ENV[:] = [env_key(env)]
     return ctx
 
 
@@ -112,7 +100,21 @@ def _worker(rank: int, world_size: int, store_path: str, inbox, outbox, env: dic
 
 
 class GlooWorld:
-    """``world_size`` persistent worker processes joined in one gloo world."""
+    """``world_size`` persistent worker processes joined in one gloo world.
+
+        world = GlooWorld(4)
+        results = world.run(my_fn, 3)    # my_fn(3) on every rank; list of results by rank
+        world.close()
+
+    ``fn`` must be a module-level function (picklable by reference) of an importable module
+    (``tests.core.test_grid_gloo``, ``gpt_training`` from scripts/); the workers inherit the
+    parent's ``sys.path`` (the repository root and scripts/, from ``pythonpath`` in
+    pyproject.toml) and its environment at ``GlooWorld(...)`` time plus ``env``. Inside ``fn``
+    the default process group is a gloo group over all workers (``torch.distributed.get_rank()``
+    etc. work). An exception in any worker is re-raised in the parent as :class:`WorkerError`
+    carrying every failing rank's traceback. A world whose worker died or timed out is closed and
+    must not be reused.
+    """
 
     def __init__(self, world_size: int, *, env: dict[str, str] | None = None, start_timeout: float = 180.0):
         self.world_size = world_size

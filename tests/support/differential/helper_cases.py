@@ -1,7 +1,7 @@
 """Public helpers and ``RankGenerator`` of compat against the reference release.
 
 Shared by the in-process test (``tests/compat/test_compat_differential.py``, installed release) and the
-per-release check (``tests/support/release_checks.py``). Like ``tests/support/differential.py`` everything
+per-release check (``tests/support/releases/compat_checks.py``). Like ``tests/support/differential/library.py`` everything
 follows the reference ``megatron.core.parallel_state`` of this process: a helper the reference
 lacks is not called; ``RankGenerator`` facts are the reference instance's own attributes, its
 own axes (0.19's ``gtp_remat`` included) and its own methods (``get_gtp_ranks`` where it has
@@ -17,7 +17,7 @@ from typing import Any
 
 import megatron.core.parallel_state as mcore_ps
 
-from tests.support import differential as D
+from tests.support.differential import library as D
 
 # --------------------------------------------------------------------------- RankGenerator
 

@@ -1,6 +1,6 @@
 """Our HyperCommGrid against one megatron-core release's, inside a process bound to that release.
 
-:func:`run_checks` runs in a child started by ``tests.support.mcore_releases.run_in_release`` (so
+:func:`run_checks` runs in a child started by ``tests.support.releases.wheels.run_in_release`` (so
 ``megatron.core.hyper_comm_grid`` is that release's and ``current_release()`` picks it) and
 returns counts per kind of check and the list of mismatches. Both grids get the same calls;
 an outcome is the returned value (a process group as its sorted ranks) or the exception:
