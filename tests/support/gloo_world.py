@@ -8,12 +8,12 @@ Spawning processes (and importing torch / megatron in them) is slow on a 2-core 
     world.close()
 
 ``fn`` must be a module-level function (picklable by reference) of an importable module
-(``tests.core.test_grid_gloo``, ``gpt_training`` from scripts/); the workers are spawned and
-inherit the parent's ``sys.path`` (the repository root and scripts/, from ``pythonpath`` in
-pyproject.toml). Inside ``fn`` the default process group is a gloo
-group over all workers (``torch.distributed.get_rank()`` etc. work). An exception in any
-worker is re-raised in the parent as :class:`WorkerError` carrying every failing rank's
-traceback. A world whose worker died or timed out is closed and must not be reused.
+(``tests.core.test_grid_gloo``, ``scripts.examples.gpt.training``); the workers are spawned and
+inherit the parent's ``sys.path`` (the repository root, from ``pythonpath`` in
+pyproject.toml). Inside ``fn`` the default process group is a gloo group over all workers
+(``torch.distributed.get_rank()`` etc. work). An exception in any worker is re-raised in the
+parent as :class:`WorkerError` carrying every failing rank's traceback. A world whose worker
+died or timed out is closed and must not be reused.
 
 The rendezvous uses a ``FileStore`` in a fresh temporary directory: no fixed ports, safe
 under ``pytest -n auto``.
