@@ -9,7 +9,7 @@ adds (the all-gather twin of the dp×cp group, the hybrid dp×cp groups) — eac
 ep 8).
 
 The expected groups are computed here from :class:`MegatronLayout`, not from compat's state.
-No timing is asserted (``scripts/bench_init.py`` measures time and memory).
+No timing is asserted (``scripts/bench/init.py`` measures time and memory).
 """
 
 from __future__ import annotations

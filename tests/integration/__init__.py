@@ -1,1 +1,1 @@
-"""End to end: scripts/demo.py, Megatron-Core itself on compat, GPT training runs."""
+"""End to end: scripts/examples/demo.py, Megatron-Core itself on compat, GPT training runs."""

@@ -1,10 +1,9 @@
-"""scripts/demo.py: the real 8-process run (default and a non-default order), its option
+"""scripts/examples/demo.py: the real 8-process run (default and a non-default order), its option
 errors, and its verdict when a rank sees the wrong members.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -12,9 +11,9 @@ import sys
 
 import pytest
 
+from scripts.examples import demo
 from tests.support.paths import ROOT
 
-DEMO = os.path.join(ROOT, "scripts", "demo.py")
 KIND_LINE = re.compile(
     r"^(?P<label>[^\[]+) \[(?P<dims>[a-z-]+)(?P<view> in the expert view)?\]: (?P<n>\d+) groups? of (?P<m>\d+)$"
 )
@@ -25,7 +24,12 @@ def _run_demo(*options: str, timeout: float = 300) -> subprocess.CompletedProces
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("WORLD_SIZE", None)
     return subprocess.run(
-        [sys.executable, DEMO, *options], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+        [sys.executable, "-m", "scripts.examples.demo", *options],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
     )
 
 
@@ -133,9 +137,8 @@ def test_non_default_options():
         ("tp-dp-pp-ep", ["tp", "dp", "pp"], ["etp", "edp", "pp", "ep"], "tp-dp-pp-ep"),
     ],
 )
-def test_orders_of_the_dense_and_expert_layouts(order, dense, expert, megatron_order, monkeypatch):
+def test_orders_of_the_dense_and_expert_layouts(order, dense, expert, megatron_order):
     """The expert layout follows --order, as Megatron-Core's expert generator does."""
-    demo = _load_demo_module(monkeypatch)
     megatron_ps = pytest.importorskip("megatron.core.parallel_state")
     options = ["--order", order, "--etp", "1"] + (["--pp", "1"] if order.endswith("ep") else [])
     config = demo.make_config(demo.build_parser().parse_args(options))
@@ -169,16 +172,7 @@ def test_bad_options_exit_2_with_a_clear_message(options, message):
     assert result.stdout == ""
 
 
-def _load_demo_module(monkeypatch):
-    spec = importlib.util.spec_from_file_location("psng_demo", DEMO)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "psng_demo", module)  # dataclasses look the module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_report_fails_when_a_rank_sees_the_wrong_members(monkeypatch):
-    demo = _load_demo_module(monkeypatch)
     config = demo.make_config(demo.build_parser().parse_args(["--world-size", "9"]))
     monkeypatch.setenv("WORLD_SIZE", "9")
     from parallel_state_ng import HyperCommGrid

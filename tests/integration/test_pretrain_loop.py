@@ -1,6 +1,6 @@
 """Megatron-LM's own training loop (``megatron.training.pretrain``) under compat and under MCore.
 
-``scripts/train_gpt.py --loop training`` is run as a user runs it, on megatron-core 0.17.1's
+``python -m scripts.examples.train_gpt --loop training`` is run as a user runs it, on megatron-core 0.17.1's
 unzipped wheel (``--megatron-path``; the first release that ships ``megatron/training``): 4 CPU
 processes, tp 2 pp 2 through Megatron's own argument parser. MCore's parallel_state, compat
 installed before megatron's import and compat installed after must report the same loss and
@@ -18,9 +18,10 @@ import subprocess
 import sys
 
 import pytest
-import train_gpt  # scripts/ (pythonpath in pyproject.toml)
 
-from tests.support.paths import ROOT, SCRIPTS
+from scripts.examples import train_gpt
+from scripts.examples.gpt import pretrain_cli
+from tests.support.paths import ROOT
 from tests.support.releases.wheels import release_dir
 
 RELEASE = "0.17.1"
@@ -32,7 +33,7 @@ def _pretrain(*options: str) -> dict:
     """Run the script; the iterations, digest and facts it prints."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     done = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "train_gpt.py"), "--loop", "training", "--quiet", *options],
+        [sys.executable, "-m", "scripts.examples.train_gpt", "--loop", "training", "--quiet", *options],
         capture_output=True,
         text=True,
         timeout=600,
@@ -103,15 +104,13 @@ def test_megatron_pretrain_follows_0_19_api_bit_identically():
 )
 def test_training_loop_option_errors_come_before_any_process(options, message, capsys, monkeypatch):
     started = []
-    monkeypatch.setattr(train_gpt, "run_ranks", lambda *a, **kw: started.append(a))
+    monkeypatch.setattr(pretrain_cli, "run_ranks", lambda *a, **kw: started.append(a))
     assert train_gpt.main(["--loop", "training", *options]) == 2
     assert message in capsys.readouterr().err
     assert not started
 
 
 def test_training_loop_passes_megatron_options_through():
-    import pretrain_cli
-
     run = pretrain_cli.parse_args(
         ["--impl", "mcore", "--pipeline-model-parallel-size", "2", "--context-parallel-size", "2", "--lr", "1e-3"]
     )

@@ -1,8 +1,8 @@
 """Training from a ProcessGroupCollection (no ``initialize_model_parallel``) equals the global path.
 
-The tiny GPT of ``scripts/gpt_training.py`` is built, wrapped, optimised and scheduled with the
+The tiny GPT of ``scripts/examples/gpt/training.py`` is built, wrapped, optimised and scheduled with the
 collection of :func:`parallel_state_ng.build_megatron_groups` passed as ``pg_collection=``
-(``scripts/gpt_collection.py``: ``ensure_global_memory_buffer``, ``megatron_schedule``), and
+(``scripts/examples/gpt/collection.py``: ``ensure_global_memory_buffer``, ``megatron_schedule``), and
 again through MCore's own globals, in the same gloo processes, on megatron-core 0.19.2's wheel
 (before 0.19 the GPT loss reads the global tensor-parallel group: refused with a clear error). Losses, gradient norms and every rank's parameter digest
 must be bit-identical, with no leaked group, and Megatron's globals must stay uninitialized
@@ -14,14 +14,14 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from gpt_config import TrainConfig, TrainOptionError, validate  # scripts/ (pythonpath in pyproject.toml)
+
+from scripts.examples.gpt.config import TrainConfig, TrainOptionError, validate
 
 if importlib.util.find_spec("megatron") is None:
     pytest.skip("megatron-core is not installed", allow_module_level=True)
 
-import gpt_collection  # noqa: E402
-import gpt_training  # noqa: E402
-
+from scripts.examples.gpt import collection as gpt_collection  # noqa: E402
+from scripts.examples.gpt import training as gpt_training  # noqa: E402
 from tests.support.releases import wheels as mcore_releases  # noqa: E402
 
 LAYOUTS = [

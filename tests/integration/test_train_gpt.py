@@ -1,6 +1,6 @@
 """A real Megatron-Core GPT training run on CPU processes (gloo), under compat and under MCore.
 
-``scripts/gpt_training.py`` runs Megatron's own loop: ``GPTModel`` (local layer spec),
+``scripts/examples/gpt/training.py`` runs Megatron's own loop: ``GPTModel`` (local layer spec),
 ``get_forward_backward_func()`` (1F1B, interleaved), ``DistributedDataParallel`` +
 ``finalize_model_grads``, ``get_megatron_optimizer`` (Adam, clipping, distributed optimizer),
 MoE with the all-to-all dispatcher, dropout through the tensor-parallel RNG tracker.
@@ -29,15 +29,16 @@ import subprocess
 import sys
 
 import pytest
-from gpt_config import TrainConfig, TrainOptionError, validate  # scripts/ (pythonpath in pyproject.toml)
 
-from tests.support.paths import ROOT, SCRIPTS
+from scripts.examples.gpt.config import TrainConfig, TrainOptionError, validate
+from tests.support.paths import ROOT
 
 if importlib.util.find_spec("megatron") is None:  # without importing it in the test process
     pytest.skip("megatron-core is not installed", allow_module_level=True)
 
-import gpt_training  # noqa: E402
-import train_gpt  # noqa: E402
+from scripts.examples import train_gpt  # noqa: E402
+from scripts.examples.gpt import model as gpt_model  # noqa: E402
+from scripts.examples.gpt import training as gpt_training  # noqa: E402
 
 FOUR_RANKS = [TrainConfig(tp=2, pp=2), TrainConfig(tp=2, pp=2, dropout=0.1)]
 EIGHT_RANKS = [
@@ -111,7 +112,7 @@ def test_eight_ranks_compat_trains_exactly_like_mcore():
 def _script(*options: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "train_gpt.py"), *options],
+        [sys.executable, "-m", "scripts.examples.train_gpt", *options],
         capture_output=True,
         text=True,
         timeout=300,
@@ -200,7 +201,7 @@ def test_global_names_of_a_pipeline_stage():
             layers = [Layer(3), Layer(4)]
 
     chunk = Chunk()
-    name = gpt_training.global_param_name
+    name = gpt_model.global_param_name
     assert name(chunk, "decoder.layers.1.mlp.linear_fc1.weight") == "decoder.layers.3.mlp.linear_fc1.weight"
     assert (
         name(chunk, "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight", num_local_experts=2, ep_rank=1)

@@ -1,4 +1,4 @@
-"""The core training example (``scripts/gpt_training.py``) on every supported release.
+"""The core training example (``scripts/examples/gpt/training.py``) on every supported release.
 
 The installed megatron-core runs the full layout matrix in ``test_train_gpt.py``; here every
 other release of :data:`RELEASES` (0.12 ... 0.19) trains one small layout from its unzipped
@@ -16,8 +16,8 @@ import importlib.metadata
 import math
 
 import pytest
-from gpt_config import TrainConfig  # scripts/ (pythonpath in pyproject.toml)
 
+from scripts.examples.gpt.config import TrainConfig
 from tests.support.releases.wheels import RELEASES, release_dir
 
 try:
@@ -34,8 +34,7 @@ VARIANTS = ("compat-before", "mcore", "compat-after")
 @pytest.mark.network
 @pytest.mark.parametrize("version", OTHER_RELEASES)
 def test_core_loop_trains_bit_identically_on_release(version):
-    import gpt_training
-
+    from scripts.examples.gpt import training as gpt_training
     from tests.support.worlds.gloo import GlooWorld
 
     cfg = TrainConfig(tp=1, pp=2, vpp=2, steps=2, megatron_path=str(release_dir(version)))

@@ -1,6 +1,6 @@
 """Two modules wired by Megatron 0.19's own bridge communicators: our topology vs Megatron's grids.
 
-``scripts/two_modules.py`` on fresh gloo processes with megatron-core 0.19.2's wheel: an
+``scripts/examples/two_modules.py`` on fresh gloo processes with megatron-core 0.19.2's wheel: an
 encoder-like module feeds a language-like module through ``BridgeCommunicator`` (disjoint
 ranks: 0-1 and 2-5) or ``ColocatedBridgeCommunicator`` (both on ranks 0-3), forward and
 backward, with SGD steps. Built from :func:`parallel_state_ng.build_topology` and from
@@ -11,8 +11,8 @@ final weights must be identical.
 from __future__ import annotations
 
 import pytest
-import two_modules  # scripts/ (pythonpath in pyproject.toml)
 
+from scripts.examples import two_modules
 from tests.support.releases import wheels as mcore_releases
 
 

@@ -1,8 +1,7 @@
-"""Where things are: the repository root and its scripts folder (plain ``str`` paths)."""
+"""Where things are: the repository root (a plain ``str`` path; scripts import as ``scripts.*`` from it)."""
 
 from __future__ import annotations
 
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = os.path.join(ROOT, "scripts")

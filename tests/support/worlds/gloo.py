@@ -107,8 +107,8 @@ class GlooWorld:
         world.close()
 
     ``fn`` must be a module-level function (picklable by reference) of an importable module
-    (``tests.core.test_grid_gloo``, ``gpt_training`` from scripts/); the workers inherit the
-    parent's ``sys.path`` (the repository root and scripts/, from ``pythonpath`` in
+    (``tests.core.test_grid_gloo``, ``scripts.examples.gpt.training``); the workers inherit the
+    parent's ``sys.path`` (the repository root, from ``pythonpath`` in
     pyproject.toml) and its environment at ``GlooWorld(...)`` time plus ``env``. Inside ``fn``
     the default process group is a gloo group over all workers (``torch.distributed.get_rank()``
     etc. work). An exception in any worker is re-raised in the parent as :class:`WorkerError`

@@ -1,10 +1,10 @@
 """A rank is killed mid-training; the survivors rebuild at a smaller dp and go on, in the same processes.
 
-    python scripts/restart_gpt.py                    # tp2 pp2 dp2, kill rank 5 after step 3 of 6
-    python scripts/restart_gpt.py --groups collection --megatron-path DIR   # no globals, 0.19+
+    python -m scripts.examples.restart_gpt                    # tp2 pp2 dp2, kill rank 5 after step 3 of 6
+    python -m scripts.examples.restart_gpt --groups collection --megatron-path DIR   # no globals, 0.19+
 
 8 spawned gloo processes (compat installed into Megatron) train the tiny GPT of
-``scripts/train_gpt.py`` (``GPTModel``, Megatron's schedule, DDP, Adam) at tp 2 × pp 2 × dp 2.
+``scripts/examples/train_gpt.py`` (``GPTModel``, Megatron's schedule, DDP, Adam) at tp 2 × pp 2 × dp 2.
 After ``--kill-after`` steps each rank keeps an in-memory copy of its parameters and optimizer
 state, and rank ``--victim`` kills itself (``SIGKILL``). The survivors:
 
@@ -23,7 +23,7 @@ loaded from the same state (saved by the survivors), trains the same steps: its 
 be bit-identical. Printed: the time from the kill to the first step after the restart, split
 into detection / abort / rebuild / restore, and both loss lists.
 
-``--groups collection`` runs the same on Megatron's new-code path (``scripts/gpt_collection.py``,
+``--groups collection`` runs the same on Megatron's new-code path (``scripts/examples/gpt/collection.py``,
 megatron-core 0.19+, e.g. an unzipped wheel given with ``--megatron-path``): no
 ``initialize_model_parallel`` and no compat install; the groups come from
 :func:`~parallel_state_ng.build_megatron_groups` and reach Megatron as ``pg_collection=``,
@@ -49,13 +49,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, NamedTuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (HERE, ROOT):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-from gpt_config import TrainConfig  # noqa: E402
+from scripts.examples.gpt.config import TrainConfig
 
 
 class Training(NamedTuple):
@@ -83,7 +77,6 @@ class GlobalGroups:
 
     def setup(self, cfg: TrainConfig) -> Training:
         """Model chunks (DDP-wrapped), optimizer and schedule over the current parallel state."""
-        import gpt_training as gt
         import torch
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel
@@ -92,15 +85,18 @@ class GlobalGroups:
         from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+        from scripts.examples.gpt.model import ddp_config, optimizer_config, transformer_config
+        from scripts.examples.gpt.training import build_model
+
         seed = cfg.seed + 100 * ps.get_pipeline_model_parallel_rank()
         torch.manual_seed(seed)
         model_parallel_cuda_manual_seed(seed)
-        tcfg = gt._transformer_config(cfg)
-        chunks = gt._build_model(cfg, tcfg)
-        model = [DistributedDataParallel(tcfg, gt.ddp_config(cfg), chunk) for chunk in chunks]
+        tcfg = transformer_config(cfg)
+        chunks = build_model(cfg, tcfg)
+        model = [DistributedDataParallel(tcfg, ddp_config(cfg), chunk) for chunk in chunks]
         tcfg.no_sync_func = model[0].no_sync
         tcfg.finalize_model_grads_func = finalize_model_grads
-        optimizer = get_megatron_optimizer(gt.optimizer_config(cfg), model)
+        optimizer = get_megatron_optimizer(optimizer_config(cfg), model)
         last = ps.is_pipeline_last_stage(ignore_virtual=True)
         return Training(model, optimizer, get_forward_backward_func(), last, ps.get_data_parallel_group())
 
@@ -132,9 +128,8 @@ class CollectionGroups:
 
     def init(self, **kwargs: Any) -> Any:
         """``build_megatron_groups(**kwargs)`` and Megatron's memory buffer; the layout."""
-        from gpt_collection import require_collection_release
-
         from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer
+        from scripts.examples.gpt.collection import require_collection_release
 
         require_collection_release()
         self.groups = build_megatron_groups(**kwargs)
@@ -142,8 +137,8 @@ class CollectionGroups:
         return self.groups.layout
 
     def setup(self, cfg: TrainConfig) -> Training:
-        """The same, built by ``gpt_collection.collection_training`` from this rank's collection."""
-        from gpt_collection import collection_training
+        """The same, built by ``scripts.examples.gpt.collection.collection_training`` from this rank's collection."""
+        from scripts.examples.gpt.collection import collection_training
 
         pgc = self.groups.collection()
         _, model, optimizer, forward_backward = collection_training(cfg, pgc)
@@ -188,9 +183,9 @@ def _restore(model: list, optimizer: Any, snap: dict[str, Any]) -> None:
 
 
 def _steps(cfg: TrainConfig, t: Training, first: int, count: int) -> list[float]:
-    import gpt_training as gt
+    from scripts.examples.gpt.model import train_steps
 
-    losses, _ = gt.train_steps(
+    losses, _ = train_steps(
         replace(cfg, steps=count),
         t.model,
         t.optimizer,
@@ -284,16 +279,17 @@ def _rank_main(rank: int, world: int, fn_name: str, cfg: TrainConfig, args: Any,
     os.environ["OMP_NUM_THREADS"] = "1"
     warnings.filterwarnings("ignore")
     try:
-        import gpt_training as gt
         import torch
         import torch.distributed as dist
-        from cpu_shims import CpuShims
 
-        gt._use_megatron_path(args.megatron_path)
+        from parallel_state_ng.testing.megatron_cpu import CpuShims, use_megatron_path
+        from scripts.examples.gpt.training import parallel_state_impl
+
+        use_megatron_path(args.megatron_path)
         torch.set_num_threads(1)
         store = dist.FileStore(os.path.join(directory, f"store-{fn_name}"), world)
         dist.init_process_group("gloo", rank=rank, world_size=world, store=store)
-        with gt.parallel_state_impl(GROUPS[args.groups].impl, "after"), CpuShims() as shims:
+        with parallel_state_impl(GROUPS[args.groups].impl, "after"), CpuShims() as shims:
             shims.patch_megatron()
             with shims.cuda_to_cpu():
                 result = globals()[fn_name](rank, cfg, args, directory)
@@ -350,14 +346,13 @@ def main() -> int:
     )
     parser.add_argument("--megatron-path", default=None, help="directory put first on sys.path in every rank")
     args = parser.parse_args()
-    import gpt_training as gt
-
     from parallel_state_ng.releases import current_release
+    from parallel_state_ng.testing.megatron_cpu import use_megatron_path
 
-    gt._use_megatron_path(args.megatron_path)
+    use_megatron_path(args.megatron_path)
     release = current_release()
     if args.groups == "collection":
-        from gpt_collection import require_collection_release
+        from scripts.examples.gpt.collection import require_collection_release
 
         try:
             require_collection_release()

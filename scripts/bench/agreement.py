@@ -1,7 +1,7 @@
 """Cost of the cross-rank agreement check that runs before initialize_model_parallel.
 
-    python scripts/bench_agreement.py                 # gloo worlds of 4 and 8 CPU processes
-    python scripts/bench_agreement.py --worlds 2,4,8,16 --repeats 50 --store tcp
+    python -m scripts.bench.agreement                 # gloo worlds of 4 and 8 CPU processes
+    python -m scripts.bench.agreement --worlds 2,4,8,16 --repeats 50 --store tcp
 
 Each world is a set of local processes (gloo). ``--store file`` rendezvous through a
 ``FileStore`` in a temporary directory; ``--store tcp`` through a ``TCPStore`` on a free
@@ -24,10 +24,6 @@ import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 
 def _free_port() -> int:

@@ -19,7 +19,7 @@ grids: torch's ``new_group`` itself walks every member of the list it is given. 
 ours >= 100x faster than Megatron's grids at 65,536 ranks, <= 1.5x the floor, and as many
 ``new_group`` calls as the rank has groups.
 
-    python scripts/bench_collection.py [--worlds 4096 65536 1048576] [--repeats 5] [--mcore-max 65536]
+    python -m scripts.bench.collection [--worlds 4096 65536 1048576] [--repeats 5] [--mcore-max 65536]
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from parallel_state_ng import build_megatron_groups
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.plan import CreateGroup, group_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SIZES = {
     "tensor_model_parallel_size": 8,
@@ -194,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         # A fresh process per world: groups and objects of a larger earlier world slow the next one's
         # new_group calls (garbage collection over them), for ours and the floor alike.
         options = ["--one-world", str(world), "--repeats", str(args.repeats), "--mcore-max", str(args.mcore_max)]
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), *options], capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "scripts.bench.collection", *options], capture_output=True, text=True, cwd=ROOT
+        )
         if done.returncode != 0:
             print(done.stderr[-4000:], file=sys.stderr)
             return done.returncode

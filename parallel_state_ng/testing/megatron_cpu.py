@@ -1,12 +1,13 @@
-"""Stand-ins that let Megatron-Core's GPU training path run on CPU processes (gloo, no GPU).
+"""Running Megatron on CPU processes (gloo, no GPU): reversible stand-ins for its CUDA assumptions.
 
 Megatron-Core assumes CUDA in a few places that have nothing to do with parallel_state:
 buffers allocated on ``torch.cuda.current_device()``, ``device="cuda"`` literals, the CUDA RNG
 state behind the tensor-parallel RNG tracker, ``Tensor.cuda()``, CUDA tensor type names checked
 by gradient clipping and the distributed optimizer, CUDA streams and events in the MoE
 all-to-all dispatcher. :class:`CpuShims` redirects each of them to the CPU for the duration of a
-``with`` block and restores everything on exit. None of this is needed (or wanted) on GPUs; it
-is a test/example device shim, not part of ``compat``.
+``with`` block and restores everything on exit. Megatron-LM's training loop
+(``megatron.training``) needs more: :class:`TrainingShims`. None of this is needed (or wanted)
+on GPUs; it is a test/example device shim, not part of ``compat``.
 
     shims = CpuShims()
     with shims:                      # torch-level stand-ins, megatron not imported yet
@@ -15,8 +16,12 @@ is a test/example device shim, not part of ``compat``.
         with shims.cuda_to_cpu():    # device="cuda" -> cpu for factory functions / .to()
             ...train...
 
+:func:`use_megatron_path` puts another megatron-core (an unzipped wheel: the scripts'
+``--megatron-path DIR`` or ``$PSNG_MEGATRON_PATH``) first on ``sys.path``.
+
 The patches were worked out against megatron-core 0.16.1 with torch 2.13 (CPU build); every
 megatron-level patch is skipped when the patched name does not exist in the loaded release.
+Megatron is imported only by the methods that patch it (torch is the only import here).
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
+import sys
+import types
+import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +40,29 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _CUDA_PREFIX = "torch.cuda."
+#: The environment variable naming the directory :func:`use_megatron_path` uses when given none.
+MEGATRON_PATH_ENV = "PSNG_MEGATRON_PATH"
+
+
+def use_megatron_path(path: str | None = None, *, env: str | None = MEGATRON_PATH_ENV) -> list[str]:
+    """Put ``path`` (default: the environment variable ``env``) first on ``sys.path``; the
+    directories put there (none: ``path`` and the variable are unset or empty).
+
+    ``path`` is a directory holding ``megatron/`` (e.g. an unzipped megatron-core wheel of
+    another release), or several directories separated by ``os.pathsep`` (a wheel and the
+    wheels it needs beside it), which come first in that order. Call it before megatron is first
+    imported: raises ``RuntimeError`` when ``megatron.core`` is already loaded from elsewhere.
+    Spawned worker processes inherit the changed ``sys.path``.
+    """
+    path = path or (os.environ.get(env) if env else None)
+    dirs = [d for d in (path or "").split(os.pathsep) if d]
+    loaded = sys.modules.get("megatron.core")
+    where = getattr(loaded, "__file__", None)
+    if dirs and where and not any(os.path.abspath(where).startswith(os.path.abspath(d)) for d in dirs):
+        raise RuntimeError(f"megatron is already imported from {where}, not from {path}")
+    if dirs:
+        sys.path[:] = dirs + [p for p in sys.path if p not in dirs]
+    return dirs
 
 
 def _is_cuda(device: Any) -> bool:
@@ -192,6 +224,91 @@ class CpuShims:
         """Inside the block, ``device="cuda"`` (factory functions, ``Tensor.to``) means the CPU."""
         with _CudaToCpuMode():
             yield
+
+    def __exit__(self, *exc: Any) -> None:
+        while self._saved:
+            owner, name, value, existed = self._saved.pop()
+            if existed:
+                setattr(owner, name, value)
+            else:
+                delattr(owner, name)
+
+
+_CAPABILITY = (9, 0)
+_PROPERTIES = types.SimpleNamespace(
+    name="CPU (stand-in)", major=_CAPABILITY[0], minor=_CAPABILITY[1], total_memory=0, multi_processor_count=1
+)
+
+
+def _zero(*args: Any, **kwargs: Any) -> int:
+    return 0
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class TrainingShims:
+    """Reversible stand-ins for ``megatron.training``'s CUDA assumptions (see the module doc).
+
+    ``__enter__`` patches ``torch.cuda``; :meth:`patch_megatron` patches ``megatron.training``
+    modules (after megatron is importable); ``__exit__`` undoes both, in reverse order.
+    """
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any, bool]] = []
+
+    def _set(self, owner: Any, name: str, value: Any) -> None:
+        existed = hasattr(owner, name)
+        self._saved.append((owner, name, getattr(owner, name, None), existed))
+        setattr(owner, name, value)
+
+    def __enter__(self) -> TrainingShims:
+        if not hasattr(typing, "override"):
+            # Python 3.11: 0.19's megatron/training/models/hybrid.py imports typing.override (3.12)
+            import typing_extensions
+
+            self._set(typing, "override", typing_extensions.override)
+        cuda = torch.cuda
+        # one "device" per process: initialize_megatron builds the model-parallel groups only
+        # when it sees a device
+        self._set(cuda, "is_available", lambda: True)  # initialize_megatron asserts it
+        self._set(cuda, "device_count", lambda: 1)
+        self._set(cuda, "set_device", _nothing)
+        # the argument checks ask for the device architecture (tp > 1: whether
+        # CUDA_DEVICE_MAX_CONNECTIONS=1 is required, i.e. before Blackwell): answer a Hopper
+        self._set(cuda, "get_device_capability", lambda *args, **kwargs: _CAPABILITY)
+        self._set(cuda, "get_device_properties", lambda *args, **kwargs: _PROPERTIES)
+        # memory statistics for the log lines: no device memory on a CPU run
+        for name in (
+            "memory_allocated",
+            "max_memory_allocated",
+            "memory_reserved",
+            "max_memory_reserved",
+        ):
+            self._set(cuda, name, _zero)
+        self._set(cuda, "memory_stats", lambda *args, **kwargs: {})
+        self._set(cuda, "reset_peak_memory_stats", _nothing)
+        self._set(cuda, "empty_cache", _nothing)
+        # functions Megatron wraps in torch.compile (jit_fuser: the MoE router's expert-bias
+        # update, from 0.17 on) run eagerly: TorchDynamo fails tracing them under the
+        # CUDA-to-CPU TorchFunctionMode of CpuShims ("list indices must be integers")
+        self._set(importlib.import_module("torch._dynamo").config, "disable", True)
+        return self
+
+    def patch_megatron(self) -> None:
+        """Patch loaded ``megatron.training`` modules (imports the ones it patches)."""
+        importlib.import_module("megatron.training")
+        # initialize_megatron builds the datasets' C++ index helpers with `make` on rank 0; the
+        # wheels ship no Makefile (and a cp312 binary) and the in-memory dataset of the example
+        # never calls them
+        utils = importlib.import_module("megatron.core.datasets.utils")
+        self._set(utils, "compile_helpers", _nothing)
+        # pretrain warms up the fused bias-GeLU / bias-SwiGLU kernels (torch.compile for CUDA)
+        # on GPU tensors; the CPU run has every fusion switched off and never calls them
+        initialize = importlib.import_module("megatron.training.initialize")
+        if hasattr(initialize, "_warmup_jit_function"):
+            self._set(initialize, "_warmup_jit_function", _nothing)
 
     def __exit__(self, *exc: Any) -> None:
         while self._saved:

@@ -28,9 +28,9 @@ each round so that rounds do not accumulate sockets.
 
 Usage::
 
-    python scripts/bench_world_init.py                        # 8, 16, 32 processes
-    python scripts/bench_world_init.py --worlds 8 --rounds 7 --gloo on --json out.json
-    python scripts/bench_world_init.py --layouts 8:tp2-pp2,16:tp2-pp2-cp2
+    python -m scripts.bench.world_init                        # 8, 16, 32 processes
+    python -m scripts.bench.world_init --worlds 8 --rounds 7 --gloo on --json out.json
+    python -m scripts.bench.world_init --layouts 8:tp2-pp2,16:tp2-pp2-cp2
 
 A benchmark, not a test: it prints figures and asserts nothing about time.
 """
@@ -48,7 +48,6 @@ import sys
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPLS = ("mcore", "compat", "compat_share", "compat_unwatched", "floor")
 ARG_OF = {
     "tp": "tensor_model_parallel_size",
@@ -223,7 +222,6 @@ def _one_floor(kwargs: dict[str, Any], clocks: dict[str, _Clock]) -> dict[str, A
 def _worker(rank: int, world_size: int, inbox: Any, outbox: Any, impls: list[str], plan: list[dict]) -> None:
     try:
         os.environ["OMP_NUM_THREADS"] = "1"
-        sys.path.insert(0, ROOT)
         import warnings
 
         warnings.filterwarnings("ignore")  # megatron's "Transformer Engine and Apex are not installed"

@@ -1,7 +1,7 @@
 """nvidia-resiliency-ext's in-process restart (``inprocess.Wrapper``) on CPU, with compat or MCore.
 
-    python scripts/inprocess_restart.py --impl compat
-    python scripts/inprocess_restart.py --impl mcore
+    python -m scripts.examples.inprocess_restart --impl compat
+    python -m scripts.examples.inprocess_restart --impl mcore
 
 Megatron-LM's ``--inprocess-restart`` wraps training in ``inprocess.Wrapper`` with
 ``AbortTorchDistributed`` and a finalize that calls ``destroy_model_parallel()``. Here 4
@@ -33,7 +33,6 @@ import time
 from datetime import timedelta
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORLD = 4
 VICTIMS = {0: 3, 1: 2}  # restart iteration -> initial rank that dies in it
 STEPS = 8
@@ -49,12 +48,12 @@ def _rank_main(rank: int, port: int, directory: str, impl: str, nvrx_path: str |
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"
     )
-    for path in [ROOT, *(nvrx_path or "").split(os.pathsep)]:
-        if path:
-            sys.path.insert(0, path)
     import warnings
 
     warnings.filterwarnings("ignore")
+    from parallel_state_ng.testing.megatron_cpu import use_megatron_path
+
+    use_megatron_path(nvrx_path, env=None)  # the nvidia-resiliency-ext wheel and its dependencies
     import torch
     import torch.distributed as dist
     from nvidia_resiliency_ext import inprocess

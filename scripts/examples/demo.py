@@ -1,8 +1,8 @@
 """Demo of parallel_state_ng: real process groups in a world of CPU processes, each checked.
 
-    python scripts/demo.py                       # 8 processes: tp 2 x dp 2 x pp 2, expert ep 2
-    python scripts/demo.py --tp 2 --cp 2 --dp 2 --pp 1 --order tp-cp-dp-pp
-    python scripts/demo.py --world-size 10       # ranks 8 and 9 stay outside the grid
+    python -m scripts.examples.demo                       # 8 processes: tp 2 x dp 2 x pp 2, expert ep 2
+    python -m scripts.examples.demo --tp 2 --cp 2 --dp 2 --pp 1 --order tp-cp-dp-pp
+    python -m scripts.examples.demo --world-size 10       # ranks 8 and 9 stay outside the grid
 
 The script starts one process per rank (``torch.multiprocessing``, spawn), joins them in a
 gloo world on this machine (``FileStore`` rendezvous in a temporary directory: no port is
@@ -36,10 +36,6 @@ from dataclasses import dataclass, field
 
 # torch warns once per process when numpy is absent; the demo needs only torch.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # run from a checkout without installing the package
-    sys.path.insert(0, ROOT)
 
 DENSE_TOKENS = ("tp", "cp", "dp", "pp")
 ORDER_TOKENS = ("tp", "cp", "ep", "dp", "pp")
@@ -118,7 +114,7 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The demo's command-line options."""
     parser = argparse.ArgumentParser(
-        prog="demo.py",
+        prog="python -m scripts.examples.demo",
         description="Create every Megatron-Core kind of process group with parallel_state_ng in a "
         "world of CPU processes (gloo) and check each group with a real all-reduce.",
     )

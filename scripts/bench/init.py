@@ -25,8 +25,8 @@ those globals, and reports what it found.
 
 Usage::
 
-    python scripts/bench_init.py                       # 4,096 / 65,536 / 1,048,576 ranks
-    python scripts/bench_init.py --worlds 4096 --json out.json
+    python -m scripts.bench.init                       # 4,096 / 65,536 / 1,048,576 ranks
+    python -m scripts.bench.init --worlds 4096 --json out.json
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import sys
 import time
 from typing import Any
 
-from bench_init_measure import (
+from scripts.bench.init_measure import (
     GETTERS,  # noqa: F401 (re-exported)
     NewGroupCounter,
     getter_digests,
@@ -51,7 +51,7 @@ from bench_init_measure import (
     rss_bytes,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG: dict[str, int] = {
     "tensor_model_parallel_size": 8,
     "pipeline_model_parallel_size": 4,
@@ -192,7 +192,7 @@ def _spawn(args: list[str], timeout: float) -> dict[str, Any]:
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), *args],
+        [sys.executable, "-m", "scripts.bench.init", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

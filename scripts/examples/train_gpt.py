@@ -1,12 +1,12 @@
 """Train a tiny Megatron-Core GPT on CPU processes, with MCore's parallel_state or with compat.
 
-    python scripts/train_gpt.py --impl compat --tp 2 --pp 2 --dp 2 --steps 5
-    python scripts/train_gpt.py --impl mcore --tp 2 --pp 2 --dp 2 --vpp 2 --dist-opt
-    python scripts/train_gpt.py --impl compat --install before --pp 2 --dp 4 --ep 2 --experts 4
+    python -m scripts.examples.train_gpt --impl compat --tp 2 --pp 2 --dp 2 --steps 5
+    python -m scripts.examples.train_gpt --impl mcore --tp 2 --pp 2 --dp 2 --vpp 2 --dist-opt
+    python -m scripts.examples.train_gpt --impl compat --install before --pp 2 --dp 4 --ep 2 --experts 4
 
 The script starts tp * pp * dp processes (spawn), joins them in a gloo world (``FileStore`` in a
 temporary directory: no port is opened) and runs Megatron's own training loop on every rank
-(see ``scripts/gpt_training.py``): ``GPTModel`` with the local layer spec, the pipeline schedule
+(see ``scripts/examples/gpt/training.py``): ``GPTModel`` with the local layer spec, the pipeline schedule
 from ``get_forward_backward_func()``, ``DistributedDataParallel`` + ``finalize_model_grads``,
 ``get_megatron_optimizer`` (Adam with gradient clipping; ``--dist-opt``: the distributed
 optimizer). ``--impl compat`` calls ``compat.install()`` before (``--install before``) or after
@@ -15,10 +15,10 @@ and data-parallel ranks) is printed as it is computed; at the end a SHA-256 dige
 parameters and ``losses: [...]``. Exit code 0 on success, 1 when a rank fails, 2 for bad options.
 
 ``--loop training`` runs Megatron-LM's own ``megatron.training.pretrain`` instead (megatron-core
-0.17+ wheels; see ``scripts/pretrain_cli.py``): ``--loop training --help`` lists its options,
+0.17+ wheels; see ``scripts/examples/gpt/pretrain_cli.py``): ``--loop training --help`` lists its options,
 every other option goes to Megatron's argument parser.
 
-CUDA is replaced by CPU stand-ins (``scripts/cpu_shims.py``); they are not needed on GPUs.
+CUDA is replaced by CPU stand-ins (``parallel_state_ng/testing/megatron_cpu.py``); they are not needed on GPUs.
 ``--megatron-path DIR`` (or ``PSNG_MEGATRON_PATH``) puts DIR first on ``sys.path`` in every rank,
 e.g. an unzipped megatron-core wheel of another release.
 """
@@ -27,27 +27,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import multiprocessing as mp
 import os
-import queue
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (HERE, ROOT):  # run from a checkout without installing the package
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-LOOPS = ("core", "training")  # our loop over megatron.core; Megatron-LM's megatron.training.pretrain
-
-from gpt_config import (  # noqa: E402
+from scripts.examples.gpt.config import (
     DISPATCHERS,
     GROUP_SOURCES,
     IMPLS,
@@ -56,6 +44,9 @@ from gpt_config import (  # noqa: E402
     TrainOptionError,
     validate,
 )
+from scripts.examples.gpt.processes import run_ranks
+
+LOOPS = ("core", "training")  # our loop over megatron.core; Megatron-LM's megatron.training.pretrain
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
@@ -134,7 +125,8 @@ def _rank_main(rank: int, cfg: TrainConfig, store_path: str, results) -> None:
     warnings.filterwarnings("ignore")
     try:
         import torch.distributed as dist
-        from gpt_training import train_rank
+
+        from scripts.examples.gpt.training import train_rank
 
         store = dist.FileStore(store_path, cfg.world_size)
         dist.init_process_group("gloo", rank=rank, world_size=cfg.world_size, store=store)
@@ -153,55 +145,6 @@ def launch(cfg: TrainConfig, timeout: float = 600.0) -> list[dict[str, Any]]:
     ``timeout`` seconds (all processes are then killed).
     """
     return run_ranks(cfg.world_size, _rank_main, (cfg,), timeout)
-
-
-def run_ranks(world_size: int, target, args: tuple, timeout: float = 600.0) -> list[Any]:
-    """Start ``world_size`` spawned processes running ``target(rank, *args, store_path,
-    results)`` (a ``FileStore`` path in a fresh temporary directory and a queue for
-    ``(rank, ok, value)``); the values ordered by rank. Raises ``RuntimeError`` with the failing
-    ranks' messages, or when the run exceeds ``timeout`` seconds (all processes are then killed).
-    """
-    ctx = mp.get_context("spawn")
-    tmp = tempfile.mkdtemp(prefix="psng-train-")
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=target, args=(r, *args, os.path.join(tmp, "store"), results), daemon=True)
-        for r in range(world_size)
-    ]
-    grace = 10.0  # seconds each process gets to exit on its own; none after a failure
-    try:
-        for proc in procs:
-            proc.start()
-        done: dict[int, Any] = {}
-        errors: dict[int, str] = {}
-        deadline = time.monotonic() + timeout
-        while len(done) + len(errors) < world_size:
-            try:
-                rank, ok, value = results.get(timeout=1.0)
-                (done if ok else errors)[rank] = value
-            except queue.Empty:
-                for r, proc in enumerate(procs):
-                    if proc.exitcode not in (None, 0) and r not in done and r not in errors:
-                        errors[r] = f"process exited with code {proc.exitcode}"
-            if errors:  # the other ranks may wait forever for the failed one: report soon
-                deadline = min(deadline, time.monotonic() + 10)
-                grace = 0.1
-            if time.monotonic() > deadline:
-                grace = 0.1
-                if not errors:
-                    raise RuntimeError(f"training did not finish in {timeout} s")
-                break
-        if errors:
-            details = "\n".join(f"--- rank {r}:\n{msg}" for r, msg in sorted(errors.items()))
-            raise RuntimeError(f"{len(errors)} rank(s) failed:\n{details}")
-        return [done[r] for r in range(world_size)]
-    finally:
-        for proc in procs:
-            proc.join(timeout=grace)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     loop.add_argument("--loop", choices=LOOPS, default="core")
     known, rest = loop.parse_known_args(sys.argv[1:] if argv is None else argv)
     if known.loop == "training":
-        import pretrain_cli
+        from scripts.examples.gpt import pretrain_cli
 
         return pretrain_cli.main(rest)
     argv = rest

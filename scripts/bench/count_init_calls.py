@@ -1,7 +1,7 @@
 """Python calls one rank makes in ``initialize_model_parallel``, by part, against the floor.
 
 On this 2-core machine a real gloo world of 8-32 processes is CPU-bound, so the job time of
-an init follows the CPU all ranks spend (``scripts/bench_world_init.py`` prints both), and
+an init follows the CPU all ranks spend (``scripts/bench/world_init.py`` prints both), and
 run-to-run noise (about ±4 %) hides changes of a few percent. The number of Python calls is
 exact and repeatable: this script starts a real gloo world, and on one rank counts every
 Python and C function call made during one ``compat.parallel_state.initialize_model_parallel``
@@ -16,8 +16,8 @@ follows the CPU, so this says what each part costs the job.
 
 Usage::
 
-    python scripts/count_init_calls.py                      # 16 processes, tp2-pp2-cp2, twins off
-    python scripts/count_init_calls.py --world 8 --gloo on --rank 1
+    python -m scripts.bench.count_init_calls                      # 16 processes, tp2-pp2-cp2, twins off
+    python -m scripts.bench.count_init_calls --world 8 --gloo on --rank 1
 
 A measurement, not a test: it prints counts and asserts nothing.
 """
@@ -31,29 +31,27 @@ import os
 import sys
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]  # count this checkout's code
-
-import bench_world_init as bench  # noqa: E402 (the floor and the layouts of the benchmark)
+from scripts.bench import world_init as bench  # the floor and the layouts of the benchmark
 
 #: (function name, file name) -> the part a call inside it is charged to (innermost wins).
 PARTS: dict[tuple[str, str], str] = {
     ("initialize_model_parallel", "_init.py"): "initialize_model_parallel (its own code)",
     ("check_initialize_agreement", "agreement.py"): "agreement check",
     ("validate_initialize_args", "validate.py"): "argument validation",
-    ("__init__", "layout.py"): "layout",
-    ("__post_init__", "layout.py"): "layout",
+    ("__init__", "named_layout.py"): "layout",
+    ("__init__", "megatron_layout.py"): "layout",
+    ("__post_init__", "megatron_layout.py"): "layout",
     ("group_plan", "plan.py"): "group plan",
-    ("create_model_groups", "groups.py"): "create_model_groups (its own code)",
+    ("create_model_groups", "megatron_groups.py"): "create_model_groups (its own code)",
     ("__init__", "liveness.py"): "closing round",
     ("finish", "liveness.py"): "closing round",
-    ("_execute", "groups.py"): "per group: plan step and pool",
-    ("new_member_group", "naming.py"): "per group: naming and tracking",
+    ("_execute", "megatron_groups.py"): "per group: plan step and pool",
+    ("new_member_group", "creation.py"): "per group: naming and tracking",
     ("guarded_create", "liveness.py"): "per group: bounded creation",
     ("new_group", "distributed_c10d.py"): "torch new_group",
     ("set_active", "_scoping.py"): "publishing the globals",
     ("set_global_memory_buffer", "_expert.py"): "memory buffer",
-    ("_floor_init", "bench_world_init.py"): "floor loop",
+    ("_floor_init", "world_init.py"): "floor loop",
 }
 
 

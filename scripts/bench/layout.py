@@ -19,8 +19,8 @@ Every enumeration is compared with the others that ran (untimed); a mismatch exi
 
 Usage::
 
-    python scripts/bench_layout.py                      # 4,096 / 65,536 / 1,048,576 ranks
-    python scripts/bench_layout.py --full --json out.json
+    python -m scripts.bench.layout                      # 4,096 / 65,536 / 1,048,576 ranks
+    python -m scripts.bench.layout --full --json out.json
 """
 
 from __future__ import annotations
@@ -35,10 +35,6 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 TP, CP, PP = 8, 2, 4
 ORDER = "tp-cp-ep-dp-pp"

@@ -1,4 +1,4 @@
-"""Measurement helpers of ``scripts/bench_init.py``: memory, ``new_group`` calls, the groups handed out.
+"""Measurement helpers of ``scripts/bench/init.py``: memory, ``new_group`` calls, the groups handed out.
 
 * memory: :func:`rss_bytes`, :func:`peak_bytes` (``/proc/self/status``, ``ru_maxrss`` where
   that is missing) and :func:`reset_peak` (``/proc/self/clear_refs``);

@@ -13,8 +13,8 @@ megatron-core's own ``initialize_model_parallel`` (``--impl mcore``).
 
 Usage::
 
-    python scripts/failure_table.py                       # every case, bound 30 s (the default)
-    python scripts/failure_table.py --bound 8 --cap 60 --cases init:1,init:6,collection:3
+    python -m scripts.bench.failure_table                       # every case, bound 30 s (the default)
+    python -m scripts.bench.failure_table --bound 8 --cap 60 --cases init:1,init:6,collection:3
 
 A measurement, not a test: it prints a markdown table.
 """
@@ -25,13 +25,11 @@ import argparse
 import multiprocessing as mp
 import os
 import queue
-import sys
 import tempfile
 import time
 from datetime import timedelta
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORLD = 4
 
 
@@ -73,7 +71,6 @@ def _build(impl: str, what: str) -> None:
 
 def _worker(rank: int, directory: str, impl: str, what: str, k: int, outbox: Any, env: dict) -> None:
     os.environ.update(env)
-    sys.path.insert(0, ROOT)
     import warnings
 
     warnings.filterwarnings("ignore")

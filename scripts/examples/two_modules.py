@@ -1,7 +1,7 @@
 """Two modules with their own parallelism, wired by Megatron's own bridge, from our topology or by hand.
 
-    python scripts/two_modules.py --megatron-path DIR                    # encoder ranks 0-1, LM ranks 2-5
-    python scripts/two_modules.py --megatron-path DIR --layout colocated  # both modules on ranks 0-3
+    python -m scripts.examples.two_modules --megatron-path DIR                    # encoder ranks 0-1, LM ranks 2-5
+    python -m scripts.examples.two_modules --megatron-path DIR --layout colocated  # both modules on ranks 0-3
 
 An encoder-like module (a linear layer; ``separate``: tp 1 × dp 2 on ranks 0-1, ``colocated``:
 tp 1 × dp 4 on ranks 0-3) feeds its activations to a language-like module (a tensor-parallel
@@ -38,12 +38,6 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for _p in (HERE, ROOT):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
 HIDDEN, VOCAB, SEQ, BATCH = 8, 16, 4, 4  # BATCH: samples per encoder data-parallel rank and step
 LAYOUTS = {
     "separate": {"world": 6, "encoder": (range(0, 2), 1), "language": (range(2, 6), 2)},
@@ -54,8 +48,9 @@ LAYOUTS = {
 # --------------------------------------------------------------------------- megatron pieces
 def _load_megatron(path: str | None) -> dict[str, Any]:
     """Megatron's HyperCommGrid and both bridge communicators, loaded by file (see the module doc)."""
-    if path:
-        sys.path.insert(0, path)
+    from parallel_state_ng.testing.megatron_cpu import use_megatron_path
+
+    use_megatron_path(path, env=None)
     spec = importlib.util.find_spec("megatron")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("megatron-core not found: pass --megatron-path DIR (an unzipped 0.19 wheel)")

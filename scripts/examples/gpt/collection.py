@@ -1,6 +1,6 @@
 """One rank of the tiny GPT run on Megatron's new-code path: a ProcessGroupCollection, no globals.
 
-The same model, data, optimizer and schedule as :mod:`gpt_training`, but nothing calls
+The same model, data, optimizer and schedule as :mod:`scripts.examples.gpt.training`, but nothing calls
 ``initialize_model_parallel``: the groups come from
 :func:`parallel_state_ng.build_megatron_groups` and reach Megatron as ``pg_collection=``
 (``GPTModel``, ``DistributedDataParallel``, ``finalize_model_grads``,
@@ -19,14 +19,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from gpt_config import TrainConfig
-from gpt_training import (
-    _digest,
-    _transformer_config,
+
+from scripts.examples.gpt.config import TrainConfig
+from scripts.examples.gpt.model import (
     ddp_config,
+    digest,
     optimizer_config,
     set_weights_from_global_names,
     train_steps,
+    transformer_config,
 )
 
 #: What the collection path still takes from Megatron's globals, and how it is given here.
@@ -96,7 +97,7 @@ def collection_training(cfg: TrainConfig, pgc) -> tuple[list, list, Any, Any]:
     seed = cfg.seed + 100 * pgc.pp.rank()
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed, tp_rank=tp_rank, ep_rank=ep_rank, etp_rank=pgc.expt_tp.rank())
-    tcfg = _transformer_config(cfg)
+    tcfg = transformer_config(cfg)
     chunks = _build_model(cfg, tcfg, pgc)
     if cfg.init_from_names:
         set_weights_from_global_names(cfg, chunks, ranks=(tp_rank, pgc.tp.size(), ep_rank))
@@ -144,7 +145,7 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
             "rank": dist.get_rank(),
             "losses": losses if last_stage else None,
             "grad_norms": grad_norms,
-            "digest": _digest(chunks),
+            "digest": digest(chunks),
             "params": sum(p.numel() for c in chunks for p in c.parameters()),
             "facts": {"groups": "collection", "globals initialized": str(ps.model_parallel_is_initialized())},
             "seconds": {"setup": round(t1 - t0, 3), "steps": round(time.perf_counter() - t1, 3)},

@@ -1,6 +1,6 @@
 """One rank of Megatron-LM's own training loop (``megatron.training.pretrain``) on CPU, gloo.
 
-:func:`pretrain_rank` is what ``scripts/train_gpt.py --loop training`` runs in every process it
+:func:`pretrain_rank` is what ``python -m scripts.examples.train_gpt --loop training`` runs in every process it
 starts. It is the user side of a ``pretrain_gpt.py``-style program, written for this project:
 
 * the command line goes to Megatron's own argument parser unchanged (``sys.argv``), after a
@@ -20,7 +20,8 @@ scheduler), the data loaders, ``train`` and its logging. Each iteration's report
 gradient norm are recorded by wrapping ``training_log`` (the values Megatron logs), and after
 ``pretrain`` returns a SHA-256 digest of this rank's final parameters is taken.
 
-CUDA is replaced by the CPU stand-ins of :mod:`cpu_shims` plus those in :mod:`pretrain_shims`.
+CUDA is replaced by the CPU stand-ins of :mod:`parallel_state_ng.testing.megatron_cpu` (``CpuShims`` plus
+``TrainingShims``).
 """
 
 from __future__ import annotations
@@ -250,12 +251,12 @@ def pretrain_rank(rank: int, world_size: int, store_path: str, megatron_args: li
     ``facts`` (which parallel_state megatron used), ``seconds`` (import, pretrain).
     """
     import torch.distributed as dist
-    from cpu_shims import CpuShims
-    from gpt_training import parallel_state_impl
-    from pretrain_shims import TrainingShims
+
+    from parallel_state_ng.testing.megatron_cpu import CpuShims, TrainingShims
+    from scripts.examples.gpt.training import parallel_state_impl
 
     # what a launcher (torchrun) and a GPU job set; tp > 1 on a pre-Blackwell device asks for
-    # CUDA_DEVICE_MAX_CONNECTIONS=1 (see pretrain_shims)
+    # CUDA_DEVICE_MAX_CONNECTIONS=1 (see TrainingShims)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
-r"""``scripts/train_gpt.py --loop training``: Megatron-LM's own ``pretrain`` on CPU processes.
+r"""``python -m scripts.examples.train_gpt --loop training``: Megatron-LM's own ``pretrain`` on CPU processes.
 
-    python scripts/train_gpt.py --loop training --impl compat --install before --nproc 8 \
+    python -m scripts.examples.train_gpt --loop training --impl compat --install before --nproc 8 \
         --megatron-path ~/.cache/parallel_state_ng/megatron-core/0.17.1 \
         --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --train-iters 3
 
@@ -8,7 +8,7 @@ The script's own options are ``--loop``, ``--impl``, ``--install``, ``--megatron
 ``--nproc`` (processes; default: the product of the tensor, pipeline and context parallel
 sizes found on the command line, i.e. data parallel 1) and ``--quiet`` (hide the ranks' own
 output). Everything else goes, unchanged, to Megatron's argument parser in every rank (see
-:mod:`megatron_pretrain` for the defaults put before it). Importing this module imports
+:mod:`scripts.examples.gpt.pretrain` for the defaults put before it). Importing this module imports
 neither torch nor megatron.
 """
 
@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-IMPLS = ("mcore", "compat")
-INSTALL_MODES = ("before", "after")
-MEGATRON_PATH_ENV = "PSNG_MEGATRON_PATH"
+from scripts.examples.gpt.config import IMPLS, INSTALL_MODES
+from scripts.examples.gpt.processes import run_ranks
+
 _SIZE_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size")
 
 
@@ -46,7 +46,7 @@ class PretrainRun:
 def parse_args(argv: Sequence[str]) -> PretrainRun:
     """The script's options; the rest of ``argv`` is kept for Megatron's parser."""
     p = argparse.ArgumentParser(
-        prog="train_gpt.py --loop training",
+        prog="python -m scripts.examples.train_gpt --loop training",
         description="Run megatron.training.pretrain on CPU processes; unknown options go to Megatron's parser.",
     )
     p.add_argument("--impl", choices=IMPLS, default="compat", help="parallel_state implementation")
@@ -64,12 +64,14 @@ def parse_args(argv: Sequence[str]) -> PretrainRun:
     nproc = ns.nproc if ns.nproc is not None else model_parallel
     if nproc < 1 or model_parallel < 1 or nproc % model_parallel:
         p.error(f"--nproc {nproc} is not a multiple of tp * pp * cp = {model_parallel}")
+    from parallel_state_ng.testing.megatron_cpu import MEGATRON_PATH_ENV  # imports torch: not at module import
+
     path = ns.megatron_path or os.environ.get(MEGATRON_PATH_ENV)
     return PretrainRun(nproc, tuple(rest), ns.impl, ns.install, path and os.path.abspath(path), ns.quiet)
 
 
 def rank_main(rank: int, run: PretrainRun, store_path: str, results) -> None:
-    """One rank (spawned by ``train_gpt.run_ranks``): ``megatron_pretrain.pretrain_rank``."""
+    """One rank (spawned by :func:`~scripts.examples.gpt.processes.run_ranks`): ``pretrain.pretrain_rank``."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         import warnings
@@ -80,10 +82,10 @@ def rank_main(rank: int, run: PretrainRun, store_path: str, results) -> None:
             sys.stdout = sys.stderr = devnull
             os.dup2(devnull.fileno(), 1)
             os.dup2(devnull.fileno(), 2)
-        from gpt_training import _use_megatron_path
+        from parallel_state_ng.testing.megatron_cpu import use_megatron_path
 
-        _use_megatron_path(run.megatron_path)
-        from megatron_pretrain import pretrain_rank
+        use_megatron_path(run.megatron_path)
+        from scripts.examples.gpt.pretrain import pretrain_rank
 
         record = pretrain_rank(rank, run.nproc, store_path, list(run.megatron_args), run.impl, run.install)
         results.put((rank, True, record))
@@ -116,8 +118,6 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: Sequence[str]) -> int:
     """``--loop training`` entry point (exit codes as for the core loop)."""
-    from train_gpt import run_ranks
-
     try:
         run = parse_args(argv)
     except SystemExit as exc:

@@ -1,0 +1,1 @@
+"""Benchmarks and measurements: init time and memory, world init, agreement, collections, layouts, failures."""

@@ -1,0 +1,248 @@
+"""One rank of a tiny Megatron-Core GPT training run on CPU (gloo), under MCore or compat.
+
+:func:`train_rank` runs in every process of an initialized gloo world (``torch.distributed``
+default group of ``cfg.world_size`` ranks) and does what a Megatron training loop does:
+``initialize_model_parallel``, ``model_parallel_cuda_manual_seed``, a ``GPTModel`` with the
+local (non-TransformerEngine) layer spec per virtual pipeline chunk, Megatron's
+``DistributedDataParallel`` with ``finalize_model_grads``, ``get_megatron_optimizer`` (Adam,
+gradient clipping, optionally the distributed optimizer) and ``get_forward_backward_func()``
+(no pipelining, 1F1B or interleaved 1F1B). With ``cfg.impl == "compat"`` all of it runs after
+``compat.install()``. CPU stand-ins for CUDA come from :mod:`parallel_state_ng.testing.megatron_cpu`;
+the data, model config and step loop from :mod:`scripts.examples.gpt.model`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from parallel_state_ng.testing.megatron_cpu import CpuShims, use_megatron_path
+from scripts.examples.gpt.config import TrainConfig
+from scripts.examples.gpt.model import (
+    ddp_config,
+    digest,
+    optimizer_config,
+    set_weights_from_global_names,
+    train_steps,
+    transformer_config,
+)
+
+
+def build_model(cfg: TrainConfig, tcfg) -> list:
+    """One ``GPTModel`` per virtual pipeline chunk, following the loaded release's API: from
+    0.13 on, the stage checks and ``GPTModel`` take ``vp_stage=``; 0.12 reads the virtual
+    pipeline rank that ``set_virtual_pipeline_model_parallel_rank`` sets before each chunk.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(num_experts=cfg.experts)
+    stage_takes_vp = "vp_stage" in inspect.signature(ps.is_pipeline_first_stage).parameters
+    model_takes_vp = "vp_stage" in inspect.signature(GPTModel.__init__).parameters
+    chunks = []
+    for i in range(cfg.vpp or 1):
+        vp_stage = i if cfg.vpp else None
+        if stage_takes_vp:
+            stage = {"ignore_virtual": False, "vp_stage": vp_stage}
+        else:
+            if cfg.vpp:
+                ps.set_virtual_pipeline_model_parallel_rank(i)
+            stage = {"ignore_virtual": False}
+        chunks.append(
+            GPTModel(
+                config=tcfg,
+                transformer_layer_spec=spec,
+                vocab_size=cfg.vocab,
+                max_sequence_length=cfg.seq,
+                pre_process=ps.is_pipeline_first_stage(**stage),
+                post_process=ps.is_pipeline_last_stage(**stage),
+                share_embeddings_and_output_weights=True,
+                position_embedding_type="learned_absolute",
+                **({"vp_stage": vp_stage} if model_takes_vp else {}),
+            )
+        )
+    if cfg.vpp and not stage_takes_vp:
+        ps.set_virtual_pipeline_model_parallel_rank(0)
+    return chunks
+
+
+def _facts(ps) -> dict[str, str]:
+    """Which parallel_state module megatron's training code resolved to (while initialized)."""
+    from megatron.core import package_info
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.tensor_parallel import layers
+
+    return {
+        "version": package_info.__version__,
+        "megatron.core.parallel_state": ps.__name__,
+        "schedules.parallel_state": schedules.parallel_state.__name__,
+        "layers.get_tensor_model_parallel_rank": layers.get_tensor_model_parallel_rank.__module__,
+        "initialized": str(ps.model_parallel_is_initialized()),
+    }
+
+
+def _train(cfg: TrainConfig) -> dict[str, Any]:
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=cfg.tp,
+        pipeline_model_parallel_size=cfg.pp,
+        virtual_pipeline_model_parallel_size=cfg.vpp,
+        expert_model_parallel_size=cfg.ep,
+    )
+    t0 = time.perf_counter()
+    try:
+        seed = cfg.seed + 100 * ps.get_pipeline_model_parallel_rank()
+        torch.manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed)
+        tcfg = transformer_config(cfg)
+        chunks = build_model(cfg, tcfg)
+        if cfg.init_from_names:
+            set_weights_from_global_names(cfg, chunks)
+        ddp_cfg = ddp_config(cfg)
+        model = [
+            DistributedDataParallel(tcfg, ddp_cfg, chunk, disable_bucketing=i > 0) for i, chunk in enumerate(chunks)
+        ]
+        tcfg.no_sync_func = [m.no_sync for m in model] if len(model) > 1 else model[0].no_sync
+        tcfg.finalize_model_grads_func = finalize_model_grads
+        optimizer = get_megatron_optimizer(
+            optimizer_config(cfg),
+            model,
+        )
+        forward_backward = get_forward_backward_func()
+        t1 = time.perf_counter()
+        last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
+        dp_group, dp_rank = ps.get_data_parallel_group(), ps.get_data_parallel_rank()
+        reporter = last_stage and ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0
+        losses, grad_norms = train_steps(cfg, model, optimizer, forward_backward, last_stage, dp_group, reporter)
+        return {
+            "rank": dist.get_rank(),
+            "losses": losses if last_stage else None,
+            "grad_norms": grad_norms,
+            "digest": digest(chunks),
+            "params": sum(p.numel() for c in chunks for p in c.parameters()),
+            "facts": _facts(ps),
+            "seconds": {"setup": round(t1 - t0, 3), "steps": round(time.perf_counter() - t1, 3)},
+        }
+    finally:
+        ps.destroy_model_parallel()
+
+
+@contextlib.contextmanager
+def parallel_state_impl(impl: str, install: str = "after") -> Iterator[None]:
+    """Inside the block Megatron uses MCore's own parallel_state (``impl="mcore"``) or compat,
+    installed before megatron is first imported (``install="before"``: the process must not
+    have imported megatron yet) or after importing it; compat is uninstalled on exit.
+    """
+    import compat
+
+    if impl == "mcore":
+        if compat.is_installed():
+            raise RuntimeError("impl='mcore' but compat is installed")
+        import megatron.core.parallel_state  # noqa: F401
+
+        yield
+        return
+    if install == "before":
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] == "megatron")
+        if loaded:
+            raise RuntimeError(f"install='before' needs a process without megatron; loaded: {loaded[:3]}")
+    else:
+        import megatron.core.parallel_state  # noqa: F401  (megatron first)
+    compat.install()
+    try:
+        import megatron.core.parallel_state as ps  # with "before": megatron's first import
+
+        if ps is not sys.modules["compat.parallel_state"]:
+            raise RuntimeError("compat.install() did not take effect")
+        yield
+    finally:
+        compat.uninstall()
+
+
+def run_once(cfg: TrainConfig) -> dict[str, Any]:
+    """Train ``cfg`` with whatever parallel_state megatron currently uses (see
+    :func:`parallel_state_impl`); the result of :func:`train_rank`.
+    """
+    if dist.get_world_size() != cfg.world_size:
+        raise RuntimeError(f"world size {dist.get_world_size()} != tp * pp * dp = {cfg.world_size}")
+    torch.set_num_threads(1)
+    before = set(dist.distributed_c10d._world.pg_map)
+    with CpuShims() as shims:
+        shims.patch_megatron()
+        with shims.cuda_to_cpu():
+            if cfg.groups == "collection":
+                from scripts.examples.gpt.collection import train_collection
+
+                result = train_collection(cfg)
+            else:
+                result = _train(cfg)
+    leaked = set(dist.distributed_c10d._world.pg_map) - before
+    for group in leaked:
+        dist.destroy_process_group(group)
+    result["leaked_groups"] = len(leaked)
+    return result
+
+
+def train_rank(cfg: TrainConfig) -> dict[str, Any]:
+    """Run ``cfg`` on this rank of the current gloo world (see the module doc), with the
+    parallel_state ``cfg.impl`` / ``cfg.install`` ask for.
+
+    Returns ``rank``, ``losses`` (per step, last pipeline stage only, mean over microbatches and
+    data-parallel ranks; ``None`` elsewhere), ``grad_norms``, ``digest`` (this rank's final
+    parameters), ``params`` (local parameter count), ``facts`` (which parallel_state module
+    megatron's code resolved to during the run), ``seconds`` (setup, steps) and
+    ``leaked_groups`` (process groups still alive after ``destroy_model_parallel``; they are
+    destroyed here so the world can be reused).
+    """
+    use_megatron_path(cfg.megatron_path)
+    with parallel_state_impl(cfg.impl, cfg.install):
+        return run_once(cfg)
+
+
+VARIANTS = {"compat-before": ("compat", "before"), "mcore": ("mcore", "after"), "compat-after": ("compat", "after")}
+
+
+def train_collection_and_globals(cfgs: list[TrainConfig]) -> dict[str, list[dict]]:
+    """Run every config from a ProcessGroupCollection (no globals), then with MCore's globals.
+
+    The collection runs come first, while Megatron's globals were never set in this process
+    (a global read would then find nothing rather than another run's groups).
+    ``{"collection": [...], "globals": [...]}``, one result per config.
+    """
+    if cfgs:
+        use_megatron_path(cfgs[0].megatron_path)
+    with parallel_state_impl("mcore"):
+        collection = [run_once(cfg.replace(impl="mcore", groups="collection")) for cfg in cfgs]
+        return {
+            "collection": collection,
+            "globals": [run_once(cfg.replace(impl="mcore", groups="globals")) for cfg in cfgs],
+        }
+
+
+def train_variants(cfgs: list[TrainConfig], variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, list[dict]]:
+    """Run every config under each variant of :data:`VARIANTS`, in order (``compat-before``
+    first: the process must not have imported megatron); ``{variant: [result per config]}``.
+    compat stays installed across all configs of a compat variant.
+    """
+    if cfgs:
+        use_megatron_path(cfgs[0].megatron_path)
+    out: dict[str, list[dict]] = {}
+    for variant in variants:
+        impl, install = VARIANTS[variant]
+        with parallel_state_impl(impl, install):
+            out[variant] = [run_once(cfg.replace(impl=impl, install=install)) for cfg in cfgs]
+    return out
