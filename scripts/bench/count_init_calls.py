@@ -36,7 +36,7 @@ from scripts.bench import world_init as bench  # the floor and the layouts of th
 #: (function name, file name) -> the part a call inside it is charged to (innermost wins).
 PARTS: dict[tuple[str, str], str] = {
     ("initialize_model_parallel", "_init.py"): "initialize_model_parallel (its own code)",
-    ("check_initialize_agreement", "agreement.py"): "agreement check",
+    ("agree", "pipeline.py"): "agreement check",
     ("validate_initialize_args", "validate.py"): "argument validation",
     ("__init__", "named_layout.py"): "layout",
     ("__init__", "megatron_layout.py"): "layout",
@@ -77,7 +77,7 @@ def _counter() -> tuple[Any, collections.Counter]:
 #: (module, attribute, part) timed by ``--cpu-rounds``: a few large parts, so that the timer's own
 #: cost (two clock reads per call) stays small against them.
 TIMED = (
-    ("compat._init", "check_initialize_agreement", "agreement check"),
+    ("parallel_state_ng.groups.pipeline", "agree", "agreement check"),
     ("compat._init", "MegatronLayout", "layout"),
     ("parallel_state_ng.groups.megatron_groups", "group_plan", "group plan"),
     ("parallel_state_ng.groups.liveness.InitWatch", "finish", "closing round"),

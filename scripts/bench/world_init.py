@@ -240,13 +240,12 @@ def _worker(rank: int, world_size: int, inbox: Any, outbox: Any, impls: list[str
 
             mods["mcore"] = mcore_ps
         import compat.parallel_state as compat_ps
-        from compat import _init as compat_init
-        from parallel_state_ng.groups import creation
+        from parallel_state_ng.groups import creation, pipeline
 
         mods["compat"] = compat_ps
-        # initialize_model_parallel calls the agreement check through compat._init's binding
-        clocks = {"check": _Clock(compat_init.check_initialize_agreement), "create": _Clock(dist.new_group)}
-        compat_init.check_initialize_agreement = clocks["check"]
+        # every build calls the agreement check through the pipeline module's binding
+        clocks = {"check": _Clock(pipeline.agree), "create": _Clock(dist.new_group)}
+        pipeline.agree = clocks["check"]
         dist.new_group = clocks["create"]
         sync = [_Clock(dist.barrier)]
         dist.barrier = sync[0]
