@@ -20,7 +20,7 @@ import torch.distributed as dist
 from parallel_state_ng.groups.megatron_groups import add_group
 from parallel_state_ng.groups.pipeline import Prepared, build_layout_groups
 from parallel_state_ng.layout.kinds import GROUP_KINDS
-from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.megatron_layout import SHAPE_ARGUMENTS, MegatronLayout
 from parallel_state_ng.layout.plan import PlanOptions
 from parallel_state_ng.layout.validate import validate_initialize_args
 
@@ -120,8 +120,9 @@ def initialize_model_parallel(
         name="initialize_model_parallel",
         agreement_fields=args,
         agree_on="world",
+        empty_outside=True,  # a rank outside local_world_size gets a state with no group, as in MCore
     )
-    assert state is not None  # the whole world: every rank is in the layout
+    assert state is not None
     _scoping.set_active(state)
     if pipeline_model_parallel_split_rank is not None:  # 0.12-0.13; kept across destroy, as in MCore
         ps._PIPELINE_MODEL_PARALLEL_SPLIT_RANK = pipeline_model_parallel_split_rank
@@ -203,20 +204,9 @@ def _prepare(args: dict[str, Any]) -> Prepared:
 
 #: The arguments of ``initialize_model_parallel`` that ``MegatronLayout`` takes as they are.
 _LAYOUT_ARGS = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "context_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-    "order",
-    "num_distributed_optimizer_instances",
-    "hierarchical_context_parallel_sizes",
-    "get_embedding_ranks",
-    "get_position_embedding_ranks",
+    *SHAPE_ARGUMENTS,
     "rank_offset",
     "local_world_size",
-    "gtp_remat_size",
-    "expert_gtp_remat_size",
     "encoder_tensor_model_parallel_size",
     "encoder_pipeline_model_parallel_size",
     "pipeline_model_parallel_split_rank",

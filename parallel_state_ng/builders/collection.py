@@ -22,7 +22,7 @@ from parallel_state_ng.groups.handles import GroupHandle
 from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, destroy_model_groups, global_values
 from parallel_state_ng.groups.pipeline import Prepared, build_layout_groups
 from parallel_state_ng.layout.kinds import fills
-from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.megatron_layout import SHAPE_ARGUMENTS, MegatronLayout
 from parallel_state_ng.layout.plan import PlanOptions
 from parallel_state_ng.layout.validate import validate_initialize_args
 from parallel_state_ng.releases import Release, as_release
@@ -307,23 +307,7 @@ def _layout(args: dict[str, Any], total: int, world_size: int | None, release: s
     """The module's :class:`MegatronLayout`; ranges other than the whole world need 0.17+."""
     series = as_release(release).series
     whole_world = args["rank_offset"] == 0 and world_size == total
-    common = {
-        name: args[name]
-        for name in (
-            "tensor_model_parallel_size",
-            "pipeline_model_parallel_size",
-            "context_parallel_size",
-            "expert_model_parallel_size",
-            "expert_tensor_parallel_size",
-            "order",
-            "num_distributed_optimizer_instances",
-            "hierarchical_context_parallel_sizes",
-            "get_embedding_ranks",
-            "get_position_embedding_ranks",
-            "gtp_remat_size",
-            "expert_gtp_remat_size",
-        )
-    }
+    common = {name: args[name] for name in SHAPE_ARGUMENTS}
     if whole_world:
         return MegatronLayout(world_size=total, release=series, **common)
     try:

@@ -88,15 +88,17 @@ def build_layout_groups(
     agree_on: Literal["world", "layout"],
     check_agreement: bool | None = None,
     rank: int | None = None,
+    empty_outside: bool = False,
 ) -> tuple[MegatronLayout, ModelParallelGroups | None]:
     """Run the pipeline for one Megatron layout; this rank's groups, or ``None`` outside the layout.
 
     Steps, in order: the agreement check over the whole world when ``agree_on="world"``;
     ``prepare()`` (the caller's validation, in the release's exception types, and its layout);
-    a rank outside the layout stops here; the agreement check over the layout's ranks when
-    ``agree_on="layout"`` (``agreement_fields`` and the layout's ``release``); the NCCL options;
-    the creation of this rank's groups (atomic: a failure leaves no group behind). ``name`` (the
-    caller's function) appears in errors.
+    a rank outside the layout stops here (with ``empty_outside`` it gets a
+    :class:`ModelParallelGroups` holding no group, as compat's globals need); the agreement
+    check over the layout's ranks when ``agree_on="layout"`` (``agreement_fields`` and the
+    layout's ``release``); the NCCL options; the creation of this rank's groups (atomic: a
+    failure leaves no group behind). ``name`` (the caller's function) appears in errors.
     """
     if agree_on not in ("world", "layout"):
         raise ValueError(f"agree_on must be 'world' or 'layout', got {agree_on!r}")
@@ -106,9 +108,10 @@ def build_layout_groups(
     layout = prepared.layout
     if rank is None:
         rank = dist.get_rank()
-    if not layout.contains(rank):
+    inside = layout.contains(rank)
+    if not inside and not empty_outside:
         return layout, None
-    if agree_on == "layout":
+    if agree_on == "layout" and inside:
         agree(
             {**agreement_fields, "release": layout.release},
             name=name,

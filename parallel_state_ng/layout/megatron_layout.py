@@ -43,7 +43,26 @@ __all__ = [
     "default_embedding_ranks",
     "default_position_embedding_ranks",
     "EmptyGroupError",
+    "SHAPE_ARGUMENTS",
 ]
+
+#: The ``initialize_model_parallel`` arguments a :class:`MegatronLayout` takes as they are, in
+#: every release and for a module on a part of the world alike (the rank range and the 0.12/0.13
+#: encoder arguments come on top).
+SHAPE_ARGUMENTS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "order",
+    "num_distributed_optimizer_instances",
+    "hierarchical_context_parallel_sizes",
+    "get_embedding_ranks",
+    "get_position_embedding_ranks",
+    "gtp_remat_size",
+    "expert_gtp_remat_size",
+)
 
 _ALL_GATHER_KINDS = ALL_GATHER_KINDS
 

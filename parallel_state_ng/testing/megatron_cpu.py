@@ -1,27 +1,10 @@
 """Running Megatron on CPU processes (gloo, no GPU): reversible stand-ins for its CUDA assumptions.
 
-Megatron-Core assumes CUDA in a few places that have nothing to do with parallel_state:
-buffers allocated on ``torch.cuda.current_device()``, ``device="cuda"`` literals, the CUDA RNG
-state behind the tensor-parallel RNG tracker, ``Tensor.cuda()``, CUDA tensor type names checked
-by gradient clipping and the distributed optimizer, CUDA streams and events in the MoE
-all-to-all dispatcher. :class:`CpuShims` redirects each of them to the CPU for the duration of a
-``with`` block and restores everything on exit. Megatron-LM's training loop
-(``megatron.training``) needs more: :class:`TrainingShims`. None of this is needed (or wanted)
-on GPUs; it is a test/example device shim, not part of ``compat``.
-
-    shims = CpuShims()
-    with shims:                      # torch-level stand-ins, megatron not imported yet
-        import megatron.core ...
-        shims.patch_megatron()       # megatron-level stand-ins (after megatron is imported)
-        with shims.cuda_to_cpu():    # device="cuda" -> cpu for factory functions / .to()
-            ...train...
-
-:func:`use_megatron_path` puts another megatron-core (an unzipped wheel: the scripts'
-``--megatron-path DIR`` or ``$PSNG_MEGATRON_PATH``) first on ``sys.path``.
-
-The patches were worked out against megatron-core 0.16.1 with torch 2.13 (CPU build); every
-megatron-level patch is skipped when the patched name does not exist in the loaded release.
-Megatron is imported only by the methods that patch it (torch is the only import here).
+:class:`CpuShims` redirects Megatron-Core's CUDA assumptions (devices, RNG, streams, tensor type
+names) to the CPU for the duration of a ``with`` block and restores everything on exit;
+Megatron-LM's training loop needs more: :class:`TrainingShims`. :func:`use_megatron_path` puts
+another megatron-core first on ``sys.path``. None of this is needed (or wanted) on GPUs; it is a
+test/example device shim, not part of ``compat``. See docs/training.md and scripts/README.md.
 """
 
 from __future__ import annotations
@@ -165,11 +148,26 @@ def _split_sizes_as_ints(all_to_all: Callable) -> Callable:
 
 
 class CpuShims:
-    """Reversible CPU stand-ins for Megatron-Core's CUDA assumptions (see the module doc).
+    """Reversible CPU stand-ins for Megatron-Core's CUDA assumptions.
+
+    Megatron-Core assumes CUDA in a few places that have nothing to do with parallel_state:
+    buffers allocated on ``torch.cuda.current_device()``, ``device="cuda"`` literals, the CUDA RNG
+    state behind the tensor-parallel RNG tracker, ``Tensor.cuda()``, CUDA tensor type names checked
+    by gradient clipping and the distributed optimizer, CUDA streams and events in the MoE
+    all-to-all dispatcher.
 
     ``__enter__`` patches torch; :meth:`patch_megatron` patches megatron modules (call it after
     megatron is imported, e.g. after ``compat.install()`` + import); ``__exit__`` undoes all of
-    it, in reverse order. Not re-entrant.
+    it, in reverse order. Not re-entrant. The patches were worked out against megatron-core 0.16.1
+    with torch 2.13 (CPU build); every megatron-level patch is skipped when the patched name does
+    not exist in the loaded release. Megatron is imported only by the methods that patch it::
+
+        shims = CpuShims()
+        with shims:                      # torch-level stand-ins, megatron not imported yet
+            import megatron.core ...
+            shims.patch_megatron()       # megatron-level stand-ins (after megatron is imported)
+            with shims.cuda_to_cpu():    # device="cuda" -> cpu for factory functions / .to()
+                ...train...
     """
 
     def __init__(self) -> None:
@@ -249,7 +247,7 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
 
 
 class TrainingShims:
-    """Reversible stand-ins for ``megatron.training``'s CUDA assumptions (see the module doc).
+    """Reversible stand-ins for ``megatron.training``'s CUDA assumptions (see :class:`CpuShims`).
 
     ``__enter__`` patches ``torch.cuda``; :meth:`patch_megatron` patches ``megatron.training``
     modules (after megatron is importable); ``__exit__`` undoes both, in reverse order.

@@ -1,15 +1,9 @@
 """Cost of the cross-rank agreement check that runs before initialize_model_parallel.
 
-    python -m scripts.bench.agreement                 # gloo worlds of 4 and 8 CPU processes
-    python -m scripts.bench.agreement --worlds 2,4,8,16 --repeats 50 --store tcp
-
-Each world is a set of local processes (gloo). ``--store file`` rendezvous through a
-``FileStore`` in a temporary directory; ``--store tcp`` through a ``TCPStore`` on a free
-loopback port (what ``torchrun`` uses). Every rank runs
-:func:`measure_agreement_check` (a barrier, then one check, repeated);
-the table shows the median and max time of a check over ranks, the store operations of a
-waiting rank (constant: it does not grow with the world) and of the one comparing rank, and
-the time of a mismatch verdict (one rank passes another tensor-parallel size).
+Every rank of a local gloo world runs :func:`measure_agreement_check`; the table shows the median
+and max time of a check over ranks, the store operations of a waiting rank and of the comparing
+rank, and the time of a mismatch verdict (one rank passes another tensor-parallel size).
+Figures: docs/reliability.md; command: scripts/README.md; options: ``--help``.
 """
 
 from __future__ import annotations
@@ -164,11 +158,20 @@ def run_world(world: int, store_kind: str, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv``, run the benchmark and print its table; returns the exit status."""
+    """Parse ``argv``, run the benchmark and print its table; returns the exit status.
+
+    A waiting rank's store operations are constant: they do not grow with the world.
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", default="4,8", help="comma-separated world sizes (default 4,8)")
     parser.add_argument("--repeats", type=int, default=30, help="checks per rank (default 30)")
-    parser.add_argument("--store", choices=("file", "tcp"), default="tcp", help="rendezvous store (default tcp)")
+    parser.add_argument(
+        "--store",
+        choices=("file", "tcp"),
+        default="tcp",
+        help="rendezvous store (default tcp): a FileStore in a temporary directory, or a TCPStore on a free "
+        "loopback port (what torchrun uses)",
+    )
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args(argv)
     try:

@@ -1,25 +1,10 @@
 """One module's full ProcessGroupCollection on one simulated rank: ours vs Megatron's grids vs the floor.
 
-For tp 8, pp 4, cp 2, ep 8 (dp from the world size) at 4,096 / 65,536 / 1,048,576 ranks, on the
-middle rank of a fake-backend world (one process, nothing is communicated):
-
-* ``ours``  — :func:`parallel_state_ng.build_megatron_groups` plus the collection's field
-  values (every field ``use_mpu_process_groups()`` fills), then ``destroy()``;
-* ``mcore grids`` — Megatron's own ``HyperCommGrid`` assembled the way its multi-module
-  (MiMo) example does: a dense grid (tp, cp, dp, pp) and an expert grid (etp, ep, edp, pp),
-  ``create_pg`` for every field's dims (each call creates every group of those dims on every
-  rank) and a ``new_group`` per pipeline for the embedding groups;
-* ``floor`` — bare ``torch.distributed.new_group(ranks, use_local_synchronization=True)`` for
-  exactly this rank's groups, lists computed before the clock starts.
-
-Prints, per world (each in a fresh process): median seconds (ours and the floor alternating,
-Megatron's grids median of 3), ``new_group`` calls, and the ratios. ``mcore/floor`` is the most
-any implementation that creates the rank's groups through ``new_group`` can gain over Megatron's
-grids: torch's ``new_group`` itself walks every member of the list it is given. Goals (issue 17):
-ours >= 100x faster than Megatron's grids at 65,536 ranks, <= 1.5x the floor, and as many
-``new_group`` calls as the rank has groups.
-
-    python -m scripts.bench.collection [--worlds 4096 65536 1048576] [--repeats 5] [--mcore-max 65536]
+tp 8, pp 4, cp 2, ep 8 on the middle rank of a fake-backend world (one process per world size):
+``ours`` (:func:`parallel_state_ng.build_megatron_groups` plus every collection field), ``mcore
+grids`` (Megatron's ``HyperCommGrid`` assembled as its MiMo example does) and ``floor`` (bare
+``new_group`` for exactly this rank's groups). Prints median seconds, ``new_group`` calls and
+the ratios. Sides, goals and figures: docs/performance.md (one module's ProcessGroupCollection).
 """
 
 from __future__ import annotations
@@ -176,10 +161,16 @@ def _row(world: int, repeats: int, mcore_max: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv``, measure each world in a fresh process and print the table; returns the exit status."""
+    """Parse ``argv``, measure each world in a fresh process and print the table; returns the exit status.
+
+    Goals (issue 17): ours >= 100x faster than Megatron's grids at 65,536 ranks, <= 1.5x the
+    floor, and as many ``new_group`` calls as the rank has groups.
+    """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--worlds", type=int, nargs="+", default=[4096, 65536, 1048576])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--worlds", type=int, nargs="+", default=[4096, 65536, 1048576], help="world sizes")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="timed runs of ours and the floor, alternating (Megatron's grids: 3)"
+    )
     p.add_argument("--mcore-max", type=int, default=65536, help="largest world to time Megatron's grids at")
     p.add_argument("--one-world", type=int, default=None, help=argparse.SUPPRESS)  # the per-world child
     args = p.parse_args(argv)

@@ -1,25 +1,10 @@
 """Python calls one rank makes in ``initialize_model_parallel``, by part, against the floor.
 
-On this 2-core machine a real gloo world of 8-32 processes is CPU-bound, so the job time of
-an init follows the CPU all ranks spend (``scripts/bench/world_init.py`` prints both), and
-run-to-run noise (about ±4 %) hides changes of a few percent. The number of Python calls is
-exact and repeatable: this script starts a real gloo world, and on one rank counts every
-Python and C function call made during one ``compat.parallel_state.initialize_model_parallel``
-and during the floor's creation of the same communicators (the benchmark's ``floor``), each
-call charged to the part of the init it happens in (agreement check, layout, group plan, each
-group's creation, torch's ``new_group``, the closing round, publishing the globals, ...).
-
-Then ``--cpu-rounds`` more rounds time the main thread's CPU in the large parts (agreement
-check, layout, plan, closing round, publishing, the per-group timeout restore, torch's
-``new_group``) on every rank; the rest is the per-group glue. On this machine the job time
-follows the CPU, so this says what each part costs the job.
-
-Usage::
-
-    python -m scripts.bench.count_init_calls                      # 16 processes, tp2-pp2-cp2, twins off
-    python -m scripts.bench.count_init_calls --world 8 --gloo on --rank 1
-
-A measurement, not a test: it prints counts and asserts nothing.
+Timings of a CPU-bound gloo world are too noisy to see a change of a few percent; call counts are
+exact. On a real gloo world this counts, on one rank, every Python and C call of one compat init
+and of the floor's creation of the same communicators, charged to the part of the init it happens
+in; then ``--cpu-rounds`` rounds time the main thread's CPU in the large parts on every rank.
+A measurement, not a test. Parts and figures: docs/performance.md (against the floor); options: ``--help``.
 """
 
 from __future__ import annotations

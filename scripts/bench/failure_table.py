@@ -1,22 +1,10 @@
 """The reliability table: a rank dies while groups are created; what do the survivors see?
 
-For each case, W gloo processes (a ``FileStore`` in a temporary directory) build groups and
-the last rank exits inside its k-th ``torch.distributed.new_group`` call. Every survivor
-reports whether it raised, after how long, whether the message names the dead rank, and how
-many process groups it still has in torch's registry afterwards (the default group excluded).
-A survivor that neither returns nor raises within ``--cap`` seconds is reported as a hang.
-
-Cases: ``init`` (``initialize_model_parallel``, tp2 pp2, default arguments: gloo twins on),
-``collection`` (``build_megatron_groups``), ``create_pg`` (a HyperCommGrid's ``create_pg``
-calls), ``topology`` (``build_topology``, two modules) for compat / the engine; ``init`` for
-megatron-core's own ``initialize_model_parallel`` (``--impl mcore``).
-
-Usage::
-
-    python -m scripts.bench.failure_table                       # every case, bound 30 s (the default)
-    python -m scripts.bench.failure_table --bound 8 --cap 60 --cases init:1,init:6,collection:3
-
-A measurement, not a test: it prints a markdown table.
+W gloo processes build groups and the last rank exits inside its k-th ``new_group`` call; every
+survivor reports whether it raised, after how long, whether the message names the dead rank and
+how many groups it has left (a survivor silent for ``--cap`` seconds is a hang). A measurement,
+not a test: it prints a markdown table. Cases, set-up and figures: docs/reliability.md (failure
+table); every option below.
 """
 
 from __future__ import annotations
@@ -148,7 +136,10 @@ def main() -> None:
         "--cases",
         default="compat:init:1,compat:init:6,compat:init:12,compat:collection:3,compat:create_pg:2,"
         "compat:topology:2,mcore:init:1,mcore:init:6,mcore:init:12",
-        help="impl:what:k, comma-separated (k: the dying rank's new_group call that kills it)",
+        help="impl:what:k, comma-separated (k: the dying rank's new_group call that kills it); what: init "
+        "(initialize_model_parallel, tp2 pp2, default arguments: gloo twins on), collection "
+        "(build_megatron_groups), create_pg (a HyperCommGrid's create_pg calls), topology (build_topology, "
+        "two modules); impl: compat, or mcore (megatron-core's own initialize_model_parallel, init only)",
     )
     args = parser.parse_args()
     print(f"{WORLD} gloo processes, rank {WORLD - 1} exits in its k-th new_group call; "

@@ -1,32 +1,9 @@
 """Per-rank cost of ``initialize_model_parallel``: Megatron-Core vs ``compat`` vs the floor.
 
-One simulated rank (torch's fake backend) initializes tp 8, pp 4, cp 2, ep 8 with
-``create_gloo_process_groups=False`` at several world sizes. Three sides are measured, each in
-its own subprocess (so peak memory is per side):
-
-* ``mcore``  — ``megatron.core.parallel_state.initialize_model_parallel``;
-* ``compat`` — ``compat.parallel_state.initialize_model_parallel``;
-* ``floor``  — ``torch.distributed.new_group(ranks, use_local_synchronization=True)`` for
-  exactly the groups the rank belongs to, rank lists computed beforehand (untimed) from
-  :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`: what any implementation must pay.
-
-Per side and world: median wall time of ``initialize_model_parallel`` over init/destroy cycles
-(compat and floor: several fresh processes, alternating, so load changes hit both alike),
-number of ``torch.distributed.new_group`` calls (counted by wrapping it), and peak RSS growth
-of a process's first init (``VmHWM`` after resetting it through ``/proc/self/clear_refs``,
-minus ``VmRSS`` before the init; falls back to ``ru_maxrss`` where the reset is not
-available), median over the processes.
-Also: import time of each module over ``import torch.distributed`` (fresh subprocesses), and
-a check that MCore and compat hand out the same groups from every getter.
-
-MCore's ``destroy_model_parallel`` destroys only its gloo groups and leaves several globals
-set; between cycles this script destroys the groups it left in torch's registry and resets
-those globals, and reports what it found.
-
-Usage::
-
-    python -m scripts.bench.init                       # 4,096 / 65,536 / 1,048,576 ranks
-    python -m scripts.bench.init --worlds 4096 --json out.json
+One simulated rank (torch's fake backend) at several world sizes, each side in its own
+subprocesses: median init time, ``new_group`` calls, peak memory, import time, and a check that
+MCore and compat hand out the same groups. Measurement helpers: ``scripts/bench/init_measure.py``.
+Method, sides and figures: docs/performance.md (per-rank cost); options: ``--help``.
 """
 
 from __future__ import annotations

@@ -2,11 +2,10 @@
 
 * memory: :func:`rss_bytes`, :func:`peak_bytes` (``/proc/self/status``, ``ru_maxrss`` where
   that is missing) and :func:`reset_peak` (``/proc/self/clear_refs``);
-* :class:`NewGroupCounter` counts ``torch.distributed.new_group`` calls;
-* :data:`GETTERS` and :func:`getter_digests`: what every group getter returns, hashed, to
-  compare two modules; :func:`module_state_names`: a module's parallel-state globals.
-
-No torch import here: the callers pass ``torch.distributed`` in.
+* :class:`NewGroupCounter` counts ``torch.distributed.new_group`` calls; :data:`GETTERS` and
+  :func:`getter_digests` hash what every group getter returns, to compare two modules;
+  :func:`module_state_names`: a module's parallel-state globals. No torch import here: the
+  callers pass ``torch.distributed`` in. See scripts/README.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """Layout enumeration: parallel_state_ng's Layout vs Megatron-Core's RankGenerator and HyperCommGrid.
 
-The decoder layout of ``initialize_model_parallel`` with tp 8, cp 2, pp 4 (order
-tp-cp-ep-dp-pp, dp = world / 64) is enumerated for the nine token combinations MCore asks its
-decoder ``RankGenerator`` for (dp-cp, dp, cp, tp-pp, tp, pp, tp-dp-cp, tp-dp, tp-cp). Per world
-size and side, the time for all nine is measured (median over repeats):
-
-* ``RankGenerator.get_ranks`` — megatron-core's pure-Python generator (skipped at 1,048,576
-  ranks unless ``--full``: it takes about half a minute there);
-* ``HyperCommGrid.get_rank_enum`` — megatron-core's einops/numpy enumeration;
-* ``Layout.enumerate_groups`` — ours, an int64 tensor of shape (groups, group size);
-* ``Layout.rank_enum`` — ours as nested lists (what megatron returns);
-* ``Layout.group_ranks`` — ours, only one rank's nine groups (what ``create_pg`` needs).
-
-Times are wall clock; torch runs with ``--threads`` intra-op threads (default 1); Python's
-garbage collector stays on while timing unless ``--pause-gc``.
-
-Every enumeration is compared with the others that ran (untimed); a mismatch exits with 1.
-
-Usage::
-
-    python -m scripts.bench.layout                      # 4,096 / 65,536 / 1,048,576 ranks
-    python -m scripts.bench.layout --full --json out.json
+The nine token combinations MCore's ``initialize_model_parallel`` asks its decoder
+``RankGenerator`` for (tp 8, cp 2, pp 4; dp = world / 64), timed per world size and side (median
+over repeats) and compared with each other untimed: a mismatch exits with 1. Sides and figures:
+docs/performance.md (layout enumeration); options: ``--help``.
 """
 
 from __future__ import annotations
@@ -72,7 +55,14 @@ def _time(fn: Callable[[], Any], repeats: int, *, pause_gc: bool) -> tuple[float
 
 
 def bench_world(world: int, *, full: bool, repeats: int, pause_gc: bool = False) -> dict[str, Any]:
-    """Time every side for one world size and check that the enumerations agree."""
+    """Time every side for one world size and check that the enumerations agree.
+
+    Sides: ``RankGenerator.get_ranks`` (megatron-core's pure-Python generator),
+    ``HyperCommGrid.get_rank_enum`` (megatron-core's einops/numpy enumeration), and ours:
+    ``Layout.enumerate_groups`` (an int64 tensor of shape (groups, group size)),
+    ``Layout.rank_enum`` (nested lists, what megatron returns) and ``Layout.group_ranks`` (only
+    one rank's nine groups, what ``create_pg`` needs). Times are wall clock.
+    """
     from megatron.core.hyper_comm_grid import HyperCommGrid as MegatronGrid
     from megatron.core.parallel_state import RankGenerator
 

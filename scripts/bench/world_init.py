@@ -1,38 +1,10 @@
-"""Job init time on real gloo worlds: Megatron-Core vs ``compat`` (with and without sharing).
+"""Job init time on real gloo worlds: Megatron-Core vs ``compat`` (with and without sharing) vs the floor.
 
-Spawns W real processes joined in a gloo world (rank 0 serves a ``TCPStore`` on a free port).
-In each round every process runs, one after the other in a rotating order, each
-implementation:
-
-* ``mcore``        — ``megatron.core.parallel_state.initialize_model_parallel``;
-* ``compat``       — ``compat.parallel_state.initialize_model_parallel`` (default settings);
-* ``compat_share`` — the same with group sharing on
-  (:func:`parallel_state_ng.groups.sharing.set_group_sharing`);
-* ``floor``        — bare torch creating exactly compat's communicators and nothing else: the
-  rank's ``CreateGroup`` steps of :func:`parallel_state_ng.layout.plan.group_plan` (computed before
-  the clock starts), each one ``torch.distributed.new_group(ranks, use_local_synchronization=True)``
-  with compat's backend and timeout, under a name all members agree on (rank-list digest and a
-  per-list count, as compat names its groups); no agreement check, readiness marks, layout
-  math, state or getters.
-* ``compat_unwatched`` — compat with the failure detection off (``PSNG_FAILURE_TIMEOUT=0``:
-  no bounded creation, arrival marks or closing round; what compat did before it).
-
-Timed on every rank, from the end of a world barrier: ``initialize_model_parallel`` plus one
-all-reduce on the tensor- and on the data-parallel group (checked for the right sum). The job's
-time is the slowest rank's (median / min / max over rounds); its CPU is that of all ranks
-together, every thread (on a machine with fewer cores than processes the job is CPU-bound and
-the two ratios agree). Also: communicators per rank, and where compat's slowest rank spent its
-time (agreement check, ``new_group``, barriers and readiness marks, the rest). Destroy time is
-reported apart; MCore's non-gloo groups, which its destroy leaves alive, are destroyed after
-each round so that rounds do not accumulate sockets.
-
-Usage::
-
-    python -m scripts.bench.world_init                        # 8, 16, 32 processes
-    python -m scripts.bench.world_init --worlds 8 --rounds 7 --gloo on --json out.json
-    python -m scripts.bench.world_init --layouts 8:tp2-pp2,16:tp2-pp2-cp2
-
-A benchmark, not a test: it prints figures and asserts nothing about time.
+W spawned gloo processes run ``mcore``, ``compat``, ``compat_share``, ``compat_unwatched`` and
+``floor`` in a rotating order each round; the job's time is the slowest rank's init plus one
+all-reduce on the tensor- and data-parallel groups, with CPU, communicators and compat's split.
+A benchmark, not a test: it prints figures and asserts nothing about time. What each side and
+column means, and the figures: docs/performance.md (real gloo worlds); options: ``--help``.
 """
 
 from __future__ import annotations
@@ -104,7 +76,12 @@ def _floor_steps(kwargs: dict[str, Any]) -> list[Any]:
 
 
 def _floor_init(steps: list[Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Create ``steps``' groups member-only under stable names; returns them and the groups by key."""
+    """Create ``steps``' groups member-only under stable names; returns them and the groups by key.
+
+    Each group is ``torch.distributed.new_group(ranks, use_local_synchronization=True)`` with
+    compat's backend and timeout, under a name all members agree on (rank-list digest and a
+    per-list count, as compat names its groups).
+    """
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -168,7 +145,7 @@ def _one(impl: str, mods: dict[str, Any], kwargs: dict[str, Any], clocks: dict[s
     t1 = time.perf_counter()
     mod.destroy_model_parallel()
     t_destroy = time.perf_counter() - t1
-    if impl == "mcore":  # MCore leaves its non-gloo groups alive
+    if impl == "mcore":  # MCore leaves its non-gloo groups alive; destroyed so rounds do not accumulate sockets
         for pg in lists:
             if pg is not None and pg in world.pg_map:
                 dist.destroy_process_group(pg)
@@ -194,7 +171,11 @@ def _all_reduce_ranks(groups: list[Any]) -> list[tuple[float, float]]:
 
 
 def _one_floor(kwargs: dict[str, Any], clocks: dict[str, _Clock]) -> dict[str, Any]:
-    """The floor's round: the same clock, all-reduces and record as :func:`_one`'s."""
+    """The floor's round: the same clock, all-reduces and record as :func:`_one`'s.
+
+    Bare torch creating exactly compat's communicators and nothing else: no agreement check,
+    readiness marks, layout math, state or getters.
+    """
     import torch.distributed as dist
 
     world = dist.distributed_c10d._world
@@ -434,7 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layouts", default="", help="W:layout,... (default 8:tp2-pp2, 16:tp2-pp2-cp2, 32:tp2-pp2-cp2-ep2)")
     p.add_argument("--rounds", default="9,7,4", help="rounds per world (one value, or one per world)")
     p.add_argument("--gloo", choices=("on", "off", "both"), default="both", help="create_gloo_process_groups")
-    p.add_argument("--impls", default=",".join(IMPLS), help="subset of " + ",".join(IMPLS))
+    p.add_argument(
+        "--impls",
+        default=",".join(IMPLS),
+        help="subset of "
+        + ",".join(IMPLS)
+        + " (compat_share: group sharing on; compat_unwatched: PSNG_FAILURE_TIMEOUT=0)",
+    )
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per world")
     p.add_argument("--json", help="write every record and the summary to this file")
     p.add_argument("--from-json", help="print the table of a file written by --json (no run)")

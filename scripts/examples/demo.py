@@ -1,25 +1,10 @@
 """Demo of parallel_state_ng: real process groups in a world of CPU processes, each checked.
 
-    python -m scripts.examples.demo                       # 8 processes: tp 2 x dp 2 x pp 2, expert ep 2
-    python -m scripts.examples.demo --tp 2 --cp 2 --dp 2 --pp 1 --order tp-cp-dp-pp
-    python -m scripts.examples.demo --world-size 10       # ranks 8 and 9 stay outside the grid
-
-The script starts one process per rank (``torch.multiprocessing``, spawn), joins them in a
-gloo world on this machine (``FileStore`` rendezvous in a temporary directory: no port is
-opened for the rendezvous), and on every rank:
-
-1. builds a :class:`parallel_state_ng.HyperCommGrid` for the dense layout (tp, cp, dp, pp in
-   ``--order``; the first dim varies fastest, as in Megatron-Core) and registers the expert
-   layout (etp, ep, edp, pp) as a view that shares the pipeline dim;
-2. creates its own group of every kind Megatron-Core's ``initialize_model_parallel`` builds
-   (tensor, data, pipeline, model, expert, ... groups; only the calling rank's group, with
-   local synchronization);
-3. all-reduces a one-hot vector of its rank over each group: the result shows exactly which
-   ranks answered.
-
-Rank 0 gathers what every rank saw, prints each kind's groups and checks every rank saw
-exactly the members of its group. Exit code 0 when all groups are verified, 1 when a check
-fails, 2 for bad options.
+One spawned process per rank joins a gloo world, creates its own group of every kind
+Megatron-Core's ``initialize_model_parallel`` builds and all-reduces a one-hot vector of its rank
+over each (steps: :func:`_rank_main`); rank 0 prints each kind's groups and checks every rank saw
+exactly its group's members. Exit code 0 when all groups are verified, 1 when a check fails, 2 for
+bad options. Commands: scripts/README.md; options: ``--help``.
 """
 
 from __future__ import annotations
@@ -235,7 +220,16 @@ def _dims_text(config: DemoConfig, names: Sequence[str]) -> str:
 
 
 def _rank_main(rank: int, config: DemoConfig, store_path: str) -> None:
-    """One process of the world: create and check the groups, gather the results on rank 0."""
+    """One process of the world: create and check the groups, gather the results on rank 0.
+
+    1. builds a :class:`parallel_state_ng.HyperCommGrid` for the dense layout (tp, cp, dp, pp in
+       ``--order``; the first dim varies fastest, as in Megatron-Core) and registers the expert
+       layout (etp, ep, edp, pp) as a view that shares the pipeline dim;
+    2. creates its own group of every kind (only the calling rank's group, with local
+       synchronization);
+    3. all-reduces a one-hot vector of its rank over each group: the result shows exactly which
+       ranks answered.
+    """
     import datetime
 
     import torch

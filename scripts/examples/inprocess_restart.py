@@ -1,22 +1,10 @@
 """nvidia-resiliency-ext's in-process restart (``inprocess.Wrapper``) on CPU, with compat or MCore.
 
-    python -m scripts.examples.inprocess_restart --impl compat
-    python -m scripts.examples.inprocess_restart --impl mcore
-
-Megatron-LM's ``--inprocess-restart`` wraps training in ``inprocess.Wrapper`` with
-``AbortTorchDistributed`` and a finalize that calls ``destroy_model_parallel()``. Here 4
-spawned processes (gloo) run a wrapped function that joins a new gloo world (a new
-``FileStore`` per restart iteration), calls ``initialize_model_parallel`` (the given
-parallel_state module) and all-reduces over the data-parallel group step after step. In
-iteration 0 the rank started as 3 ``SIGKILL``s itself, in iteration 1 the rank started as 2:
-the wrapper must detect each loss, abort, finalize and restart the survivors in their
-processes. Each rank logs, per iteration, the process groups in torch's registry when the
-iteration starts (what earlier iterations left behind), and after ``initialize_model_parallel``.
-
-Needs ``nvidia-resiliency-ext`` (0.4.1 publishes a cp311 wheel; ``inprocess`` is pure Python)
-importable, e.g. ``--nvrx-path DIR`` with the unzipped wheel and its dependencies (psutil,
-defusedxml, nvidia-ml-py, pynvml); not a dependency of this project. Opens a local port for the
-wrapper's own ``TCPStore``. A measurement, not a test.
+4 spawned processes run a function wrapped as Megatron-LM's ``--inprocess-restart`` wraps
+training; one rank ``SIGKILL``s itself in each of the first two iterations and the wrapper must
+restart the survivors in their processes (what each iteration does: :func:`_rank_main`). Needs
+``nvidia-resiliency-ext`` importable (``--nvrx-path DIR``); not a dependency of this project.
+A measurement, not a test. Set-up and figures: docs/reliability.md (under ``inprocess.Wrapper``).
 """
 
 from __future__ import annotations
@@ -45,6 +33,14 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, port: int, directory: str, impl: str, nvrx_path: str | None) -> None:
+    """The wrapped function (``AbortTorchDistributed``, a finalize calling ``destroy_model_parallel()``).
+
+    Each iteration joins a new gloo world (a new ``FileStore``), calls ``initialize_model_parallel``
+    and all-reduces over the data-parallel group step after step; in iteration 0 the rank started as
+    3 ``SIGKILL``s itself, in iteration 1 the rank started as 2. Logs, per iteration, the process
+    groups in torch's registry when it starts and after the init. ``port``: the wrapper's own
+    ``TCPStore`` (a local port).
+    """
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"
     )

@@ -1,35 +1,10 @@
 """A rank is killed mid-training; the survivors rebuild at a smaller dp and go on, in the same processes.
 
-    python -m scripts.examples.restart_gpt                    # tp2 pp2 dp2, kill rank 5 after step 3 of 6
-    python -m scripts.examples.restart_gpt --groups collection --megatron-path DIR   # no globals, 0.19+
-
-8 spawned gloo processes (compat installed into Megatron) train the tiny GPT of
-``scripts/examples/train_gpt.py`` (``GPTModel``, Megatron's schedule, DDP, Adam) at tp 2 × pp 2 × dp 2.
-After ``--kill-after`` steps each rank keeps an in-memory copy of its parameters and optimizer
-state, and rank ``--victim`` kills itself (``SIGKILL``). The survivors:
-
-1. **detect** it in their next training step (gloo raises at once on the ranks connected to
-   it; the others hit the bounded collective timeout, ``--detect-timeout``), then agree on the
-   dead through the store (each survivor leaves a mark; the dead cannot);
-2. **abort**: ``abort_model_parallel(world=True)`` (no collective, no store wait);
-3. **rebuild**: :func:`~parallel_state_ng.layout.rebuild.plan_rebuild` (tp, pp kept, dp 2 -> 1),
-   a new default group over a new prefix of the same store, ``initialize_model_parallel``;
-   ranks outside the new world leave;
-4. **restore**: a new model, DDP and optimizer over the new groups, loaded from the copy
-   (the surviving replica's ranks keep their positions: each restores its own state);
-
-and train the remaining steps at dp 1. A fresh tp 2 × pp 2 × dp 1 run on 4 new processes,
-loaded from the same state (saved by the survivors), trains the same steps: its losses must
-be bit-identical. Printed: the time from the kill to the first step after the restart, split
-into detection / abort / rebuild / restore, and both loss lists.
-
-``--groups collection`` runs the same on Megatron's new-code path (``scripts/examples/gpt/collection.py``,
-megatron-core 0.19+, e.g. an unzipped wheel given with ``--megatron-path``): no
-``initialize_model_parallel`` and no compat install; the groups come from
-:func:`~parallel_state_ng.build_megatron_groups` and reach Megatron as ``pg_collection=``,
-the abort is :func:`~parallel_state_ng.abort_groups` ``(world=True)``, the plan is made over the
-``MegatronGroups``' layout and the rebuild is ``build_megatron_groups(**plan.build_kwargs)``. The
-fresh reference runs on the same path.
+8 gloo processes train the tiny GPT of ``scripts/examples/train_gpt.py`` at tp 2 x pp 2 x dp 2;
+one rank kills itself, the survivors detect, abort, rebuild at dp 1 and restore from an
+in-memory copy, and a fresh dp 1 run from the same state must give bit-identical losses
+(steps: :func:`restarted_rank`). ``--groups collection``: the same without globals (0.19+).
+What it proves and a measured run: docs/reliability.md (a GPT loses a rank mid-training).
 """
 
 from __future__ import annotations
@@ -118,7 +93,12 @@ class GlobalGroups:
 
 
 class CollectionGroups:
-    """``--groups collection``: ``build_megatron_groups`` as ``pg_collection=``, Megatron's globals unset."""
+    """``--groups collection``: ``build_megatron_groups`` as ``pg_collection=``, Megatron's globals unset.
+
+    No ``initialize_model_parallel`` and no compat install: the abort is
+    :func:`~parallel_state_ng.abort_groups` ``(world=True)``, the plan is made over the
+    ``MegatronGroups``' layout and the rebuild is ``build_megatron_groups(**plan.build_kwargs)``.
+    """
 
     impl = "mcore"
     label = "parallel_state_ng.build_megatron_groups as pg_collection=, Megatron's globals unset"
@@ -199,7 +179,16 @@ def _steps(cfg: TrainConfig, t: Training, first: int, count: int) -> list[float]
 
 
 def restarted_rank(rank: int, cfg: TrainConfig, args: argparse.Namespace, directory: str) -> dict[str, Any]:
-    """Phase A at dp 2, the kill, detection / abort / rebuild / restore, phase B at dp 1."""
+    """Phase A at dp 2, the kill, detection / abort / rebuild / restore, phase B at dp 1.
+
+    After ``--kill-after`` steps each rank keeps an in-memory copy of its parameters and optimizer
+    state and rank ``--victim`` ``SIGKILL``s itself. The survivors detect it in their next step
+    (gloo raises at once next to it; the others hit ``--detect-timeout``) and agree on the dead
+    through the store (each survivor leaves a mark); abort (no collective, no store wait); rebuild
+    with :func:`~parallel_state_ng.layout.rebuild.plan_rebuild` (tp, pp kept, dp 2 -> 1) under a
+    new default group over a new prefix of the same store (ranks outside the new world leave);
+    restore a new model, DDP and optimizer from the copy; then train the remaining steps.
+    """
     import torch
     import torch.distributed as dist
 

@@ -1,26 +1,10 @@
 """Train a tiny Megatron-Core GPT on CPU processes, with MCore's parallel_state or with compat.
 
-    python -m scripts.examples.train_gpt --impl compat --tp 2 --pp 2 --dp 2 --steps 5
-    python -m scripts.examples.train_gpt --impl mcore --tp 2 --pp 2 --dp 2 --vpp 2 --dist-opt
-    python -m scripts.examples.train_gpt --impl compat --install before --pp 2 --dp 4 --ep 2 --experts 4
-
-The script starts tp * pp * dp processes (spawn), joins them in a gloo world (``FileStore`` in a
-temporary directory: no port is opened) and runs Megatron's own training loop on every rank
-(see ``scripts/examples/gpt/training.py``): ``GPTModel`` with the local layer spec, the pipeline schedule
-from ``get_forward_backward_func()``, ``DistributedDataParallel`` + ``finalize_model_grads``,
-``get_megatron_optimizer`` (Adam with gradient clipping; ``--dist-opt``: the distributed
-optimizer). ``--impl compat`` calls ``compat.install()`` before (``--install before``) or after
-(default) megatron is imported. Each step's loss (last pipeline stage, mean over microbatches
-and data-parallel ranks) is printed as it is computed; at the end a SHA-256 digest of all final
-parameters and ``losses: [...]``. Exit code 0 on success, 1 when a rank fails, 2 for bad options.
-
-``--loop training`` runs Megatron-LM's own ``megatron.training.pretrain`` instead (megatron-core
-0.17+ wheels; see ``scripts/examples/gpt/pretrain_cli.py``): ``--loop training --help`` lists its options,
-every other option goes to Megatron's argument parser.
-
-CUDA is replaced by CPU stand-ins (``parallel_state_ng/testing/megatron_cpu.py``); they are not needed on GPUs.
-``--megatron-path DIR`` (or ``PSNG_MEGATRON_PATH``) puts DIR first on ``sys.path`` in every rank,
-e.g. an unzipped megatron-core wheel of another release.
+Starts tp * pp * dp gloo processes and runs Megatron's own training loop on every rank
+(``scripts/examples/gpt/training.py``); ``--loop training`` runs Megatron-LM's ``pretrain``
+instead (``scripts/examples/gpt/pretrain_cli.py``). Output and exit codes: :func:`main`.
+Layouts, figures and the ``pretrain`` loop: docs/training.md; options: ``--help``
+(``--loop training --help`` for that loop's).
 """
 
 from __future__ import annotations
@@ -163,7 +147,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; see the module doc for the exit codes."""
+    """Entry point. Each step's loss (last pipeline stage, mean over microbatches and data-parallel
+    ranks) is printed as it is computed; at the end a SHA-256 digest of all final parameters and
+    ``losses: [...]``. Exit code 0 on success, 1 when a rank fails, 2 for bad options.
+    """
     loop = argparse.ArgumentParser(add_help=False)
     loop.add_argument("--loop", choices=LOOPS, default="core")
     known, rest = loop.parse_known_args(sys.argv[1:] if argv is None else argv)

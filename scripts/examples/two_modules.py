@@ -1,27 +1,10 @@
 """Two modules with their own parallelism, wired by Megatron's own bridge, from our topology or by hand.
 
-    python -m scripts.examples.two_modules --megatron-path DIR                    # encoder ranks 0-1, LM ranks 2-5
-    python -m scripts.examples.two_modules --megatron-path DIR --layout colocated  # both modules on ranks 0-3
-
-An encoder-like module (a linear layer; ``separate``: tp 1 × dp 2 on ranks 0-1, ``colocated``:
-tp 1 × dp 4 on ranks 0-3) feeds its activations to a language-like module (a tensor-parallel
-projection and a squared loss; tp 2 × dp 2 on ranks 2-5, or on ranks 0-3) through Megatron
-0.19's own communicator: ``BridgeCommunicator`` between disjoint grids,
-``ColocatedBridgeCommunicator`` between colocated ones. Gradients flow back through it;
-the encoder's gradients are averaged over its data-parallel group and both modules take SGD
-steps. The run is done twice in the same processes:
-
-* ``ours`` — grids and groups from :func:`parallel_state_ng.build_topology` (each rank creates
-  only its own groups);
-* ``megatron`` — Megatron's ``HyperCommGrid`` per module, assembled as its multi-module example
-  does (``create_pg`` on every rank for every module, which creates every group everywhere).
-
-Each rank prints the LM losses, a digest of the received activations and of its final weights;
-the two runs must be identical (exit code 1 if not). Processes join a gloo world through a
-``FileStore`` (no port). CPU stand-ins: the communicators' ``backend='nccl'`` groups become
-gloo groups and ``torch.cuda.current_device()`` the CPU (see ``_cpu_shims``); the two
-communicator files and ``hyper_comm_grid`` are loaded by path, so ``megatron/core/__init__``
-(which imports triton from 0.18 on) does not run.
+An encoder-like module feeds a language-like one through Megatron 0.19's ``BridgeCommunicator``
+(``--layout separate``) or ``ColocatedBridgeCommunicator`` (``--layout colocated``); the run is done
+twice in the same processes, grids from :func:`parallel_state_ng.build_topology` and from
+Megatron's ``HyperCommGrid`` assembled by hand, and must be identical (exit code 1 if not).
+Layouts, shims and results: docs/training.md (two modules wired by Megatron's communicators).
 """
 
 from __future__ import annotations
@@ -47,7 +30,9 @@ LAYOUTS = {
 
 # --------------------------------------------------------------------------- megatron pieces
 def _load_megatron(path: str | None) -> dict[str, Any]:
-    """Megatron's HyperCommGrid and both bridge communicators, loaded by file (see the module doc)."""
+    """Megatron's HyperCommGrid and both bridge communicators, loaded by file, so that
+    ``megatron/core/__init__`` (which imports triton from 0.18 on) does not run.
+    """
     from parallel_state_ng.testing.megatron_cpu import use_megatron_path
 
     use_megatron_path(path, env=None)
@@ -276,7 +261,10 @@ def rank_main(rank: int, world: int, store_path: str, layout: str, megatron_path
 
 
 def launch(layout: str, megatron_path: str | None, steps: int, timeout: float = 300) -> list[dict]:
-    """Run both variants on fresh processes; results ordered by rank (``RuntimeError`` on failure)."""
+    """Run both variants on fresh processes; results ordered by rank (``RuntimeError`` on failure).
+
+    The processes join a gloo world through a ``FileStore`` (no port).
+    """
     ctx = mp.get_context("spawn")
     world = LAYOUTS[layout]["world"]
     q = ctx.Queue()

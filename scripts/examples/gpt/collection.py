@@ -1,14 +1,10 @@
 """One rank of the tiny GPT run on Megatron's new-code path: a ProcessGroupCollection, no globals.
 
-The same model, data, optimizer and schedule as :mod:`scripts.examples.gpt.training`, but nothing calls
-``initialize_model_parallel``: the groups come from
-:func:`parallel_state_ng.build_megatron_groups` and reach Megatron as ``pg_collection=``
-(``GPTModel``, ``DistributedDataParallel``, ``finalize_model_grads``,
-``get_megatron_optimizer``, the schedule with its ``P2PCommunicator``). What the path still
-needs from outside the collection is listed in :data:`GLOBAL_SETUP`; the engine's
-``ensure_global_memory_buffer`` and ``megatron_schedule`` provide it (no private MCore call).
-Needs megatron-core 0.19+: before it, the loss (``vocab_parallel_cross_entropy``) reads the
-global tensor-parallel group (:data:`FIRST_RELEASE`).
+The same model, data, optimizer and schedule as :mod:`scripts.examples.gpt.training`, but the groups
+come from :func:`parallel_state_ng.build_megatron_groups` and reach Megatron as ``pg_collection=``.
+What the path still needs from outside the collection: :data:`GLOBAL_SETUP` (provided by the
+engine's ``ensure_global_memory_buffer`` and ``megatron_schedule``). Needs megatron-core 0.19+
+(:data:`FIRST_RELEASE`). See docs/training.md (training from a ``ProcessGroupCollection``).
 """
 
 from __future__ import annotations

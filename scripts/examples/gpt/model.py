@@ -3,12 +3,8 @@
 What every way of training it shares (Megatron's globals in :mod:`scripts.examples.gpt.training`,
 a ``ProcessGroupCollection`` in :mod:`scripts.examples.gpt.collection`, the restart of
 :mod:`scripts.examples.restart_gpt`); none of it reads a parallel_state global except
-:func:`set_weights_from_global_names` without ``ranks``.
-
-Data: every sample is a token sequence ``(start + stride * i) % vocab`` with ``start`` and
-``stride`` drawn from a generator seeded by (seed, step, global microbatch, sample); the global
-microbatch index is ``dp_rank * microbatches + microbatch``, so layouts with the same global
-batch see the same samples.
+:func:`set_weights_from_global_names` without ``ranks``. The data: :func:`_batch`. See
+scripts/README.md and docs/training.md.
 """
 
 from __future__ import annotations
@@ -26,7 +22,13 @@ from scripts.examples.gpt.config import TrainConfig
 
 
 def _batch(cfg: TrainConfig, step: int, global_mb: int) -> dict[str, torch.Tensor]:
-    """The deterministic microbatch ``global_mb`` of ``step`` (see the module doc)."""
+    """The deterministic microbatch ``global_mb`` of ``step``.
+
+    Every sample is a token sequence ``(start + stride * i) % vocab`` with ``start`` and ``stride``
+    drawn from a generator seeded by (seed, step, global microbatch, sample); the global microbatch
+    index is ``dp_rank * microbatches + microbatch``, so layouts with the same global batch see the
+    same samples.
+    """
     rows = []
     for j in range(cfg.micro_batch):
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 10_007 + global_mb * 101 + j)

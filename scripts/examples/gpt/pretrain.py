@@ -1,27 +1,10 @@
 """One rank of Megatron-LM's own training loop (``megatron.training.pretrain``) on CPU, gloo.
 
-:func:`pretrain_rank` is what ``python -m scripts.examples.train_gpt --loop training`` runs in every process it
-starts. It is the user side of a ``pretrain_gpt.py``-style program, written for this project:
-
-* the command line goes to Megatron's own argument parser unchanged (``sys.argv``), after a
-  few defaults for a tiny CPU model (:data:`CPU_DEFAULTS`, :data:`TINY_MODEL`) that any user
-  option overrides;
-* :func:`model_provider` builds a ``GPTModel`` with the local (non-TransformerEngine) layer
-  spec from ``core_transformer_config_from_args``;
-* :func:`dataset_provider` returns :class:`ArithmeticTokens`, an in-memory dataset of
-  arithmetic token sequences (no files, no compiled dataset helpers); every rank builds it
-  itself (``is_distributed``), so no tensor-parallel broadcast of batches is needed;
-* :func:`forward_step` runs the model and returns Megatron's per-token loss triple.
-
-``pretrain`` does everything else: ``initialize_megatron`` (``torch.distributed`` with the
-``FileStore`` passed as ``store=``, then ``initialize_model_parallel`` with every parallel
-argument), ``setup_model_and_optimizer`` (DDP, ``get_megatron_optimizer``, the learning-rate
-scheduler), the data loaders, ``train`` and its logging. Each iteration's reported losses and
-gradient norm are recorded by wrapping ``training_log`` (the values Megatron logs), and after
-``pretrain`` returns a SHA-256 digest of this rank's final parameters is taken.
-
-CUDA is replaced by the CPU stand-ins of :mod:`parallel_state_ng.testing.megatron_cpu` (``CpuShims`` plus
-``TrainingShims``).
+:func:`pretrain_rank` is what ``python -m scripts.examples.train_gpt --loop training`` runs in every
+process it starts: the user side of a ``pretrain_gpt.py``-style program (defaults for a tiny CPU
+model, :func:`model_provider`, :func:`dataset_provider`, :func:`forward_step`); ``pretrain`` does
+everything else. CPU stand-ins: :mod:`parallel_state_ng.testing.megatron_cpu` (``CpuShims`` plus
+``TrainingShims``). What it writes and records: docs/training.md (Megatron-LM's training loop).
 """
 
 from __future__ import annotations
@@ -249,6 +232,11 @@ def pretrain_rank(rank: int, world_size: int, store_path: str, megatron_args: li
     """Run ``megatron.training.pretrain`` as rank ``rank`` of ``world_size``; returns this
     rank's record: ``iterations`` (per iteration: losses reported, gradient norm), ``digest``,
     ``facts`` (which parallel_state megatron used), ``seconds`` (import, pretrain).
+
+    The command line goes to Megatron's own parser after :data:`CPU_DEFAULTS` and
+    :data:`TINY_MODEL`, which any user option overrides. ``pretrain`` gets the ``FileStore`` as
+    ``store=``; losses and gradient norm are recorded by wrapping ``training_log``; the digest is
+    a SHA-256 of this rank's final parameters, taken after ``pretrain`` returns.
     """
     import torch.distributed as dist
 

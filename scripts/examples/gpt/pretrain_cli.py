@@ -1,15 +1,10 @@
-r"""``python -m scripts.examples.train_gpt --loop training``: Megatron-LM's own ``pretrain`` on CPU processes.
+"""``python -m scripts.examples.train_gpt --loop training``: Megatron-LM's own ``pretrain`` on CPU processes.
 
-    python -m scripts.examples.train_gpt --loop training --impl compat --install before --nproc 8 \
-        --megatron-path ~/.cache/parallel_state_ng/megatron-core/0.17.1 \
-        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --train-iters 3
-
-The script's own options are ``--loop``, ``--impl``, ``--install``, ``--megatron-path``,
-``--nproc`` (processes; default: the product of the tensor, pipeline and context parallel
-sizes found on the command line, i.e. data parallel 1) and ``--quiet`` (hide the ranks' own
-output). Everything else goes, unchanged, to Megatron's argument parser in every rank (see
-:mod:`scripts.examples.gpt.pretrain` for the defaults put before it). Importing this module imports
-neither torch nor megatron.
+The script's own options are ``--loop``, ``--impl``, ``--install``, ``--megatron-path``, ``--nproc``
+and ``--quiet`` (``--loop training --help``); everything else goes, unchanged, to Megatron's
+argument parser in every rank (see :mod:`scripts.examples.gpt.pretrain` for the defaults put
+before it). Importing this module imports neither torch nor megatron. Example command and
+figures: docs/training.md (run Megatron-LM's training loop on compat).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """One rank of a tiny Megatron-Core GPT training run on CPU (gloo), under MCore or compat.
 
-:func:`train_rank` runs in every process of an initialized gloo world (``torch.distributed``
-default group of ``cfg.world_size`` ranks) and does what a Megatron training loop does:
-``initialize_model_parallel``, ``model_parallel_cuda_manual_seed``, a ``GPTModel`` with the
-local (non-TransformerEngine) layer spec per virtual pipeline chunk, Megatron's
-``DistributedDataParallel`` with ``finalize_model_grads``, ``get_megatron_optimizer`` (Adam,
-gradient clipping, optionally the distributed optimizer) and ``get_forward_backward_func()``
-(no pipelining, 1F1B or interleaved 1F1B). With ``cfg.impl == "compat"`` all of it runs after
-``compat.install()``. CPU stand-ins for CUDA come from :mod:`parallel_state_ng.testing.megatron_cpu`;
-the data, model config and step loop from :mod:`scripts.examples.gpt.model`.
+:func:`train_rank` runs in every process of an initialized gloo world and does what a Megatron
+training loop does, through Megatron's globals (``initialize_model_parallel``; with
+``cfg.impl == "compat"`` after ``compat.install()``). CPU stand-ins for CUDA come from
+:mod:`parallel_state_ng.testing.megatron_cpu`; the data, model config and step loop from
+:mod:`scripts.examples.gpt.model`. See docs/training.md (the core loop).
 """
 
 from __future__ import annotations
@@ -198,8 +194,12 @@ def run_once(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def train_rank(cfg: TrainConfig) -> dict[str, Any]:
-    """Run ``cfg`` on this rank of the current gloo world (see the module doc), with the
-    parallel_state ``cfg.impl`` / ``cfg.install`` ask for.
+    """Run ``cfg`` on this rank of the current gloo world, with the parallel_state ``cfg.impl`` /
+    ``cfg.install`` ask for: ``initialize_model_parallel``, ``model_parallel_cuda_manual_seed``, a
+    ``GPTModel`` with the local (non-TransformerEngine) layer spec per virtual pipeline chunk,
+    Megatron's ``DistributedDataParallel`` with ``finalize_model_grads``, ``get_megatron_optimizer``
+    (Adam, gradient clipping, optionally the distributed optimizer) and
+    ``get_forward_backward_func()`` (no pipelining, 1F1B or interleaved 1F1B).
 
     Returns ``rank``, ``losses`` (per step, last pipeline stage only, mean over microbatches and
     data-parallel ranks; ``None`` elsewhere), ``grad_norms``, ``digest`` (this rank's final
