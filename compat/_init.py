@@ -264,9 +264,8 @@ def create_all_gather_groups(for_expert_parallelism=False, timeout=None, nccl_co
             )
         plans.append((GROUP_KINDS[kind], members))
     results = {"dp_cp_ag": None, "ep_dp_ag": None}
-    for kind_row, members in plans:
-        if members is not None:
-            results[kind_row.name] = add_group(
-                state, members, kind_row.desc, timeout=timeout, pg_options=get_nccl_options(kind_row.nccl_key, cfgs)
-            )
+    for kind_row, members in plans:  # members None: none on the member path, no colour on the split path
+        results[kind_row.name] = add_group(
+            state, members, kind_row.desc, timeout=timeout, pg_options=get_nccl_options(kind_row.nccl_key, cfgs)
+        )
     return results["dp_cp_ag"], results["ep_dp_ag"]

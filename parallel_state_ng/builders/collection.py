@@ -213,6 +213,7 @@ def build_megatron_groups(
     distributed_timeout_minutes: float = 30,
     release: str | Release | None = None,
     check_agreement_across_ranks: bool | None = None,
+    creation_path: str | None = None,
 ) -> MegatronGroups:
     """Create this rank's Megatron groups for one module over ``[rank_offset, rank_offset + world_size)``.
 
@@ -234,6 +235,11 @@ def build_megatron_groups(
     ``PSNG_AGREEMENT_CHECK=0``) compares the arguments across the module's ranks first, so a
     rank that disagrees makes every rank raise instead of hanging.
 
+    ``creation_path`` (``"auto"``, ``"member"`` or ``"split"``; default ``$PSNG_CREATION_PATH``,
+    else ``"auto"``): how groups are created, see docs/gpus.md. On the split path (a default
+    group bound to a device, e.g. NCCL with ``init_process_group(device_id=...)``) every rank of
+    the world must call this function, the module's and the others.
+
     Raises:
         TypeError, ValueError, AssertionError, RuntimeError: a bad argument or an impossible
             layout (MCore's exception types, see :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout`);
@@ -243,13 +249,14 @@ def build_megatron_groups(
     args = dict(locals())
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("build_megatron_groups needs torch.distributed: call init_process_group() first")
-    fields = {k: v for k, v in args.items() if k not in ("check_agreement_across_ranks", "release")}
+    fields = {k: v for k, v in args.items() if k not in ("check_agreement_across_ranks", "release", "creation_path")}
     layout, groups = build_layout_groups(
         functools.partial(_prepare, args),
         name="build_megatron_groups",
         agreement_fields=fields,
         agree_on="layout",
         check_agreement=check_agreement_across_ranks,
+        creation=creation_path,
     )
     return MegatronGroups(layout, dist.get_rank(), groups)
 

@@ -15,11 +15,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from parallel_state_ng.groups import agreement as _agreement
 from parallel_state_ng.groups.creation import destroy_groups, new_member_group, track_group
 from parallel_state_ng.groups.device_mesh import MeshDimsArg, mesh_over_groups
-from parallel_state_ng.groups.sharing import GroupPool, group_sharing_enabled
+from parallel_state_ng.groups.pipeline import agree
+from parallel_state_ng.groups.sharing import GroupPool
+from parallel_state_ng.groups.split import creation_path as resolve_creation_path
+from parallel_state_ng.groups.split import pooled_split, split_member
 from parallel_state_ng.layout.named_layout import DimsArg, Layout, UnknownDimError
+from parallel_state_ng.layout.plan import SPLIT_BACKENDS
 
 # UnknownDimError: megatron raises ValueError for an unknown name in a list and KeyError for an
 # unknown single name in get_pg; this error is both, and re-exported here.
@@ -48,6 +51,11 @@ class ViewShapeError(TypeError, ValueError):
     """A view's shape holds something that is not an int (``TypeError`` like the grid's own
     shape check, ``ValueError`` like megatron 0.19's ``register_view``).
     """
+
+
+def _split_create(ranks: list[int], *, backend: str | None = None, **kwargs: Any) -> Any:
+    """A grid's group on the split path (the pool's ``create``)."""
+    return split_member(ranks, **kwargs, **({} if backend is None else {"backend": backend}))
 
 
 def _world_size() -> int:
@@ -97,6 +105,8 @@ class HyperCommGrid:
             rank must construct the grid); a difference raises
             :class:`~parallel_state_ng.groups.agreement.ParallelConfigMismatchError` on every rank
             instead of a hang later. Timeout from ``PSNG_AGREEMENT_TIMEOUT`` (default 60 s).
+        creation_path: ``"auto"``, ``"member"`` or ``"split"`` (default ``$PSNG_CREATION_PATH``);
+            on the split path every rank of the world calls each ``create_pg`` (docs/gpus.md).
 
     Raises:
         ValueError: ``shape`` and ``dim_names`` differ in length, a name is empty or repeated,
@@ -123,21 +133,13 @@ class HyperCommGrid:
         backend: str | None = None,
         *,
         check_agreement: bool = False,
+        creation_path: str | None = None,
     ) -> None:
         if check_agreement:
             # Before any local validation, so a rank with a different (even invalid) shape
             # still meets the others and every rank gets the mismatch error.
-            _agreement.check_agreement(
-                {
-                    "shape": shape,
-                    "dim_names": dim_names,
-                    "rank_offset": rank_offset,
-                    "backend": backend,
-                    "group sharing (PSNG_SHARE_GROUPS)": group_sharing_enabled(),
-                },
-                name="HyperCommGrid",
-                timeout=_agreement.agreement_check_settings()[1],
-            )
+            fields = {"shape": shape, "dim_names": dim_names, "rank_offset": rank_offset, "backend": backend}
+            agree(fields, name="HyperCommGrid", enabled=True, creation=creation_path)
         # Megatron's order of checks: lengths, then the world size, then the rest.
         if hasattr(shape, "__len__") and hasattr(dim_names, "__len__") and len(shape) != len(dim_names):
             raise ValueError(
@@ -160,7 +162,9 @@ class HyperCommGrid:
         self._views: dict[str, Layout] = {BASE_VIEW: layout}
         self._shared: dict[str, frozenset[str]] = {BASE_VIEW: frozenset()}
         self._pgs: dict[GroupKey, Any] = {}
-        self._pool = GroupPool()  # shares groups between dims sets only when sharing is on
+        self._split = resolve_creation_path(creation_path) == "split"
+        # shares groups between dims sets only when sharing is on
+        self._pool = GroupPool(create=_split_create if self._split else None)
 
     # ----------------------------------------------------------------- views
     @property
@@ -333,6 +337,9 @@ class HyperCommGrid:
                 group = track_group(dist.new_group(ranks=ranks, backend=backend, **kwargs))
                 if rank in ranks:
                     pg = group
+        elif self._split and backend in SPLIT_BACKENDS:  # every rank joins the dims set's one split
+            ranks = layout.group_ranks(rank, dims) if layout.contains(rank) else None
+            pg, _ = pooled_split(self._pool, ranks, backend=backend, **kwargs)
         elif layout.contains(rank):
             ranks = layout.group_ranks(rank, dims)
             if set(kwargs) <= {"timeout", "pg_options", "group_desc"}:
@@ -426,7 +433,8 @@ class HyperCommGrid:
             handle.destroy()
         pgs, self._pgs = self._pgs, {}
         adopted = self.__dict__.pop("_adopted", set())
-        self._pool = GroupPool()  # forget the destroyed groups: a later create_pg makes new ones
+        # forget the destroyed groups: a later create_pg makes new ones
+        self._pool = GroupPool(create=_split_create if self._split else None)
         destroy_groups(pg for key, pg in pgs.items() if key not in adopted)
 
     def __repr__(self) -> str:

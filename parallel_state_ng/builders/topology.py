@@ -185,6 +185,7 @@ def build_topology(
     *,
     release: str | Release | None = None,
     check_agreement_across_ranks: bool | None = None,
+    creation_path: str | None = None,
 ) -> Topology:
     """Validate ``modules`` and build this rank's part of the topology (call it on every rank).
 
@@ -195,6 +196,8 @@ def build_topology(
         release: the megatron-core release followed (default: the one compat serves).
         check_agreement_across_ranks: compare the spec across all ranks first (default: on
             unless ``PSNG_AGREEMENT_CHECK=0``), so a rank with another spec makes all raise.
+        creation_path: ``"auto"``, ``"member"`` or ``"split"`` (default ``$PSNG_CREATION_PATH``,
+            else ``"auto"``), as for :func:`~parallel_state_ng.build_megatron_groups`.
 
     Raises:
         TopologySpecError: the spec is invalid (names the module and the numbers); nothing created.
@@ -205,7 +208,12 @@ def build_topology(
     series = as_release(release).series
     placements = validate_topology(modules, dist.get_world_size(), series)
     # the pipeline's agreement step over the whole spec; each module's own build skips it
-    agree(_agreement_fields(modules, series), name="build_topology", enabled=check_agreement_across_ranks)
+    agree(
+        _agreement_fields(modules, series),
+        name="build_topology",
+        enabled=check_agreement_across_ranks,
+        creation=creation_path,
+    )
     rank = dist.get_rank()
     built: dict[str, MegatronGroups] = {}
     grids: dict[str, HyperCommGrid] = {}
@@ -222,6 +230,7 @@ def build_topology(
                 world_size=len(p.ranks),
                 release=series,
                 check_agreement_across_ranks=False,
+                creation_path=creation_path,
             )
             assert built[p.name].is_member == (rank in p.ranks)
             grids[p.name] = _module_grid(p, built[p.name])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -23,9 +23,18 @@ from parallel_state_ng.groups.creation import creation_round, destroy_groups, ne
 from parallel_state_ng.groups.handles import GroupHandle
 from parallel_state_ng.groups.liveness import CreationContext, InitWatch
 from parallel_state_ng.groups.sharing import GroupPool
+from parallel_state_ng.groups.split import CreationPath, pooled_split, split_member
 from parallel_state_ng.layout.kinds import GROUP_KINDS, Fill, fills
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
-from parallel_state_ng.layout.plan import PlanOptions, SetCollnet, SharpBarrier, Step, group_plan
+from parallel_state_ng.layout.plan import (
+    SPLIT_BACKENDS,
+    PlanOptions,
+    SetCollnet,
+    SharpBarrier,
+    SplitOut,
+    Step,
+    group_plan,
+)
 
 __all__ = [
     "ModelParallelGroups",
@@ -57,6 +66,9 @@ class ModelParallelGroups:
     process_group_list: list[Any] = field(default_factory=lambda: [None])
     created: list[Any] = field(default_factory=list)
     handles: dict[str, GroupHandle] = field(default_factory=dict)
+    #: How the groups were made (:mod:`parallel_state_ng.groups.split`); groups made on request
+    #: later follow it.
+    creation_path: CreationPath = "member"
 
     def keep(self, key: str, ranks: list[int], group: Any, several: str = "last") -> None:
         """Record ``group`` (members ``ranks``) under ``key``.
@@ -138,16 +150,30 @@ def nccl_options_from_config(pg_name: str, nccl_comm_cfgs: dict[str, Any]) -> An
 
 
 class _Creator:
-    """Creates this rank's groups and records them for rollback and ``update_pg_timeout``."""
+    """Creates this rank's groups and records them for rollback and ``update_pg_timeout``.
 
-    def __init__(self, state: ModelParallelGroups, timeout: timedelta, context: CreationContext | None = None) -> None:
+    On the split path a group whose backend splits is made by :func:`split_member`; a request
+    the pool answers with a shared group still joins its kind's split, without a colour.
+    """
+
+    def __init__(
+        self,
+        state: ModelParallelGroups,
+        timeout: timedelta,
+        context: CreationContext | None = None,
+        path: CreationPath = "member",
+    ) -> None:
         self.state = state
         self.timeout = timeout
+        self.split = path == "split"
         if context is None:  # one group made on request: its own context, in the current world
             sync_world()
             context = CreationContext.current()
-        # shares a group between kinds only when sharing is on; one creation context per build
-        self.pool = GroupPool(create=functools.partial(new_member_group, context=context))
+        member = functools.partial(new_member_group, context=context)
+        # shares a group between kinds only when sharing is on; one creation context per build.
+        # A partial, not a bound method: the pool must not refer back to this object (a cycle
+        # would keep every group alive until the garbage collector runs).
+        self.pool = GroupPool(create=functools.partial(_create_group, member=member, split=self.split))
 
     def make(
         self,
@@ -158,17 +184,31 @@ class _Creator:
         pg_options: Any = None,
         timeout: Any = "default",
     ) -> Any:
-        pg, new = self.pool.get(
-            ranks,
-            timeout=self.timeout if timeout == "default" else timeout,
-            backend=backend,
-            pg_options=pg_options,
-            group_desc=desc,
-        )
+        pg, new = self._get(ranks, desc, backend=backend, pg_options=pg_options, timeout=timeout)
         if new:  # a shared group is listed (and destroyed) once
             self.state.created.append(pg)
             self.state.process_group_list.append(pg)
         return pg
+
+    def sit_out(self, desc: str, *, pg_options: Any = None, timeout: Any = "default") -> None:
+        """Join a kind's split without a colour: this rank is in none of its groups."""
+        self._get(None, desc, pg_options=pg_options, timeout=timeout)
+
+    def _get(self, ranks: list[int] | None, desc: str, *, backend: str | None = None, **kwargs: Any) -> tuple:
+        kwargs["timeout"] = self.timeout if kwargs.get("timeout") == "default" else kwargs.get("timeout")
+        if self.split and backend in SPLIT_BACKENDS:
+            return pooled_split(self.pool, ranks, backend=backend, group_desc=desc, **kwargs)
+        assert ranks is not None, "the member path makes no group for a rank outside it"
+        return self.pool.get(ranks, backend=backend, group_desc=desc, **kwargs)
+
+
+def _create_group(
+    ranks: list[int], *, member: Callable[..., Any], split: bool, backend: str | None = None, **kwargs: Any
+) -> Any:
+    """One group of a build: split from the default group on the split path, else by its members."""
+    if split and backend in SPLIT_BACKENDS:
+        return split_member(ranks, **kwargs, **({} if backend is None else {"backend": backend}))
+    return member(ranks, backend=backend, **kwargs)
 
 
 def create_model_groups(
@@ -179,6 +219,7 @@ def create_model_groups(
     nccl_options: Callable[[str], Any],
     options: PlanOptions,
     name: str = "create_model_groups",
+    path: CreationPath = "member",
 ) -> ModelParallelGroups:
     """Create ``rank``'s groups for ``layout`` and ``options``; atomic.
 
@@ -191,15 +232,23 @@ def create_model_groups(
     or failed while creating its groups, every survivor raises
     :class:`~parallel_state_ng.groups.liveness.RankFailureError` within the failure bound and
     rolls back.
+
+    ``path="split"`` (a world that splits, :mod:`parallel_state_ng.groups.split`): every rank of
+    the world calls it, outside the layout too, and makes one split per group kind made by
+    splitting; the closing round then covers the whole world.
     """
-    state = ModelParallelGroups(layout=layout, rank=rank)
+    state = ModelParallelGroups(layout=layout, rank=rank, creation_path=path)
     sync_world()
-    creator = _Creator(state, timeout, CreationContext.current())
-    watch = InitWatch(name, range(layout.rank_offset, layout.rank_offset + layout.layout_world_size))
+    creator = _Creator(state, timeout, CreationContext.current(), path)
+    if path == "split":
+        participants: Sequence[int] = range(dist.get_world_size())
+    else:
+        participants = range(layout.rank_offset, layout.rank_offset + layout.layout_world_size)
+    watch = InitWatch(name, participants if rank in participants else [rank])
     try:
         # The closing round (watch.finish) covers early destroys: no readiness marks needed.
         with creation_round(watch.active):
-            for index, step in enumerate(group_plan(layout, rank, options)):
+            for index, step in enumerate(group_plan(layout, rank, options, every_split=path == "split")):
                 if not isinstance(step, SetCollnet):
                     watch.step = f"step {index + 1} of its group plan ({getattr(step, 'key', 'SHARP barrier')!r})"
                 _execute(step, state, creator, nccl_options)
@@ -213,9 +262,20 @@ def create_model_groups(
     return state
 
 
-def add_group(state: ModelParallelGroups, ranks: list[int], desc: str, *, timeout: Any, pg_options: Any = None) -> Any:
-    """Create one more group over ``ranks`` for ``state`` (destroyed with it): the groups made on request after init."""
-    return _Creator(state, timeout).make(ranks, desc, pg_options=pg_options)
+def add_group(
+    state: ModelParallelGroups, ranks: list[int] | None, desc: str, *, timeout: Any, pg_options: Any = None
+) -> Any:
+    """Create one more group over ``ranks`` for ``state`` (destroyed with it): the groups made on request after init.
+
+    On the split path every rank of the world calls it; a rank in no group of the kind passes
+    ``ranks=None`` and gets ``None``. On the member path only members call it.
+    """
+    creator = _Creator(state, timeout, path=state.creation_path)
+    if ranks is None:
+        if state.creation_path == "split":
+            creator.sit_out(desc, pg_options=pg_options, timeout=timeout)
+        return None
+    return creator.make(ranks, desc, pg_options=pg_options)
 
 
 def _execute(step: Step, state: ModelParallelGroups, creator: _Creator, nccl_options: Callable[[str], Any]) -> None:
@@ -225,6 +285,13 @@ def _execute(step: Step, state: ModelParallelGroups, creator: _Creator, nccl_opt
         return
     if isinstance(step, SharpBarrier):
         _sharp_barrier(state.groups[step.key], step.legacy)
+        return
+    if isinstance(step, SplitOut):
+        creator.sit_out(
+            step.desc,
+            pg_options=None if step.nccl_key is None else nccl_options(step.nccl_key),
+            timeout="default" if step.timeout == "init" else None,
+        )
         return
     group = creator.make(
         step.ranks,

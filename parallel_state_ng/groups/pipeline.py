@@ -19,14 +19,18 @@ import torch.distributed as dist
 from parallel_state_ng.groups.agreement import AgreementResult, agreement_check_settings, check_agreement
 from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, create_model_groups, nccl_options_from_config
 from parallel_state_ng.groups.sharing import group_sharing_enabled
+from parallel_state_ng.groups.split import creation_path
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.plan import PlanOptions
 
-__all__ = ["SHARING_FIELD", "Prepared", "agree", "nccl_config", "build_layout_groups"]
+__all__ = ["SHARING_FIELD", "CREATION_FIELD", "Prepared", "agree", "nccl_config", "build_layout_groups"]
 
 #: The agreement field that carries this process's group-sharing switch: ranks that disagree
 #: on it would create different numbers of groups.
 SHARING_FIELD = "group sharing (PSNG_SHARE_GROUPS)"
+#: The agreement field that carries the creation path: a rank on the member path would leave
+#: the others waiting in their splits.
+CREATION_FIELD = "creation path (PSNG_CREATION_PATH)"
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,12 @@ def agree(
     name: str,
     ranks: range | None = None,
     enabled: bool | None = None,
+    creation: str | None = None,
 ) -> AgreementResult | None:
     """The pipeline's agreement step: ``fields`` and the process-wide switches, equal on ``ranks``.
 
+    The switches: group sharing, and the creation path (``creation``, as
+    :func:`~parallel_state_ng.groups.split.creation_path` resolves it).
     ``ranks``: the participants (``None``: the whole world). ``enabled``: ``None`` follows
     :func:`~parallel_state_ng.groups.agreement.agreement_check_settings`. Returns ``None``
     without communicating when the check is off or ``torch.distributed`` is not initialized
@@ -67,6 +74,7 @@ def agree(
         return None
     compared = dict(fields)
     compared[SHARING_FIELD] = group_sharing_enabled()
+    compared[CREATION_FIELD] = creation_path(creation)
     return check_agreement(compared, name=name, timeout=timeout, group=ranks)
 
 
@@ -89,6 +97,7 @@ def build_layout_groups(
     check_agreement: bool | None = None,
     rank: int | None = None,
     empty_outside: bool = False,
+    creation: str | None = None,
 ) -> tuple[MegatronLayout, ModelParallelGroups | None]:
     """Run the pipeline for one Megatron layout; this rank's groups, or ``None`` outside the layout.
 
@@ -99,24 +108,31 @@ def build_layout_groups(
     check over the layout's ranks when ``agree_on="layout"`` (``agreement_fields`` and the
     layout's ``release``); the NCCL options; the creation of this rank's groups (atomic: a
     failure leaves no group behind). ``name`` (the caller's function) appears in errors.
+
+    ``creation`` chooses the creation path (:func:`~parallel_state_ng.groups.split.creation_path`:
+    ``None`` reads ``$PSNG_CREATION_PATH``, then the world). On the split path every rank of
+    the world takes part: the agreement check covers the world wherever ``agree_on`` puts it,
+    and a rank outside the layout joins each split without a colour.
     """
     if agree_on not in ("world", "layout"):
         raise ValueError(f"agree_on must be 'world' or 'layout', got {agree_on!r}")
+    path = creation_path(creation)
     if agree_on == "world":
-        agree(agreement_fields, name=name, enabled=check_agreement)
+        agree(agreement_fields, name=name, enabled=check_agreement, creation=path)
     prepared = prepare()
     layout = prepared.layout
     if rank is None:
         rank = dist.get_rank()
     inside = layout.contains(rank)
-    if not inside and not empty_outside:
+    if not inside and not empty_outside and path == "member":
         return layout, None
-    if agree_on == "layout" and inside:
+    if agree_on == "layout" and (inside or path == "split"):
         agree(
             {**agreement_fields, "release": layout.release},
             name=name,
-            ranks=range(layout.rank_offset, layout.rank_offset + layout.layout_world_size),
+            ranks=None if path == "split" else range(layout.rank_offset, layout.rank_offset + layout.layout_world_size),
             enabled=check_agreement,
+            creation=path,
         )
     cfgs = nccl_config(prepared.nccl_comm_cfgs, prepared.high_priority_stream_groups)
     groups = create_model_groups(
@@ -126,7 +142,10 @@ def build_layout_groups(
         nccl_options=functools.partial(_options_of, cfgs=cfgs),
         options=prepared.options,
         name=name,
+        path=path,
     )
+    if not inside and not empty_outside:
+        return layout, None  # the split path: it joined every split, and holds no group
     return layout, groups
 
 

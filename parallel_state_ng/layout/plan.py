@@ -21,6 +21,8 @@ __all__ = [
     "PlanOptions",
     "CreateGroup",
     "SetCollnet",
+    "SplitOut",
+    "SPLIT_BACKENDS",
     "SharpBarrier",
     "Step",
     "CREATION_ORDER",
@@ -83,7 +85,28 @@ class SharpBarrier:
     legacy: bool
 
 
-Step = CreateGroup | SetCollnet | SharpBarrier
+@dataclass(frozen=True)
+class SplitOut:
+    """Join the split that creates the groups of one kind, without a colour (split path only).
+
+    A rank in no group of the kind (or outside the layout) takes part in its split all the same,
+    so that every rank of the world makes the same sequence of splits. The fields are those of
+    the :class:`CreateGroup` the kind's members carry out at the same position.
+    """
+
+    kind: str
+    key: str
+    desc: str
+    nccl_key: str | None = None
+    timeout: Literal["init", "torch"] = "init"
+    slot: int | None = None
+
+
+Step = CreateGroup | SetCollnet | SharpBarrier | SplitOut
+
+#: Backends whose groups are made by splitting the default group on a world that splits
+#: (``None``: the default backend).
+SPLIT_BACKENDS = (None, "nccl")
 
 
 class PlannedLayout(Protocol):
@@ -124,6 +147,7 @@ class PlannedLayout(Protocol):
 class _Context:
     layout: PlannedLayout
     options: PlanOptions
+    every_split: bool = False
 
     @property
     def multi(self) -> bool:
@@ -251,17 +275,41 @@ def _twin_step(kind: GroupKind, ranks: list[int]) -> CreateGroup:
     )
 
 
-def _row_steps(row: _Row, c: _Context, rank: int, made: dict[str, list[int]]) -> Iterator[Step]:
+def _out_step(kind: GroupKind, c: _Context, **overrides: object) -> SplitOut:
+    fields: dict[str, object] = {
+        "kind": kind.name,
+        "key": kind.name,
+        "desc": kind.desc,
+        "nccl_key": kind.nccl_key,
+        "timeout": kind.timeout_rule(c.layout.facts),
+    }
+    fields.update(overrides)
+    return SplitOut(**fields)  # type: ignore[arg-type]
+
+
+def _one(kind: GroupKind, c: _Context, ranks: list[int] | None, **overrides: object) -> Iterator[Step]:
+    """The step of a group of ``kind`` over ``ranks``; with ``every_split``, a :class:`SplitOut` for none."""
+    if ranks is not None:
+        yield _group_step(kind, c, ranks, **overrides)
+    elif c.every_split and overrides.get("backend") in SPLIT_BACKENDS:
+        overrides.pop("backend", None)
+        yield _out_step(kind, c, **overrides)
+
+
+def _row_steps(row: _Row, c: _Context, rank: int | None, made: dict[str, list[int]]) -> Iterator[Step]:
+    """The steps of one row for ``rank`` (``None``: a rank outside the layout, split path only)."""
     lay, kind = c.layout, GROUP_KINDS[row.kind]
     if row.action == "collnet":
-        yield SetCollnet("1")
+        if rank is not None:
+            yield SetCollnet("1")
     elif row.action == "barrier":
-        yield SharpBarrier(row.kind, legacy=lay.facts.sharp_collnet_zero)
+        if rank is not None:
+            yield SharpBarrier(row.kind, legacy=lay.facts.sharp_collnet_zero)
     elif row.action == "group":
-        ranks = made.get(row.ranks_of) if row.ranks_of else lay.group(row.kind, rank)
+        ranks = None if rank is None else made.get(row.ranks_of) if row.ranks_of else lay.group(row.kind, rank)
         if ranks is not None:  # None: this rank is in no group of the kind
             made[row.kind] = ranks
-            yield _group_step(kind, c, ranks)
+        yield from _one(kind, c, ranks)
     elif row.action in ("dense_twin", "expert_twin"):
         gloo = c.options.create_gloo_process_groups and not (lay.facts.gtp_remat_axis and c.gtp)
         if row.action == "expert_twin":
@@ -270,40 +318,64 @@ def _row_steps(row: _Row, c: _Context, rank: int, made: dict[str, list[int]]) ->
             yield _twin_step(kind, made[row.kind])
     elif row.action == "levels":
         for level in range(lay.hierarchical_levels):
-            ranks = lay.group(f"hcp{level}", rank)
-            if ranks is not None:  # 0.12: sizes that do not cover the cp group leave ranks out
-                yield _group_step(kind, c, ranks, key=f"hcp{level}", desc=kind.desc.format(level=level), slot=level)
+            # 0.12: sizes that do not cover the cp group leave ranks out
+            ranks = None if rank is None else lay.group(f"hcp{level}", rank)
+            yield from _one(kind, c, ranks, key=f"hcp{level}", desc=kind.desc.format(level=level), slot=level)
     elif row.action == "hybrid":
         for size in lay.hybrid_group_sizes():
-            ranks = lay.hybrid_group(rank, size)
-            if ranks is not None:
-                yield _group_step(
-                    kind, c, ranks, key=f"hybrid_dp_cp_{size}", desc=kind.desc.format(size=size), slot=size
-                )
+            ranks = None if rank is None else lay.hybrid_group(rank, size)
+            yield from _one(kind, c, ranks, key=f"hybrid_dp_cp_{size}", desc=kind.desc.format(size=size), slot=size)
     elif row.action == "pipelines":
-        backend = c.options.pipeline_model_parallel_comm_backend
-        for pipeline in lay.groups("pp", rank):
-            yield _group_step(kind, c, pipeline, backend=backend, nccl_key=None if backend == "ucc" else kind.nccl_key)
-            for name in ("embd", "pos_embd") if c.options.embedding_groups else ():
-                members = lay.embedding_ranks(name, pipeline)
-                if rank in members:
-                    yield _group_step(GROUP_KINDS[name], c, members)
+        yield from _pipeline_steps(kind, c, rank)
 
 
-def group_plan(layout: PlannedLayout, rank: int, options: PlanOptions | None = None) -> list[Step]:
+def _pipeline_steps(kind: GroupKind, c: _Context, rank: int | None) -> Iterator[Step]:
+    """Each pipeline of ``rank``, then its embedding and position-embedding groups."""
+    lay = c.layout
+    backend = c.options.pipeline_model_parallel_comm_backend
+    nccl_key = None if backend == "ucc" else kind.nccl_key
+    pipelines = [] if rank is None else lay.groups("pp", rank)
+    if c.every_split and rank is not None and len(pipelines) != 1:
+        raise ValueError(
+            f"rank {rank} is in {len(pipelines)} pipelines (a 0.12/0.13 encoder layout): the split path makes "
+            f"one split per group kind; create these groups on the member path (PSNG_CREATION_PATH=member) "
+            f"with a default group that has no bound device"
+        )
+    embedding = ("embd", "pos_embd") if c.options.embedding_groups else ()
+    if not pipelines:  # outside the layout
+        yield from _one(kind, c, None, backend=backend, nccl_key=nccl_key)
+        for name in embedding:
+            yield from _one(GROUP_KINDS[name], c, None)
+    for pipeline in pipelines:
+        yield _group_step(kind, c, pipeline, backend=backend, nccl_key=nccl_key)
+        for name in embedding:
+            members = lay.embedding_ranks(name, pipeline)
+            yield from _one(GROUP_KINDS[name], c, members if rank in members else None)
+
+
+def group_plan(
+    layout: PlannedLayout, rank: int, options: PlanOptions | None = None, *, every_split: bool = False
+) -> list[Step]:
     """``rank``'s creation steps for ``layout`` (the layout's release) and ``options``, in order.
 
-    Only the groups ``rank`` belongs to are listed, each computed in closed form. A rank
-    outside the layout's ranks gets no step.
+    Only the groups ``rank`` belongs to are listed, each computed in closed form; a rank
+    outside the layout's ranks gets no step. With ``every_split`` (the split path) every rank of
+    the world, outside the layout too, also gets a :class:`SplitOut` wherever it is in no group
+    of a kind made by splitting, so that all ranks list the same sequence of splits.
+
+    Raises:
+        ValueError: ``every_split`` on a 0.12/0.13 layout whose encoder puts a rank in several
+            pipelines.
     """
-    if not layout.contains(rank):
+    inside = layout.contains(rank)
+    if not inside and not every_split:
         return []
-    c = _Context(layout, options or PlanOptions())
+    c = _Context(layout, options or PlanOptions(), every_split)
     made: dict[str, list[int]] = {}
     steps: list[Step] = []
     for row in _release_rows(layout.facts):
         if (row.when or _always)(c):
-            steps.extend(_row_steps(row, c, rank, made))
+            steps.extend(_row_steps(row, c, rank if inside else None, made))
     return steps
 
 
@@ -343,6 +415,8 @@ def format_plan(steps: list[Step]) -> list[str]:
             lines.append(f"{i:>3}  {step.key:<24} {step.desc:<56} {list(step.ranks)} timeout={step.timeout}{extra}")
         elif isinstance(step, SetCollnet):
             lines.append(f"{i:>3}  NCCL_COLLNET_ENABLE={step.value}")
+        elif isinstance(step, SplitOut):
+            lines.append(f"{i:>3}  {step.key:<24} {step.desc:<56} (split without a colour) timeout={step.timeout}")
         else:
             lines.append(f"{i:>3}  SHARP barrier on {step.key}" + (" (legacy)" if step.legacy else ""))
     return lines

@@ -1,0 +1,105 @@
+"""Which creation path a build takes, and the split path's one primitive.
+
+With a lazy default group every group is created by its members only
+(:func:`~parallel_state_ng.groups.creation.new_member_group`). When the default group splits
+(a bound device on a backend that supports splitting, or torchcomms), torch makes each new
+communicator by splitting the default one, which every rank of the world must join: then a
+build makes one :func:`split_member` call per group kind, on every rank, members with their
+group and the others without a colour. See docs/gpus.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch.distributed as dist
+
+from parallel_state_ng.groups import creation
+
+__all__ = ["ENV_CREATION_PATH", "CreationPath", "creation_path", "world_splits", "split_member", "pooled_split"]
+
+#: Environment variable: ``auto`` (default), ``member`` or ``split``; the argument of a builder wins.
+ENV_CREATION_PATH = "PSNG_CREATION_PATH"
+CreationPath = Literal["member", "split"]
+_CHOICES = ("auto", "member", "split")
+
+
+def world_splits() -> bool:
+    """Whether torch creates new groups by splitting the default group's communicator.
+
+    torch's own condition (``distributed_c10d._new_process_group_helper``): the default group
+    has a bound device and a backend for it that supports splitting; or torchcomms is on, where
+    member-only creation is not implemented.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    c10d: Any = dist.distributed_c10d
+    torchcomms = getattr(c10d, "_use_torchcomms_enabled", None)
+    if torchcomms is not None and torchcomms():
+        return True
+    default = c10d._get_default_group()
+    if getattr(default, "bound_device_id", None) is None:
+        return False
+    return c10d._get_split_source(default) is not None
+
+
+def creation_path(requested: str | None = None) -> CreationPath:
+    """The path a build takes: ``requested``, else ``$PSNG_CREATION_PATH``, else the world's.
+
+    ``auto`` follows :func:`world_splits`. ``member`` on a world that splits hangs the members
+    of any group a rank does not join: choose it only with a lazy default group.
+
+    Raises:
+        ValueError: ``requested`` or the environment variable is not ``auto``, ``member`` or
+            ``split``.
+    """
+    if requested is None:
+        value, where = os.environ.get(ENV_CREATION_PATH, "auto").strip().lower() or "auto", ENV_CREATION_PATH
+    else:
+        value, where = requested, "creation_path"
+    if value not in _CHOICES:
+        raise ValueError(f"{where} must be one of {', '.join(_CHOICES)}, got {value!r}")
+    if value == "auto":
+        return "split" if world_splits() else "member"
+    return value  # type: ignore[return-value]
+
+
+def split_member(ranks: Sequence[int] | None, **kwargs: Any) -> Any:
+    """Join one split of the default group: this rank's group over ``ranks``, or none (``None``).
+
+    Every rank of the world calls it once per group kind, in the same order; a member passes
+    its group's global ranks, a rank in no group of the kind passes ``None`` and gets ``None``.
+    Each rank hands torch only its own group: O(group size), never the world's groups.
+    ``kwargs`` (``timeout``, ``pg_options``, ``group_desc``) go to
+    ``torch.distributed.split_group``. A group made is tracked for abort and destroy.
+    """
+    world = dist.get_world_size()
+    if ranks is None:
+        if world == 1:
+            return None  # no other rank to split with
+        # torch joins a rank to no colour when the first listed split does not hold it
+        split_ranks = [[(dist.get_rank() + 1) % world]]
+    else:
+        split_ranks = [list(ranks)]
+    group = dist.split_group(None, split_ranks, **kwargs)
+    return creation.track_group(group) if ranks is not None else None
+
+
+def pooled_split(pool: Any, ranks: list[int] | None, **kwargs: Any) -> tuple[Any, bool]:
+    """One kind's split through a build's pool (whose ``create`` is :func:`split_member`).
+
+    Returns ``(group, created)``: a new group; a group the pool shares (this rank still joins
+    the kind's split, without a colour, so that every rank makes the same splits); or
+    ``(None, False)`` for a rank in no group of the kind. ``kwargs`` go to the pool.
+    """
+    if ranks is not None:
+        group, created = pool.get(ranks, **kwargs)
+        if created:
+            return group, True
+    plain = {k: v for k, v in kwargs.items() if k in ("timeout", "pg_options", "group_desc", "backend")}
+    if plain.get("backend") is None:
+        plain.pop("backend", None)
+    split_member(None, **plain)
+    return (group if ranks is not None else None), False
