@@ -191,20 +191,23 @@ def guarded_create(
     name: str,
     kwargs: dict,
     context: CreationContext | None = None,
+    *,
+    collective: bool = False,
 ) -> Any:
     """``create(kwargs)`` for group ``name`` over ``ranks``, bounded and with a named failure.
 
     For a gloo group with the bound on: this member's arrival mark first, the creation with
     the short timeout, then the caller's timeout restored. A creation that fails raises
     :class:`RankFailureError` naming the members that never arrived. ``context``: the
-    build's :class:`CreationContext` (default: read now).
+    build's :class:`CreationContext` (default: read now). ``collective``: a split of the
+    default group, which every rank of ``ranks`` (the world) joins, bounded whatever the backend.
     """
     if context is None:
         context = CreationContext.current()
     if not context.bound or len(ranks) < 2:
         return create(kwargs)
     backend = kwargs.get("backend") or context.default_backend
-    if "gloo" not in str(backend):
+    if "gloo" not in str(backend) and not collective:
         return create(kwargs)
     bound = timedelta(seconds=context.bound)
     store, rank = context.store, context.rank

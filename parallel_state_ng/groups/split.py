@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch.distributed as dist
 
-from parallel_state_ng.groups import creation
+from parallel_state_ng.groups import creation, liveness
 
 __all__ = ["ENV_CREATION_PATH", "CreationPath", "creation_path", "world_splits", "split_member", "pooled_split"]
 
@@ -24,6 +24,9 @@ __all__ = ["ENV_CREATION_PATH", "CreationPath", "creation_path", "world_splits",
 ENV_CREATION_PATH = "PSNG_CREATION_PATH"
 CreationPath = Literal["member", "split"]
 _CHOICES = ("auto", "member", "split")
+# Splits joined in the current world (names their arrival marks); reset with a new world.
+_splits = [0]
+creation.on_new_world(lambda: _splits.__setitem__(0, 0))
 
 
 def world_splits() -> bool:
@@ -74,7 +77,13 @@ def split_member(ranks: Sequence[int] | None, **kwargs: Any) -> Any:
     Each rank hands torch only its own group: O(group size), never the world's groups.
     ``kwargs`` (``timeout``, ``pg_options``, ``group_desc``) go to
     ``torch.distributed.split_group``. A group made is tracked for abort and destroy.
+
+    With failure detection on, the split runs under the failure bound (as a gloo group's
+    creation does) and a rank that never joins makes the others raise
+    :class:`~parallel_state_ng.groups.liveness.RankFailureError` naming it; torch's NCCL honours
+    the bound when it initializes communicators nonblocking (docs/gpus.md).
     """
+    creation.sync_world()
     world = dist.get_world_size()
     if ranks is None:
         if world == 1:
@@ -83,7 +92,11 @@ def split_member(ranks: Sequence[int] | None, **kwargs: Any) -> Any:
         split_ranks = [[(dist.get_rank() + 1) % world]]
     else:
         split_ranks = [list(ranks)]
-    group = dist.split_group(None, split_ranks, **kwargs)
+    name = f"psng-split-{_splits[0]}"  # every rank makes the same splits: the same names
+    _splits[0] += 1
+    group = liveness.guarded_create(
+        lambda kw: dist.split_group(None, split_ranks, **kw), range(world), name, kwargs, collective=True
+    )
     return creation.track_group(group) if ranks is not None else None
 
 
