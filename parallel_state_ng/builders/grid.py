@@ -55,7 +55,9 @@ class ViewShapeError(TypeError, ValueError):
 
 def _split_create(ranks: list[int], *, backend: str | None = None, **kwargs: Any) -> Any:
     """A grid's group on the split path (the pool's ``create``)."""
-    return split_member(ranks, **kwargs, **({} if backend is None else {"backend": backend}))
+    if backend is not None:
+        kwargs["backend"] = backend
+    return split_member(ranks, **kwargs)
 
 
 def _world_size() -> int:

@@ -173,7 +173,8 @@ class _Creator:
         # shares a group between kinds only when sharing is on; one creation context per build.
         # A partial, not a bound method: the pool must not refer back to this object (a cycle
         # would keep every group alive until the garbage collector runs).
-        self.pool = GroupPool(create=functools.partial(_create_group, member=member, split=self.split))
+        self.context = context
+        self.pool = GroupPool(create=functools.partial(_create_group, member=member, split=self.split, context=context))
 
     def make(
         self,
@@ -197,17 +198,23 @@ class _Creator:
     def _get(self, ranks: list[int] | None, desc: str, *, backend: str | None = None, **kwargs: Any) -> tuple:
         kwargs["timeout"] = self.timeout if kwargs.get("timeout") == "default" else kwargs.get("timeout")
         if self.split and backend in SPLIT_BACKENDS:
-            return pooled_split(self.pool, ranks, backend=backend, group_desc=desc, **kwargs)
+            return pooled_split(self.pool, ranks, backend=backend, group_desc=desc, context=self.context, **kwargs)
         assert ranks is not None, "the member path makes no group for a rank outside it"
         return self.pool.get(ranks, backend=backend, group_desc=desc, **kwargs)
 
 
 def _create_group(
-    ranks: list[int], *, member: Callable[..., Any], split: bool, backend: str | None = None, **kwargs: Any
+    ranks: list[int],
+    *,
+    member: Callable[..., Any],
+    split: bool,
+    context: CreationContext,
+    backend: str | None = None,
+    **kwargs: Any,
 ) -> Any:
     """One group of a build: split from the default group on the split path, else by its members."""
     if split and backend in SPLIT_BACKENDS:
-        return split_member(ranks, **kwargs, **({} if backend is None else {"backend": backend}))
+        return split_member(ranks, context=context, **kwargs, **({} if backend is None else {"backend": backend}))
     return member(ranks, backend=backend, **kwargs)
 
 

@@ -69,21 +69,23 @@ def creation_path(requested: str | None = None) -> CreationPath:
     return value  # type: ignore[return-value]
 
 
-def split_member(ranks: Sequence[int] | None, **kwargs: Any) -> Any:
+def split_member(ranks: Sequence[int] | None, *, context: liveness.CreationContext | None = None, **kwargs: Any) -> Any:
     """Join one split of the default group: this rank's group over ``ranks``, or none (``None``).
 
     Every rank of the world calls it once per group kind, in the same order; a member passes
     its group's global ranks, a rank in no group of the kind passes ``None`` and gets ``None``.
     Each rank hands torch only its own group: O(group size), never the world's groups.
     ``kwargs`` (``timeout``, ``pg_options``, ``group_desc``) go to
-    ``torch.distributed.split_group``. A group made is tracked for abort and destroy.
+    ``torch.distributed.split_group``. A group made is tracked for abort and destroy. A build
+    passes its :class:`~parallel_state_ng.groups.liveness.CreationContext` (``context``).
 
     With failure detection on, the split runs under the failure bound (as a gloo group's
     creation does) and a rank that never joins makes the others raise
     :class:`~parallel_state_ng.groups.liveness.RankFailureError` naming it; torch's NCCL honours
     the bound when it initializes communicators nonblocking (docs/gpus.md).
     """
-    creation.sync_world()
+    if context is None:  # a build that passes its context synchronized the world when it started
+        creation.sync_world()
     world = dist.get_world_size()
     if ranks is None:
         if world == 1:
@@ -95,12 +97,14 @@ def split_member(ranks: Sequence[int] | None, **kwargs: Any) -> Any:
     name = f"psng-split-{_splits[0]}"  # every rank makes the same splits: the same names
     _splits[0] += 1
     group = liveness.guarded_create(
-        lambda kw: dist.split_group(None, split_ranks, **kw), range(world), name, kwargs, collective=True
+        lambda kw: dist.split_group(None, split_ranks, **kw), range(world), name, kwargs, context, collective=True
     )
     return creation.track_group(group) if ranks is not None else None
 
 
-def pooled_split(pool: Any, ranks: list[int] | None, **kwargs: Any) -> tuple[Any, bool]:
+def pooled_split(
+    pool: Any, ranks: list[int] | None, *, context: liveness.CreationContext | None = None, **kwargs: Any
+) -> tuple[Any, bool]:
     """One kind's split through a build's pool (whose ``create`` is :func:`split_member`).
 
     Returns ``(group, created)``: a new group; a group the pool shares (this rank still joins
@@ -114,5 +118,5 @@ def pooled_split(pool: Any, ranks: list[int] | None, **kwargs: Any) -> tuple[Any
     plain = {k: v for k, v in kwargs.items() if k in ("timeout", "pg_options", "group_desc", "backend")}
     if plain.get("backend") is None:
         plain.pop("backend", None)
-    split_member(None, **plain)
+    split_member(None, context=context, **plain)
     return (group if ranks is not None else None), False
