@@ -5,100 +5,26 @@ splits; members' colours must agree within a group and differ across groups; and
 must end with exactly the groups the member path gives it. Every rank of each world is played
 in turn in this process; ``torch.distributed.split_group`` is replaced by a recorder that
 creates the member's group on the fake backend (``PSNG_CREATION_PATH=split`` chooses the path:
-the fake backend cannot split).
+the fake backend cannot split; :mod:`tests.support.worlds.split_recorder`). The same checks run
+against every supported release in ``tests/releases/test_split_releases.py``.
 """
 
 from __future__ import annotations
 
-import os
+import math
 from collections import defaultdict
-from contextlib import contextmanager
-from typing import Any
 
 import pytest
 import torch.distributed as dist
 
 import compat.parallel_state as ps
-from parallel_state_ng import build_megatron_groups
+from parallel_state_ng import HyperCommGrid, build_megatron_groups, build_topology
 from parallel_state_ng.groups.split import ENV_CREATION_PATH, creation_path
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.plan import CreateGroup, SplitOut, group_plan
-from tests.support.worlds.fake import fake_world
-
-
-class SplitRecorder:
-    """Stands in for ``torch.distributed.split_group``: records each call, makes the member's group."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def __call__(self, parent_pg=None, split_ranks=None, timeout=None, pg_options=None, group_desc=None, **kw):
-        assert parent_pg is None and split_ranks, "every split is of the default group, with a split given"
-        rank = dist.get_rank()
-        mine = next((sorted(g) for g in split_ranks if rank in g), None)
-        assert len(split_ranks) == 1, f"a rank hands torch only its own group, got {len(split_ranks)} lists"
-        self.calls.append(
-            (group_desc, str(timeout), pg_options, kw.get("backend"), None if mine is None else tuple(mine))
-        )
-        if mine is None:
-            return None
-        return dist.new_group(mine, use_local_synchronization=True)
-
-
-@contextmanager
-def creation_env(path: str):
-    old = os.environ.get(ENV_CREATION_PATH)
-    os.environ[ENV_CREATION_PATH] = path
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(ENV_CREATION_PATH, None)
-        else:
-            os.environ[ENV_CREATION_PATH] = old
-
-
-def play_world(world: int, build, monkeypatch) -> tuple[dict[int, list], dict[int, dict]]:
-    """Run ``build()`` on every rank of a ``world``-rank fake world, split path and member path.
-
-    Returns each rank's recorded splits and each rank's group ranks on both paths.
-    """
-    calls: dict[int, list] = {}
-    ranks: dict[int, dict] = {}
-    for rank in range(world):
-        fake_world(rank, world)
-        recorder = SplitRecorder()
-        monkeypatch.setattr(dist, "split_group", recorder)
-        with creation_env("split"):
-            split_ranks = build()
-        with creation_env("member"):
-            member_ranks = build()
-        monkeypatch.undo()
-        calls[rank] = recorder.calls
-        ranks[rank] = {"split": split_ranks, "member": member_ranks}
-    dist.destroy_process_group()
-    return calls, ranks
-
-
-def check_protocol(calls: dict[int, list], world: int) -> int:
-    """Identical split sequences on every rank; colours agree within a group and differ across groups."""
-    sequences = {rank: [c[:4] for c in seq] for rank, seq in calls.items()}
-    first = sequences[0]
-    for rank, seq in sequences.items():
-        assert seq == first, f"rank {rank}'s split sequence differs from rank 0's"
-    for position in range(len(first)):
-        members: dict[tuple, list[int]] = defaultdict(list)
-        for rank in range(world):
-            group = calls[rank][position][4]
-            if group is not None:
-                assert rank in group
-                members[group].append(rank)
-        seen: set[int] = set()
-        for group, who in members.items():
-            assert sorted(who) == list(group), f"split {position}: group {group} joined by {who}"
-            assert not seen & set(group), f"split {position}: groups overlap"
-            seen |= set(group)
-    return len(first)
+from parallel_state_ng.layout.rebuild import plan_rebuild
+from parallel_state_ng.layout.topology_spec import ModuleSpec
+from tests.support.worlds.split_recorder import check_protocol, compare_paths, play_world
 
 
 def compat_build(**kwargs):
@@ -123,8 +49,8 @@ COMPAT_CONFIGS = [
 
 
 @pytest.mark.parametrize("world,kwargs", COMPAT_CONFIGS)
-def test_compat_init_splits_the_same_on_every_rank(world, kwargs, monkeypatch):
-    calls, ranks = play_world(world, compat_build(**kwargs), monkeypatch)
+def test_compat_init_splits_the_same_on_every_rank(world, kwargs):
+    calls, ranks = play_world(world, compat_build(**kwargs))
     splits = check_protocol(calls, world)
     for rank in range(world):
         assert ranks[rank]["split"] == ranks[rank]["member"], f"rank {rank}: the paths give other groups"
@@ -132,17 +58,15 @@ def test_compat_init_splits_the_same_on_every_rank(world, kwargs, monkeypatch):
     assert splits <= len(kinds), "at most one split per group kind"
 
 
-def test_the_split_count_does_not_grow_with_the_world(monkeypatch):
+def test_the_split_count_does_not_grow_with_the_world():
     counts = []
     for world in (8, 64):
-        calls, _ = play_world(
-            world, compat_build(tensor_model_parallel_size=2, pipeline_model_parallel_size=2), monkeypatch
-        )
+        calls, _ = play_world(world, compat_build(tensor_model_parallel_size=2, pipeline_model_parallel_size=2))
         counts.append(check_protocol(calls, world))
     assert counts[0] == counts[1]
 
 
-def test_a_module_on_part_of_the_world_splits_on_every_rank(monkeypatch):
+def test_a_module_on_part_of_the_world_splits_on_every_rank():
     def build():
         groups = build_megatron_groups(
             tensor_model_parallel_size=2, pipeline_model_parallel_size=2, rank_offset=4, world_size=8, release="0.19"
@@ -152,11 +76,117 @@ def test_a_module_on_part_of_the_world_splits_on_every_rank(monkeypatch):
         finally:
             groups.destroy()
 
-    calls, ranks = play_world(16, build, monkeypatch)
+    calls, ranks = play_world(16, build)
     check_protocol(calls, 16)
     assert all(calls[r] and all(c[4] is None for c in calls[r]) for r in (0, 3, 12, 15)), "outside: no colour"
     for rank in range(16):
         assert ranks[rank]["split"] == ranks[rank]["member"]
+
+
+def _ranks_of(group) -> list[int] | None:
+    return None if group is None else dist.get_process_group_ranks(group)
+
+
+# (world, [(shape, dim names, rank offset, [dims sets]), ...]): grids on all and on part of the world
+GRIDS = [
+    (16, [([2, 4, 2], ["tp", "dp", "pp"], 0, ["tp", ["dp"], ["tp", "pp"], ["tp", "dp", "pp"]])]),
+    (16, [([2, 2, 2], ["tp", "dp", "pp"], 4, ["tp", ["dp", "pp"], ["pp", "tp"]])]),
+    (
+        12,
+        [
+            ([2, 3], ["tp", "dp"], 0, ["dp", "tp"]),  # two grids in turn, the second on ranks 6-11
+            ([3, 2], ["cp", "pp"], 6, ["pp", ["cp", "pp"]]),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("world,grids", GRIDS)
+def test_hyper_comm_grid_splits_the_same_on_every_rank(world, grids):
+    def build():
+        made, out = [], {}
+        try:
+            for shape, names, offset, dims_sets in grids:
+                grid = HyperCommGrid(shape, names, rank_offset=offset)
+                made.append(grid)
+                for dims in dims_sets:
+                    out[f"{offset}:{dims}"] = _ranks_of(grid.create_pg(dims))
+            return out
+        finally:
+            for grid in made:
+                grid.destroy()
+
+    calls, ranks = play_world(world, build)
+    splits = check_protocol(calls, world)
+    assert splits == sum(len(g[3]) for g in grids), "one split per create_pg"
+    assert not compare_paths(ranks)
+    for shape, _, offset, _ in grids:  # ranks outside a grid join its splits without a colour
+        inside = range(offset, offset + math.prod(shape))
+        for rank in (r for r in range(world) if r not in inside):
+            assert all(v is None for k, v in ranks[rank]["split"].items() if k.startswith(f"{offset}:"))
+    assert any(c[4] is None for r in range(world) for c in calls[r]) == any(
+        g[2] or math.prod(g[0]) < world for g in grids
+    )
+
+
+def _topology_build(modules):
+    def build():
+        topology = build_topology(modules(), release="0.19")
+        try:
+            return {name: dict(topology.groups(name).state.ranks) for name in topology.modules_of_rank}
+        finally:
+            topology.destroy()
+
+    return build
+
+
+def _disjoint():
+    return [
+        ModuleSpec("vision", range(0, 4), tensor_model_parallel_size=2),
+        ModuleSpec(
+            "language", range(4, 16), tensor_model_parallel_size=2, pipeline_model_parallel_size=2, language=True
+        ),
+    ]
+
+
+def _colocated():
+    return [
+        ModuleSpec("vision", range(0, 8), context_parallel_size=2),
+        ModuleSpec(
+            "language", range(0, 8), tensor_model_parallel_size=2, pipeline_model_parallel_size=2, language=True
+        ),
+    ]
+
+
+@pytest.mark.parametrize("world,modules", [(16, _disjoint), (8, _colocated)], ids=["disjoint", "colocated"])
+def test_build_topology_splits_the_same_on_every_rank(world, modules):
+    calls, ranks = play_world(world, _topology_build(modules))
+    check_protocol(calls, world)
+    assert not compare_paths(ranks)
+    assert all(ranks[r]["split"] for r in range(world)), "every rank runs a module"
+
+
+@pytest.mark.parametrize("failed,keep", [([5], False), ([2, 13], False), ([5, 9], True)])
+def test_a_rebuild_splits_the_same_on_every_rank(failed, keep):
+    """The layout over the survivors (plan_rebuild), built on the split path over the new, smaller world."""
+    old = MegatronLayout(
+        world_size=20, local_world_size=16, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, release="0.19"
+    )
+    plan = plan_rebuild(old, failed, keep_data_parallel=keep)
+    assert plan.world_size < old.world_size
+
+    def build():
+        groups = build_megatron_groups(**plan.build_kwargs, release="0.19")
+        try:
+            return dict(groups.state.ranks) if groups.is_member else {}
+        finally:
+            groups.destroy()
+
+    calls, ranks = play_world(plan.world_size, build)
+    check_protocol(calls, plan.world_size)
+    assert not compare_paths(ranks)
+    spares = range(plan.layout_world_size, plan.world_size)
+    assert all(ranks[r]["split"] == {} and all(c[4] is None for c in calls[r]) for r in spares)
 
 
 @pytest.mark.parametrize("world", [8, 512, 4096])
