@@ -244,19 +244,27 @@ def create_all_gather_groups(for_expert_parallelism=False, timeout=None, nccl_co
     """
     state = _scoping.get_state()
     if not is_initialized() or state is None:
+        if state is not None and state.creation_path == "split":
+            # a rank outside local_world_size: the members' splits need it all the same
+            _all_gather_groups(state, for_expert_parallelism, timeout, nccl_comm_cfgs or {})
         raise RuntimeError(
             "create_all_gather_groups() requires parallel state to be initialized: "
             "call initialize_model_parallel() first"
         )
+    return _all_gather_groups(state, for_expert_parallelism, timeout, nccl_comm_cfgs or {})
+
+
+def _all_gather_groups(state: Any, for_expert_parallelism: bool, timeout: Any, cfgs: dict) -> tuple[Any, Any]:
+    """The all-gather twins for ``state``'s rank (none, joining the splits, for a rank outside its layout)."""
     layout, rank = state.layout, state.rank
-    cfgs = nccl_comm_cfgs or {}
     kinds = ["dp_cp_ag"]
     if for_expert_parallelism and layout.expert_model_parallel_size > 1:
         kinds.append("ep_dp_ag")
     plans = []
     world = dist.get_world_size()
     for kind in kinds:
-        members = layout.group(kind, rank)
+        # the layout's first rank stands for a rank outside it: the same check as the members'
+        members = layout.group(kind, rank if layout.contains(rank) else layout.rank_offset)
         if members is not None and max(members) >= world:
             raise ValueError(
                 f"create_all_gather_groups: the {kind} group {members} has ranks outside the world of {world} "
