@@ -19,6 +19,7 @@ from parallel_state_ng.releases import parallel_state as api
 from parallel_state_ng.releases.parallel_state import REQUIRED
 
 from ._namespace import facade as ps
+from ._release import FACTS
 from ._surface import exact_function
 
 __all__ = [
@@ -38,9 +39,11 @@ def get_nccl_options(pg_name, nccl_comm_cfgs):
     """NCCL options for group ``pg_name`` from a parsed communicator config, or ``None``.
 
     Recognised keys per group: ``is_high_priority_stream``, ``cga_cluster_size``, ``max_ctas``,
-    ``min_ctas`` and ``net_name`` (``IB`` or ``socket``, else ``RuntimeError``).
+    ``min_ctas`` and ``net_name`` (``IB`` or ``socket``, else ``RuntimeError``). 0.12 fills
+    ``cga_cluster_size`` 4, ``max_ctas`` 32, ``min_ctas`` 1 where left out and ignores
+    ``is_high_priority_stream``.
     """
-    return nccl_options_from_config(pg_name, nccl_comm_cfgs)
+    return nccl_options_from_config(pg_name, nccl_comm_cfgs, legacy_defaults=FACTS.nccl_config_defaults)
 
 
 def update_pg_timeout(timeout: timedelta, pg: torch._C._distributed_c10d.ProcessGroup | None = None):

@@ -125,20 +125,31 @@ def destroy_model_groups(state: ModelParallelGroups) -> int:
     return destroy_groups(state.created)
 
 
-def nccl_options_from_config(pg_name: str, nccl_comm_cfgs: dict[str, Any]) -> Any:
+#: 0.12's values for the config fields a configured group leaves out (``nccl_config_defaults``).
+_LEGACY_NCCL_DEFAULTS = {"cga_cluster_size": 4, "max_ctas": 32, "min_ctas": 1}
+
+
+def nccl_options_from_config(pg_name: str, nccl_comm_cfgs: dict[str, Any], *, legacy_defaults: bool = False) -> Any:
     """NCCL options for group ``pg_name`` from a parsed communicator config, or ``None``.
 
     Recognised keys per group: ``is_high_priority_stream``, ``cga_cluster_size``, ``max_ctas``,
     ``min_ctas`` and ``net_name`` (``IB`` or ``socket``, else ``RuntimeError``), as MCore reads
-    its ``nccl_communicator_config_path`` file.
+    its ``nccl_communicator_config_path`` file. ``legacy_defaults`` reads it as 0.12 does
+    (release fact ``nccl_config_defaults``): ``cga_cluster_size`` 4, ``max_ctas`` 32 and
+    ``min_ctas`` 1 where the group leaves them out, ``is_high_priority_stream`` ignored.
     """
     if pg_name not in nccl_comm_cfgs:
         return None
     cfg = nccl_comm_cfgs[pg_name]
     # Any: torch's stub of NCCLConfig (options.config) lacks net_name
-    options: Any = torch.distributed.ProcessGroupNCCL.Options(
-        is_high_priority_stream=cfg.get("is_high_priority_stream", False)
-    )
+    options: Any
+    if legacy_defaults:
+        options = torch.distributed.ProcessGroupNCCL.Options()
+        cfg = {**_LEGACY_NCCL_DEFAULTS, **cfg}
+    else:
+        options = torch.distributed.ProcessGroupNCCL.Options(
+            is_high_priority_stream=cfg.get("is_high_priority_stream", False)
+        )
     for key in ("cga_cluster_size", "max_ctas", "min_ctas", "net_name"):
         if key in cfg:
             setattr(options.config, key, cfg[key])

@@ -139,7 +139,7 @@ def build_layout_groups(
         layout,
         rank,
         timeout=prepared.timeout,
-        nccl_options=functools.partial(_options_of, cfgs=cfgs),
+        nccl_options=functools.partial(_options_of, cfgs=cfgs, legacy=layout.facts.nccl_config_defaults),
         options=prepared.options,
         name=name,
         path=path,
@@ -149,6 +149,6 @@ def build_layout_groups(
     return layout, groups
 
 
-def _options_of(pg_name: str, cfgs: dict[str, dict[str, Any]]) -> Any:
-    """``pg_options`` of the groups whose NCCL-config key is ``pg_name``."""
-    return nccl_options_from_config(pg_name, cfgs)
+def _options_of(pg_name: str, cfgs: dict[str, dict[str, Any]], legacy: bool) -> Any:
+    """``pg_options`` of the groups whose NCCL-config key is ``pg_name`` (``legacy``: 0.12's defaults)."""
+    return nccl_options_from_config(pg_name, cfgs, legacy_defaults=legacy)

@@ -38,6 +38,7 @@ FACT_RANGES: dict[str, tuple[str, str | None]] = {
     "hierarchical_cp_default_timeout": ("0.12", "0.12"),
     "sharp_collnet_zero": ("0.12", "0.13"),
     "sharp_dp_unusable": ("0.19", None),
+    "nccl_config_defaults": ("0.12", "0.12"),
     # -- getters, setters and destroy
     "all_ranks_with_gtp": ("0.19", None),
     "data_parallel_partial_check_first": ("0.19", None),
@@ -92,6 +93,10 @@ class ReleaseFacts:
             and sets it to ``"0"`` after its barrier (later: ``"1"`` before, removed after).
         sharp_dp_unusable: ``use_sharp`` with ``sharp_enabled_group="dp"`` fails in init
             (``AssertionError``: its barrier reads a global set only later).
+        nccl_config_defaults: a group named in the NCCL communicator config gets
+            ``cga_cluster_size`` 4, ``max_ctas`` 32 and ``min_ctas`` 1 where the file leaves them
+            out, and the file's ``is_high_priority_stream`` is ignored (later: NCCL's defaults,
+            and the flag is read).
 
     Getters, setters and destroy:
         all_ranks_with_gtp: ``get_all_ranks()`` joins tp, gtp_remat, dp (spanning GTP), cp, pp,
@@ -129,6 +134,7 @@ class ReleaseFacts:
     hierarchical_cp_default_timeout: bool
     sharp_collnet_zero: bool
     sharp_dp_unusable: bool
+    nccl_config_defaults: bool
     all_ranks_with_gtp: bool
     data_parallel_partial_check_first: bool
     pipeline_rank_reads_world_rank: bool

@@ -56,6 +56,7 @@ def test_has_and_signature_queries():
     assert not api.has("initialize_model_parallel.rank_offset", "0.16")
     assert api.has("create_all_gather_groups", "0.18") and not api.has("has_separate_all_gather_group", "0.18")
     assert release_facts("0.16").expert_group_timeout and not release_facts("0.15").expert_group_timeout
+    assert release_facts("0.12").nccl_config_defaults and not release_facts("0.13").nccl_config_defaults
     assert api.signature("is_unitialized", "0.17") is None
     assert dict(api.signature("get_data_parallel_group", "0.19"))["with_gtp_remat"] is True
     assert "gtp_remat" in dict(api.rank_generator_methods("0.19")["__init__"])
