@@ -44,9 +44,12 @@ def _batch(cfg: TrainConfig, step: int, global_mb: int) -> dict[str, torch.Tenso
     }
 
 
-def _microbatches(cfg: TrainConfig, step: int, dp_rank: int) -> Iterator[dict[str, torch.Tensor]]:
+def _microbatches(
+    cfg: TrainConfig, step: int, dp_rank: int, device: str | None = None
+) -> Iterator[dict[str, torch.Tensor]]:
     for mb in range(cfg.microbatches):
-        yield _batch(cfg, step, dp_rank * cfg.microbatches + mb)
+        batch = _batch(cfg, step, dp_rank * cfg.microbatches + mb)
+        yield batch if device is None else {name: t.to(device) for name, t in batch.items()}
 
 
 def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -213,12 +216,14 @@ def train_steps(
     dp_group,
     reporter: bool,
     first_step: int = 0,
+    device: str | None = None,
 ) -> tuple[list[float], list[float]]:
     """``cfg.steps`` optimizer steps with the schedule ``forward_backward``; (losses, grad norms).
 
     Losses exist on the last pipeline stage only (mean over microbatches and the data-parallel
     group ``dp_group``); ``reporter`` prints each step. ``first_step`` is the index of the first
     step's data (a run resumed after ``first_step`` steps sees the data it would have seen).
+    ``device`` (e.g. ``"cuda"``): where the microbatches go (``None``: they stay on the CPU).
     """
     dp_rank = dist.get_rank(dp_group)
     losses, grad_norms = [], []
@@ -226,7 +231,7 @@ def train_steps(
         for m in model:
             m.zero_grad_buffer()
         optimizer.zero_grad()
-        iters = [_microbatches(cfg, step, dp_rank) for _ in model]
+        iters = [_microbatches(cfg, step, dp_rank, device) for _ in model]
         store = forward_backward(
             forward_step_func=_forward_step,
             data_iterator=iters if len(iters) > 1 else iters[0],

@@ -1,0 +1,282 @@
+"""The one-GPU proof (issue 27): NCCL world size 1, lazy and device-bound, then the fast tests.
+
+Per mode, in a fresh process: the creation path chosen, MCore's and compat's NCCL options
+side by side, a few GPT steps under MCore and under compat (bit-identical), destroy leaving
+no group. Then ``pytest -m "not slow and not multiprocess and not network" tests``. The report
+goes to stdout and to ``--output`` (default ``$OUT/gpu_check.txt``). Exit code 0: all checks
+pass; 1: a check failed; 2: no CUDA GPU (without ``--cpu-dry-run``) or bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from parallel_state_ng.testing.megatron_cpu import MEGATRON_PATH_ENV, use_megatron_path
+from scripts.examples.gpt.processes import run_ranks
+
+MODES = ("lazy", "bound")
+#: The creation path each mode must get on NCCL (docs/gpus.md).
+EXPECTED_PATH = {"lazy": "member", "bound": "split"}
+FAST_TESTS = ["-m", "not slow and not multiprocess and not network", "tests"]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (see ``--help``)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="no GPU: gloo instead of NCCL, a stand-in for NCCL's options, training on the CPU; "
+        "the lazy mode only (gloo binds no device)",
+    )
+    p.add_argument("--output", default=None, help="report file (default: $OUT/gpu_check.txt when $OUT is set)")
+    p.add_argument(
+        "--megatron-path",
+        default=None,
+        help=f"unzipped megatron-core wheel put first on sys.path, also for the tests (default: ${MEGATRON_PATH_ENV})",
+    )
+    p.add_argument("--modes", default=None, help="comma-separated modes (default: lazy,bound; dry run: lazy)")
+    p.add_argument("--no-tests", action="store_true", help="skip the fast test subset")
+    p.add_argument("--pytest-workers", type=int, default=0, help="pytest -n N (pytest-xdist); 0: no -n")
+    p.add_argument("--mode-timeout", type=float, default=150.0, help="seconds for each mode's process")
+    p.add_argument("--tests-timeout", type=float, default=180.0, help="seconds for the test subset")
+    args = p.parse_args(argv)
+    default = ("lazy",) if args.cpu_dry_run else MODES
+    args.modes = tuple(m for m in args.modes.split(",") if m) if args.modes else default
+    bad = [m for m in args.modes if m not in MODES]
+    if bad or not args.modes:
+        p.error(f"--modes takes {', '.join(MODES)}, got {args.modes!r}")
+    if args.cpu_dry_run and "bound" in args.modes:
+        p.error("--cpu-dry-run cannot run the bound mode: init_process_group binds only an accelerator")
+    return args
+
+
+def environment(device: str) -> list[str]:
+    """Date, Python, torch, CUDA, NCCL, the GPU and the megatron-core found."""
+    import importlib.metadata
+
+    import torch
+
+    lines = [
+        f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+        f"host: {platform.node()}  python {platform.python_version()}  torch {torch.__version__}",
+        f"CUDA (torch build): {torch.version.cuda}  cuda available: {torch.cuda.is_available()}",
+    ]
+    if device == "cuda":
+        nccl = torch.cuda.nccl.version()
+        lines.append(f"NCCL: {'.'.join(map(str, nccl)) if isinstance(nccl, tuple) else nccl}")
+        props = torch.cuda.get_device_properties(0)
+        lines.append(f"GPU: {props.name}, {props.total_memory // 2**20} MiB, {torch.cuda.device_count()} device(s)")
+    else:
+        lines.append("NCCL: none (CPU dry run: gloo)")
+        lines.append("GPU: none (CPU dry run)")
+    try:
+        lines.append(f"megatron-core: {importlib.metadata.version('megatron-core')}")
+    except importlib.metadata.PackageNotFoundError:
+        lines.append("megatron-core: not found")
+    lines.append(f"PSNG_CREATION_PATH: {os.environ.get('PSNG_CREATION_PATH', '(unset)')}")
+    return lines
+
+
+def run_mode(mode: str, device: str, workdir: str) -> dict[str, Any]:
+    """One mode's checks in this process's initialized world of one rank."""
+    import torch.distributed as dist
+
+    from parallel_state_ng.groups.split import creation_path, world_splits
+    from scripts.gpu.options import compare_options
+    from scripts.gpu.train import train_both
+
+    default = dist.distributed_c10d._get_default_group()
+    out: dict[str, Any] = {
+        "backend": dist.get_backend(),
+        "bound_device": str(getattr(default, "bound_device_id", None)),
+        "split_group_available": hasattr(dist, "split_group"),
+        "world_splits": world_splits(),
+        "creation_path": creation_path(),
+    }
+    start = time.monotonic()
+    out["options"] = compare_options(workdir, device)
+    out["options_seconds"] = round(time.monotonic() - start, 2)
+    start = time.monotonic()
+    out["training"] = train_both(device)
+    out["training_seconds"] = round(time.monotonic() - start, 2)
+    out["groups_left"] = len(dist.distributed_c10d._world.pg_map) - 1
+    return out
+
+
+def _mode_main(rank: int, mode: str, device: str, store_path: str, results: Any) -> None:
+    """A fresh process of world size 1 (see :func:`run_ranks`): init, :func:`run_mode`, destroy."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    warnings.filterwarnings("ignore")
+    try:
+        import torch
+        import torch.distributed as dist
+
+        use_megatron_path()
+        kwargs: dict[str, Any] = {}
+        if device == "cuda":
+            torch.cuda.set_device(0)
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            if mode == "bound":
+                kwargs["device_id"] = torch.device("cuda", 0)
+        else:
+            torch.set_num_threads(1)
+        store = dist.FileStore(store_path, 1)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=1, store=store, **kwargs)
+        try:
+            results.put((rank, True, run_mode(mode, device, os.path.dirname(store_path))))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:  # the parent reports it
+        results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def mode_checks(mode: str, r: dict[str, Any], dry_run: bool) -> list[tuple[str, bool, str]]:
+    """(check, passed, detail) for one mode's result."""
+    expected = "member" if dry_run else EXPECTED_PATH[mode]
+    opts, train = r["options"], r["training"]
+    counts = opts["counts"]
+    mcore, ours = train["mcore"], train["compat"]
+    return [
+        (f"{mode}: creation path", r["creation_path"] == expected, f"{r['creation_path']} (expected {expected})"),
+        (
+            f"{mode}: NCCL options and timeouts equal MCore's",
+            opts["mismatches"] == 0,
+            f"{opts['mismatches']} mismatch(es) over {opts['mcore_calls']} MCore / {opts['compat_calls']} compat calls",
+        ),
+        (
+            f"{mode}: compat's destroy frees every group",
+            counts["after_destroy"] == counts["before"],
+            f"registered groups {counts['before']} -> {counts['after_init']} after init -> "
+            f"{counts['after_destroy']} after destroy ({counts.get('touched', 0)} used once)",
+        ),
+        (
+            f"{mode}: training bit-identical to MCore",
+            train["identical"],
+            f"{train['steps']} steps on {ours['param_device']}; "
+            f"losses MCore {mcore['losses']} compat {ours['losses']}; "
+            f"digest MCore {mcore['digest'][:16]} compat {ours['digest'][:16]}",
+        ),
+        (
+            f"{mode}: megatron's training code used compat",
+            train["compat_resolved"],
+            f"parallel_state {ours['parallel_state']}, schedules' {ours['schedules_parallel_state']}",
+        ),
+        (
+            f"{mode}: no group left after compat's training",
+            ours["leaked_groups"] == 0 and r["groups_left"] == 0,
+            f"compat left {ours['leaked_groups']}, world holds {r['groups_left']} besides the default "
+            f"(MCore left {mcore['leaked_groups']} in training, {opts['mcore_leaked']} after its init)",
+        ),
+    ]
+
+
+def mode_lines(mode: str, r: dict[str, Any]) -> list[str]:
+    """The facts of one mode and the options table."""
+    from scripts.gpu.options import options_table
+
+    opts = r["options"]
+    counts = opts["counts"]
+    lines = [
+        f"backend {r['backend']}, bound device {r['bound_device']}, torch split_group available: "
+        f"{r['split_group_available']}, world splits: {r['world_splits']}, creation path: {r['creation_path']}",
+        f"NCCL options: {'NCCL' if opts['real_nccl_options'] else 'stand-in'} ProcessGroupNCCL.Options; "
+        f"compat's calls by kind {opts['compat_calls_by_kind']}; {opts['mismatches']} mismatch(es)",
+    ]
+    if counts.get("free_mib_before") is not None:
+        lines.append(
+            f"free GPU memory (MiB): {counts['free_mib_before']} before compat's init, "
+            f"{counts['free_mib_after_init']} with its groups used once, "
+            f"{counts['free_mib_after_destroy']} after destroy"
+        )
+    lines.append(f"seconds: options {r['options_seconds']}, training {r['training_seconds']}")
+    return lines + ["", *options_table(opts)]
+
+
+def run_tests(workers: int, timeout: float, megatron_dirs: list[str]) -> tuple[bool, str, list[str]]:
+    """The fast test subset in a subprocess; (passed, totals line, last lines of output)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", *FAST_TESTS]
+    if workers:
+        cmd += ["-n", str(workers)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*megatron_dirs, ROOT, *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("PSNG_CREATION_PATH", None)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"did not finish in {timeout:.0f} s", []
+    output = (proc.stdout + proc.stderr).strip().splitlines()
+    totals = next((line for line in reversed(output) if re.search(r"\d+ (passed|failed|error)", line)), "no totals")
+    return proc.returncode == 0, f"{' '.join(cmd[1:])}: rc {proc.returncode}; {totals.strip('= ')}", output[-15:]
+
+
+def _output_path(args: argparse.Namespace) -> str | None:
+    if args.output:
+        return str(args.output)
+    out = os.environ.get("OUT")
+    return os.path.join(out, "gpu_check.txt") if out else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point (exit codes: the module docstring)."""
+    args = parse_args(argv)
+    import torch
+
+    if not args.cpu_dry_run and not torch.cuda.is_available():
+        print("error: no CUDA GPU found (torch.cuda.is_available() is False); use --cpu-dry-run to check on CPU")
+        return 2
+    device = "cpu" if args.cpu_dry_run else "cuda"
+    dirs = use_megatron_path(args.megatron_path)
+    if dirs:
+        os.environ[MEGATRON_PATH_ENV] = os.pathsep.join(dirs)  # the mode processes and the tests
+    title = "GPU check (CPU DRY RUN: gloo, stand-in NCCL options)" if args.cpu_dry_run else "GPU check"
+    lines = [f"# {title}", *environment(device)]
+    checks: list[tuple[str, bool, str]] = []
+    for mode in args.modes:
+        lines += ["", f"## mode {mode}: init_process_group({'nccl' if device == 'cuda' else 'gloo'}"]
+        lines[-1] += ", device_id=cuda:0)" if mode == "bound" else ")  (lazy)"
+        start = time.monotonic()
+        try:
+            (result,) = run_ranks(1, _mode_main, (mode, device), args.mode_timeout)
+        except RuntimeError as exc:
+            checks.append((f"{mode}: the mode's process", False, str(exc).splitlines()[0]))
+            lines += [f"FAILED: {exc}"]
+            continue
+        lines += mode_lines(mode, result)
+        lines.append(f"mode wall time: {time.monotonic() - start:.1f} s")
+        checks += mode_checks(mode, result, args.cpu_dry_run)
+    if args.no_tests:
+        lines += ["", "## fast tests: skipped (--no-tests)"]
+    else:
+        start = time.monotonic()
+        ok, totals, tail = run_tests(args.pytest_workers, args.tests_timeout, dirs)
+        checks.append(("fast tests", ok, totals))
+        lines += ["", f"## fast tests ({time.monotonic() - start:.0f} s)", *(tail if not ok else [totals])]
+    failed = sum(not ok for _, ok, _ in checks)
+    lines += ["", "## checks", *(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}" for name, ok, detail in checks)]
+    lines.append(f"summary: {len(checks) - failed} passed, {failed} failed")
+    text = "\n".join(lines) + "\n"
+    path = _output_path(args)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
+    print(text + (f"report written to {path}" if path else "report not written (no --output, no $OUT)"), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

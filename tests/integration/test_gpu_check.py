@@ -1,0 +1,77 @@
+"""scripts/gpu/check.py: its CPU dry run passes every check it can run, and it refuses clearly.
+
+The dry run (gloo, world size 1, a stand-in for NCCL's options, the tiny GPT on the CPU) is
+what this machine can prove of the GPU check; the NCCL and device-bound parts run only on a
+GPU (docs/gpus.md, "The GPU check").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.paths import ROOT
+
+
+def _check(*options: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("PSNG_CREATION_PATH", None)
+    env.pop("OUT", None)
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.gpu.check", *options],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
+def test_cpu_dry_run_passes_every_check(tmp_path):
+    report = tmp_path / "report.txt"
+    proc = _check("--cpu-dry-run", "--no-tests", "--output", str(report))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = report.read_text()
+    assert text in proc.stdout  # printed and written alike
+    for line in ("# GPU check (CPU DRY RUN", "date: ", "torch ", "NCCL: none", "GPU: none", "megatron-core: "):
+        assert line in text
+    assert "creation path: member" in text
+    assert "torch split_group available: True" in text
+    checks = [line for line in text.splitlines() if re.match(r"^(PASS|FAIL)  ", line)]
+    assert len(checks) == 6 and all(line.startswith("PASS") for line in checks), checks
+    assert "0 mismatch(es)" in text
+    # the options table: MCore's YAML and high-priority groups reached the stand-in options
+    table = {line.split()[0]: line for line in text.splitlines() if re.match(r"^[A-Z_]+_GROUP(_[A-Z]+)* ", line)}
+    assert "max_ctas=16 min_ctas=4" in table["TENSOR_MODEL_PARALLEL_GROUP"]
+    assert "hp=True" in table["CONTEXT_PARALLEL_GROUP"] and "hp=True" in table["DATA_PARALLEL_GROUP"]
+    assert all(line.rstrip().endswith("same") for line in table.values())
+    assert re.search(r"registered groups 1 -> \d+ after init -> 1 after destroy", text)
+    assert "summary: 6 passed, 0 failed" in text
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_without_a_gpu_it_exits_2_with_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    proc = _check()
+    assert proc.returncode == 2
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no CUDA GPU found"), proc.stdout
+
+
+@pytest.mark.multiprocess
+def test_the_bound_mode_has_no_dry_run():
+    proc = _check("--cpu-dry-run", "--modes", "lazy,bound")
+    assert proc.returncode == 2
+    assert "cannot run the bound mode" in proc.stderr
