@@ -244,3 +244,30 @@ def test_an_encoder_layout_is_refused_on_the_split_path():
     several = next(r for r in range(4) if len(layout.groups("pp", r)) > 1)
     with pytest.raises(ValueError, match="pipelines .* one split per group kind"):
         group_plan(layout, several, every_split=True)
+
+
+def test_with_sharing_on_shared_groups_still_join_their_split(monkeypatch):
+    """tp 1 cp 1: dp_cp equals dp, tp_cp equals tp ... a shared group's members join without a colour."""
+    monkeypatch.setenv("PSNG_SHARE_GROUPS", "1")
+    calls, results = play_world(8, compat_build(pipeline_model_parallel_size=2))
+    splits = check_protocol(calls, 8)
+    assert compare_paths(results) == []
+    shared = [c for c in calls[0] if c[4] is None]
+    assert shared, "some kinds reuse an earlier group: rank 0 joins their splits without a colour"
+    assert splits == len(calls[0])
+
+
+def test_abort_after_a_split_init_aborts_every_split_group(fake_world, monkeypatch):
+    from parallel_state_ng.groups.abort import abort_groups
+    from tests.support.worlds.split_recorder import SplitRecorder, creation_env, recording
+
+    fake_world(5, 8)
+    with recording(SplitRecorder()) as recorder, creation_env("split"):
+        ps.initialize_model_parallel(
+            create_gloo_process_groups=False, tensor_model_parallel_size=2, pipeline_model_parallel_size=2
+        )
+        made = [c for c in recorder.calls if c[4] is not None]
+        result = abort_groups()
+        assert result.aborted == len(made) > 0
+        ps.destroy_model_parallel()  # after an abort: nothing left to do
+    assert len(dist.distributed_c10d._world.pg_map) == 1
