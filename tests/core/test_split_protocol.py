@@ -247,7 +247,7 @@ def test_an_encoder_layout_is_refused_on_the_split_path():
 
 
 def test_with_sharing_on_shared_groups_still_join_their_split(monkeypatch):
-    """tp 1 cp 1: dp_cp equals dp, tp_cp equals tp ... a shared group's members join without a colour."""
+    """With tp 1 and cp 1, dp_cp equals dp and tp_cp equals tp: a shared group's members join without a colour."""
     monkeypatch.setenv("PSNG_SHARE_GROUPS", "1")
     calls, results = play_world(8, compat_build(pipeline_model_parallel_size=2))
     splits = check_protocol(calls, 8)
