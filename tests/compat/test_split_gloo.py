@@ -42,19 +42,22 @@ def init_and_check(rank: int, directory: str, tp: int) -> dict:
 
 
 def test_groups_work_and_equal_the_member_path(tmp_path):
+    from compat._release import RELEASE
+    from parallel_state_ng.layout.megatron_layout import MegatronLayout
+
+    # The member path's groups are the layout's (the per-release differential checks them against MCore's).
+    layout = MegatronLayout(
+        world_size=WORLD, tensor_model_parallel_size=2, pipeline_model_parallel_size=2, release=RELEASE.series
+    )
     results = run_world(WORLD, str(tmp_path), init_and_check, 2, timeout=120, env=ENV)
+    assert sorted(results) == list(range(WORLD)), results
     for rank, result in results.items():
         assert not isinstance(result, tuple), result
         tp = result["groups"]["tp"]
         assert rank in tp and result["sums"]["tp"] == sum(tp)
         assert result["sums"]["dp"] == sum(result["groups"]["dp"])
         assert result["left"] == 1  # only the default group
-    (tmp_path / "member").mkdir()
-    member = run_world(
-        WORLD, str(tmp_path / "member"), init_and_check, 2, timeout=120, env={**ENV, "PSNG_CREATION_PATH": "member"}
-    )
-    assert sorted(member) == list(range(WORLD)), member
-    assert {r: v["groups"] for r, v in results.items()} == {r: v["groups"] for r, v in member.items()}
+        assert result["groups"] == {kind: layout.group(kind, rank) for kind in result["groups"]}
 
 
 def disagree(rank: int, directory: str, what: str) -> dict:
