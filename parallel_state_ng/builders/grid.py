@@ -53,13 +53,6 @@ class ViewShapeError(TypeError, ValueError):
     """
 
 
-def _split_create(ranks: list[int], *, backend: str | None = None, **kwargs: Any) -> Any:
-    """A grid's group on the split path (the pool's ``create``)."""
-    if backend is not None:
-        kwargs["backend"] = backend
-    return split_member(ranks, **kwargs)
-
-
 def _world_size() -> int:
     if "WORLD_SIZE" in os.environ:
         try:
@@ -166,7 +159,7 @@ class HyperCommGrid:
         self._pgs: dict[GroupKey, Any] = {}
         self._split = resolve_creation_path(creation_path) == "split"
         # shares groups between dims sets only when sharing is on
-        self._pool = GroupPool(create=_split_create if self._split else None)
+        self._pool = GroupPool(create=split_member if self._split else None)
 
     # ----------------------------------------------------------------- views
     @property
@@ -436,7 +429,7 @@ class HyperCommGrid:
         pgs, self._pgs = self._pgs, {}
         adopted = self.__dict__.pop("_adopted", set())
         # forget the destroyed groups: a later create_pg makes new ones
-        self._pool = GroupPool(create=_split_create if self._split else None)
+        self._pool = GroupPool(create=split_member if self._split else None)
         destroy_groups(pg for key, pg in pgs.items() if key not in adopted)
 
     def __repr__(self) -> str:

@@ -225,7 +225,7 @@ def _create_group(
 ) -> Any:
     """One group of a build: split from the default group on the split path, else by its members."""
     if split and backend in SPLIT_BACKENDS:
-        return split_member(ranks, context=context, **kwargs, **({} if backend is None else {"backend": backend}))
+        return split_member(ranks, context=context, backend=backend, **kwargs)
     return member(ranks, backend=backend, **kwargs)
 
 

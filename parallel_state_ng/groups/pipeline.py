@@ -139,7 +139,9 @@ def build_layout_groups(
         layout,
         rank,
         timeout=prepared.timeout,
-        nccl_options=functools.partial(_options_of, cfgs=cfgs, legacy=layout.facts.nccl_config_defaults),
+        nccl_options=functools.partial(
+            nccl_options_from_config, nccl_comm_cfgs=cfgs, legacy_defaults=layout.facts.nccl_config_defaults
+        ),
         options=prepared.options,
         name=name,
         path=path,
@@ -147,8 +149,3 @@ def build_layout_groups(
     if not inside and not empty_outside:
         return layout, None  # the split path: it joined every split, and holds no group
     return layout, groups
-
-
-def _options_of(pg_name: str, cfgs: dict[str, dict[str, Any]], legacy: bool) -> Any:
-    """``pg_options`` of the groups whose NCCL-config key is ``pg_name`` (``legacy``: 0.12's defaults)."""
-    return nccl_options_from_config(pg_name, cfgs, legacy_defaults=legacy)

@@ -69,14 +69,20 @@ def creation_path(requested: str | None = None) -> CreationPath:
     return value  # type: ignore[return-value]
 
 
-def split_member(ranks: Sequence[int] | None, *, context: liveness.CreationContext | None = None, **kwargs: Any) -> Any:
+def split_member(
+    ranks: Sequence[int] | None,
+    *,
+    context: liveness.CreationContext | None = None,
+    backend: str | None = None,
+    **kwargs: Any,
+) -> Any:
     """Join one split of the default group: this rank's group over ``ranks``, or none (``None``).
 
     Every rank of the world calls it once per group kind, in the same order; a member passes
     its group's global ranks, a rank in no group of the kind passes ``None`` and gets ``None``.
     Each rank hands torch only its own group: O(group size), never the world's groups.
-    ``kwargs`` (``timeout``, ``pg_options``, ``group_desc``) go to
-    ``torch.distributed.split_group``. A group made is tracked for abort and destroy. A build
+    ``backend`` (``None``: the parent's) and ``kwargs`` (``timeout``, ``pg_options``,
+    ``group_desc``) go to ``torch.distributed.split_group``. A group made is tracked for abort and destroy. A build
     passes its :class:`~parallel_state_ng.groups.liveness.CreationContext` (``context``).
 
     With failure detection on, the split runs under the failure bound (as a gloo group's
@@ -94,6 +100,8 @@ def split_member(ranks: Sequence[int] | None, *, context: liveness.CreationConte
         split_ranks = [[(dist.get_rank() + 1) % world]]
     else:
         split_ranks = [list(ranks)]
+    if backend is not None:
+        kwargs["backend"] = backend
     name = f"psng-split-{_splits[0]}"  # every rank makes the same splits: the same names
     _splits[0] += 1
     group = liveness.guarded_create(
@@ -115,8 +123,5 @@ def pooled_split(
         group, created = pool.get(ranks, **kwargs)
         if created:
             return group, True
-    plain = {k: v for k, v in kwargs.items() if k in ("timeout", "pg_options", "group_desc", "backend")}
-    if plain.get("backend") is None:
-        plain.pop("backend", None)
-    split_member(None, context=context, **plain)
+    split_member(None, context=context, **kwargs)
     return (group if ranks is not None else None), False

@@ -79,22 +79,13 @@ def _run_mcore(ps: Any, cfg: dict, rank: int) -> tuple[list[_Group], str | None,
 
 
 def _layout(cfg: dict, series: str):
-    from parallel_state_ng.layout.megatron_layout import MegatronLayout
+    from parallel_state_ng.layout.megatron_layout import SHAPE_ARGUMENTS, MegatronLayout
 
     keys = [
         "world_size",
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "context_parallel_size",
-        "expert_model_parallel_size",
-        "expert_tensor_parallel_size",
-        "order",
-        "num_distributed_optimizer_instances",
-        "hierarchical_context_parallel_sizes",
+        *SHAPE_ARGUMENTS,
         "rank_offset",
         "local_world_size",
-        "gtp_remat_size",
-        "expert_gtp_remat_size",
         "encoder_tensor_model_parallel_size",
         "encoder_pipeline_model_parallel_size",
         "pipeline_model_parallel_split_rank",
