@@ -2,7 +2,8 @@
 
 :func:`diff_snapshots` compares two snapshots (:mod:`parallel_state_ng.layout.snapshot`): per
 group kind, whether it appears or vanishes, which groups are added or removed (groups compared
-as ordered rank lists: MCore's in-group order is a rank's position), which ranks change group,
+as ordered rank lists: MCore's in-group order is a rank's position; the order of the groups
+does not count, as MCore creates some derived kinds in another order), which ranks change group,
 and changes of ``group_desc``, timeout rule and gloo twin; then the communicators per rank
 (:func:`communicators_per_rank`: one per group a rank is in, plus its gloo twin, as
 ``initialize_model_parallel`` creates them by default without group sharing). The result is
@@ -58,7 +59,7 @@ class KindChange:
                 desc=self.entry["desc"],
                 timeout=self.entry["timeout"]["rule"],
                 num_groups=len(self.entry["groups"]),
-                groups=self.entry["groups"],
+                groups=sorted(self.entry["groups"]),
             )
             return out
         for name in ("desc", "timeout", "gloo"):
@@ -154,8 +155,8 @@ def _kind_change(kind: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> K
         change.gloo = (old["gloo"], new["gloo"])
     old_groups = {tuple(g) for g in old["groups"]}
     new_groups = {tuple(g) for g in new["groups"]}
-    change.removed = [list(g) for g in old["groups"] if tuple(g) not in new_groups]
-    change.added = [list(g) for g in new["groups"] if tuple(g) not in old_groups]
+    change.removed = sorted(list(g) for g in old_groups - new_groups)
+    change.added = sorted(list(g) for g in new_groups - old_groups)
     if change.removed or change.added:
         before = {r: g for g in change.removed for r in g}
         after = {r: g for g in change.added for r in g}
