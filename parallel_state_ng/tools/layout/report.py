@@ -4,7 +4,8 @@ From :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` (pure mat
 no GPUs): the sizes and dims, every group kind with its groups, ``--rank R``'s view (coordinates,
 groups, pipeline neighbours), node locality with a WARNING when tensor-parallel groups cross
 nodes; ``--share`` adds communicators per rank (:mod:`.communicators`). Formats ``text``, ``json``
-and ``svg`` (:mod:`.svg`). Work is O(world size) per kind. The tool: docs/tools.md#layout-tool.
+(a snapshot, :mod:`parallel_state_ng.layout.snapshot`, with the report under ``"report"``) and
+``svg`` (:mod:`.svg`); ``--check`` and ``--diff`` are in :mod:`.check`. Work is O(world size) per kind. The tool: docs/tools.md#layout-tool.
 """
 
 from __future__ import annotations
