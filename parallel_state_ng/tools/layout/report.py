@@ -5,7 +5,8 @@ no GPUs): the sizes and dims, every group kind with its groups, ``--rank R``'s v
 groups, pipeline neighbours), node locality with a WARNING when tensor-parallel groups cross
 nodes; ``--share`` adds communicators per rank (:mod:`.communicators`). Formats ``text``, ``json``
 (a snapshot, :mod:`parallel_state_ng.layout.snapshot`, with the report under ``"report"``) and
-``svg`` (:mod:`.svg`); ``--check`` and ``--diff`` are in :mod:`.check`. Work is O(world size) per kind. The tool: docs/tools.md#layout-tool.
+``svg`` (:mod:`.svg`); ``--check`` and ``--diff`` are in :mod:`.check`. Work is O(world size) per
+kind. The tool: docs/tools.md#layout-tool.
 """
 
 from __future__ import annotations
