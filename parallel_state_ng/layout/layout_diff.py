@@ -77,8 +77,9 @@ class KindChange:
 
 @dataclass
 class LayoutDiff:
-    """Two snapshots' differences: the changed kinds (in the union of both creation orders), the
-    unchanged ones, the communicators per rank on each side and the configurations.
+    """Two snapshots' differences: the changed kinds (in the new side's creation order, vanished
+    kinds where they were on the old side), the unchanged ones, the communicators per rank on
+    each side and the configurations.
     """
 
     old_label: str
@@ -166,12 +167,21 @@ def _kind_change(kind: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> K
     return change
 
 
+def _merged_order(old: list[str], new: list[str]) -> list[str]:
+    """``new``'s kinds in their order, each kind only in ``old`` right after its predecessor there."""
+    order = list(new)
+    for i, kind in enumerate(old):
+        if kind not in order:
+            order.insert(order.index(old[i - 1]) + 1 if i else 0, kind)
+    return order
+
+
 def diff_snapshots(
     old: Mapping[str, Any], new: Mapping[str, Any], old_label: str = "old", new_label: str = "new"
 ) -> LayoutDiff:
     """What changes from snapshot ``old`` to snapshot ``new`` (both validated snapshots)."""
     old_kinds, new_kinds = old["kinds"], new["kinds"]
-    order = list(dict.fromkeys([*old_kinds, *new_kinds]))
+    order = _merged_order(list(old_kinds), list(new_kinds))
     changes: list[KindChange] = []
     unchanged: list[str] = []
     for kind in order:

@@ -197,6 +197,11 @@ def _change_lines(change: KindChange, diff: LayoutDiff, full: bool) -> list[str]
     return lines
 
 
+def _span(counts: list[int]) -> str:
+    low, high = min(counts, default=0), max(counts, default=0)
+    return str(low) if low == high else f"{low}-{high}"
+
+
 def render_diff(diff: LayoutDiff, full: bool = False) -> list[str]:
     """Text lines of a diff: configurations, one block per changed kind, communicators per rank."""
     lines = []
@@ -213,10 +218,7 @@ def render_diff(diff: LayoutDiff, full: bool = False) -> list[str]:
     for change in diff.changes:
         lines += _change_lines(change, diff, full)
     moved = diff.communicator_changes()
-    spans = (
-        f"{diff.old_label} {min(diff.old_communicators, default=0)}-{max(diff.old_communicators, default=0)}, "
-        f"{diff.new_label} {min(diff.new_communicators, default=0)}-{max(diff.new_communicators, default=0)}"
-    )
+    spans = f"{diff.old_label} {_span(diff.old_communicators)}, {diff.new_label} {_span(diff.new_communicators)}"
     lines.append(
         f"  communicators per rank (gloo twins on, no sharing): {spans}; "
         + (f"{plural(len(moved), 'rank')} change" if moved else "no rank changes")
