@@ -213,17 +213,17 @@ def _check_config(config: Any, source: str) -> dict[str, Any]:
     return config
 
 
-def _check_timeout(value: Any, source: str, field: str, flipped: bool) -> None:
+def _check_timeout(value: Any, source: str, field: str) -> None:
     if not isinstance(value, dict) or value.get("rule") not in _RULES:
         got = value.get("rule") if isinstance(value, dict) else value
         raise _fail(source, field, f"the timeout rule must be one of {list(_RULES)}, got {got!r}")
-    if flipped and not (value.get("flipped_by") is None or isinstance(value.get("flipped_by"), str)):
+    if not (value.get("flipped_by") is None or isinstance(value.get("flipped_by"), str)):
         raise _fail(source, f"{field}.flipped_by", f"must be a string or null, got {value['flipped_by']!r}")
 
 
 def _check_kind(kind: str, entry: Any, world: int, source: str) -> None:
     field = f"kinds.{kind}"
-    if kind not in GROUP_KINDS and not _HCP.match(kind) or kind == "hcp":
+    if (kind not in GROUP_KINDS and not _HCP.match(kind)) or kind == "hcp":
         known = ", ".join(k for k in GROUP_KINDS if k != "hcp")
         raise _fail(source, field, f"unknown group kind {kind!r}; known kinds: {known}, hcp0, hcp1, ...")
     if not isinstance(entry, dict):
@@ -233,7 +233,7 @@ def _check_kind(kind: str, entry: Any, world: int, source: str) -> None:
         raise _fail(source, field, f"missing field(s) {missing}")
     if not isinstance(entry["desc"], str):
         raise _fail(source, f"{field}.desc", f"must be a string, got {entry['desc']!r}")
-    _check_timeout(entry["timeout"], source, f"{field}.timeout", True)
+    _check_timeout(entry["timeout"], source, f"{field}.timeout")
     gloo = entry["gloo"]
     if gloo is not None:
         if not isinstance(gloo, dict) or not isinstance(gloo.get("desc"), str):

@@ -305,8 +305,6 @@ def _run_diff(args: argparse.Namespace, stdout: Any, build_layout: LayoutBuilder
         )
         old_label = old["release"]
         new_label = new["release"] + (f" with {changed}" if changed else "")
-        if old_label == new_label:
-            old_label += " as given"
     diff = diff_snapshots(old, new, old_label, new_label)
     if args.format == "json":
         text = json.dumps(diff.as_json()) + "\n"
