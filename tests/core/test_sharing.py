@@ -178,7 +178,7 @@ def test_sharing_on_simulated_rank_same_members_fewer_groups(fake_world, monkeyp
 def test_layout_tool_counts_match_a_real_init(fake_world, monkeypatch, capsys):
     argv = ["layout", "--world-size", "16", "--tp", "2", "--pp", "2", "--share", "--no-gloo-twins", "--format", "json"]
     assert cli_main(argv) == 0
-    info = json.loads(capsys.readouterr().out)["communicators"]["ranks"]
+    info = json.loads(capsys.readouterr().out)["report"]["communicators"]["ranks"]
     for rank in (0, 15):
         fake_world(rank, 16)
         for share, key in ((False, "without_sharing"), (True, "with_sharing")):

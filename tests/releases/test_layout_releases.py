@@ -282,6 +282,6 @@ def test_layout_tool_release_and_gtp(capsys) -> None:
         == lay.enumerate("gtp_remat")
         == [[r, r + 2] for base in range(0, 32, 4) for r in (base, base + 1)]
     )
-    assert report["config"]["expert_dims"] == {"etp": 2, "ep": 2, "egtp_remat": 2, "edp": 2, "pp": 2}
+    assert report["report"]["config"]["expert_dims"] == {"etp": 2, "ep": 2, "egtp_remat": 2, "edp": 2, "pp": 2}
     assert main(["layout", "--world-size", "32", "--gtp-remat-size", "2", "--release", "0.18"]) == 2
     assert "--gtp-remat-size" in capsys.readouterr().err

@@ -91,7 +91,8 @@ def test_json_matches_megatron_layout(capsys, cli, kwargs, gpus):
     rank = layout.world_size - 3
     code, out, err = run_cli(capsys, *cli, "--gpus-per-node", str(gpus), "--rank", str(rank), "--format", "json")
     assert code == 0, err
-    report = json.loads(out)
+    output = json.loads(out)
+    report = output["report"]  # the report's part; the snapshot's part is output["kinds"] etc.
 
     cfg = report["config"]
     assert (cfg["tp"], cfg["pp"], cfg["cp"], cfg["dp"]) == (
@@ -107,10 +108,10 @@ def test_json_matches_megatron_layout(capsys, cli, kwargs, gpus):
     )
     assert cfg["num_nodes"] == layout.world_size // gpus
 
-    assert list(report["kinds"]) == layout.kinds()
+    assert list(report["kinds"]) == list(output["kinds"]) == layout.kinds()
     for kind in layout.kinds():
         groups = layout.enumerate(kind)
-        assert report["kinds"][kind]["groups"] == groups, kind
+        assert output["kinds"][kind]["groups"] == groups, kind
         assert report["kinds"][kind]["num_groups"] == len(groups)
         assert report["locality"][kind] == brute_locality(groups, gpus), kind
 
@@ -243,7 +244,7 @@ def test_warning_exactly_when_tensor_groups_cross_nodes(capsys, world, tp, etp, 
     assert ("WARNING: expert tensor-parallel groups (ep_tp," in out) == etp_cross
     assert ("stay inside nodes" in out) == (not tp_cross and not etp_cross)
     code, out, _ = run_cli(capsys, *args, "--format", "json")
-    assert len(json.loads(out)["warnings"]) == tp_cross + etp_cross
+    assert len(json.loads(out)["report"]["warnings"]) == tp_cross + etp_cross
 
 
 @pytest.mark.parametrize(

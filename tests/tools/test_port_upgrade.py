@@ -94,7 +94,10 @@ def tree(tmp_path: Path) -> Path:
 def _report(path: Path, spec: str, capsys) -> tuple[int, list[str], str]:
     status = main(["port", str(path), "--upgrade", spec])
     out = capsys.readouterr().out.strip().splitlines()
-    return status, out[:-1], out[-1]
+    old, new = (".".join(v.split(".")[:2]) for v in spec.split(":"))
+    # the last line points at the layout diff of the same releases (test_upgrade_points_at_layout_diff)
+    assert out[-1].endswith(f"layout --world-size 8 --tp 2 --pp 2 --diff --release {old} --against {new}")
+    return status, out[:-2], out[-2]
 
 
 def test_upgrade_report_lines_kinds_and_summary(tree, capsys):
@@ -308,3 +311,15 @@ def test_hyper_comm_grid_uses(tmp_path, capsys):
     )
     status, lines, summary = _report(path, "0.15:0.19", capsys)
     assert (status, lines) == (0, []) and summary.endswith("nothing breaks")
+
+
+def test_upgrade_points_at_layout_diff(tree, capsys):
+    main(["port", str(tree), "--upgrade", "0.15:0.16"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    command = last.split(": ", 1)[1]
+    assert command.startswith("python -m parallel_state_ng layout ")
+    argv = command.split()[3:]  # the exact command runs, and shows the release pair's layout changes
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("layout diff 0.15 -> 0.16: they differ")
+    assert "timeout torch's default timeout -> the init timeout (ReleaseFacts.expert_group_timeout)" in out

@@ -4,18 +4,20 @@ From :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` (pure mat
 no GPUs): the sizes and dims, every group kind with its groups, ``--rank R``'s view (coordinates,
 groups, pipeline neighbours), node locality with a WARNING when tensor-parallel groups cross
 nodes; ``--share`` adds communicators per rank (:mod:`.communicators`). Formats ``text``, ``json``
-and ``svg`` (:mod:`.svg`). Work is O(world size) per kind. The tool: docs/tools.md#layout-tool.
+(a snapshot, :mod:`parallel_state_ng.layout.snapshot`, with the report under ``"report"``) and
+``svg`` (:mod:`.svg`); ``--check`` and ``--diff`` are in :mod:`.check`. Work is O(world size) per
+kind. The tool: docs/tools.md#layout-tool.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections.abc import Sequence
 from typing import Any, cast
 
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.snapshot import dumps_snapshot, snapshot_of
 from parallel_state_ng.tools.common import (
     UsageError,
     dims_text,
@@ -29,12 +31,14 @@ from parallel_state_ng.tools.common import (
     positive_int,
     write_output,
 )
+from parallel_state_ng.tools.layout import check
 
 __all__ = [
     "add_arguments",
     "run",
     "build_layout",
     "build_report",
+    "json_report",
     "render_text",
     "node_locality",
     "rank_view",
@@ -67,7 +71,9 @@ _OPTION_OF_ARGUMENT = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``layout`` command's options to ``parser``."""
     sizes = parser.add_argument_group("parallel sizes (initialize_model_parallel's arguments)")
-    sizes.add_argument("--world-size", type=positive_int, required=True, help="number of ranks")
+    sizes.add_argument(
+        "--world-size", type=positive_int, default=None, help="number of ranks (required, but not by --check)"
+    )
     sizes.add_argument("--tp", type=positive_int, default=1, help="tensor_model_parallel_size (default 1)")
     sizes.add_argument("--pp", type=positive_int, default=1, help="pipeline_model_parallel_size (default 1)")
     sizes.add_argument("--cp", type=positive_int, default=1, help="context_parallel_size (default 1)")
@@ -123,6 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     view.add_argument(
         "--no-gloo-twins", action="store_true", help="--share: count as with create_gloo_process_groups=False"
     )
+    check.add_arguments(parser)
 
 
 # --------------------------------------------------------------------------- model
@@ -297,6 +304,17 @@ def build_report(
     }
 
 
+def json_report(layout: MegatronLayout, report: dict[str, Any]) -> str:
+    """``--format json``: the layout's snapshot (every kind), then the report under ``"report"``.
+
+    The snapshot part (:mod:`parallel_state_ng.layout.snapshot`) is what ``--check`` and
+    ``--diff`` read; ``report`` (sizes, dims, locality, warnings, the rank view, the selected
+    kinds' descriptions and counts) depends on the report options and is not checked.
+    """
+    extra = {**report, "kinds": {k: {n: v for n, v in e.items() if n != "groups"} for k, e in report["kinds"].items()}}
+    return dumps_snapshot(snapshot_of(layout), {"report": extra})
+
+
 # --------------------------------------------------------------------------- text
 def _span_text(loc: dict[str, int]) -> str:
     return str(loc["min_nodes"]) if loc["min_nodes"] == loc["max_nodes"] else f"{loc['min_nodes']}-{loc['max_nodes']}"
@@ -355,6 +373,10 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
 # --------------------------------------------------------------------------- command
 def run(args: argparse.Namespace, stdout: Any) -> int:
     """Run the ``layout`` command for parsed ``args``; returns the exit code."""
+    if check.wanted(args):
+        return check.run(args, stdout, build_layout)
+    if args.world_size is None:
+        raise UsageError("the following arguments are required: --world-size")
     layout = build_layout(args)
     gpus_per_node = resolve_gpus_per_node(args.world_size, args.gpus_per_node)
     known = layout.kinds()
@@ -401,6 +423,6 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
 
             ranks = [0, args.world_size - 1] + ([] if args.rank is None else [args.rank])
             report["communicators"] = communicator_report(layout, ranks, gloo=not args.no_gloo_twins)
-        text = json.dumps(report) + "\n" if args.format == "json" else render_text(report, full=args.full)
+        text = json_report(layout, report) if args.format == "json" else render_text(report, full=args.full)
     write_output(text, args.output, stdout)
     return 0

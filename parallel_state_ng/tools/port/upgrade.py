@@ -31,7 +31,14 @@ from parallel_state_ng.tools.port.source_scan import (
     shorten,
 )
 from parallel_state_ng.tools.port.table import PARALLEL_STATE
-from parallel_state_ng.tools.port.upgrade_report import KINDS, NO_EQUIVALENT, FileCheck, Finding, summary  # noqa: F401 (re-exported)
+from parallel_state_ng.tools.port.upgrade_report import (  # noqa: F401 (re-exported)
+    KINDS,
+    NO_EQUIVALENT,
+    FileCheck,
+    Finding,
+    layout_diff_line,
+    summary,
+)
 from parallel_state_ng.tools.port.upgrade_report import no_equivalent as _no_equivalent
 
 __all__ = ["Finding", "FileCheck", "KINDS", "parse_upgrade", "check_source", "check_file", "run"]
@@ -419,4 +426,5 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         for finding in check.findings or []:
             print(finding.format(), file=stdout)
     print(summary(checks, old, new), file=stdout)
+    print(layout_diff_line(old, new), file=stdout)
     return 1 if any(c.findings for c in checks) else 0

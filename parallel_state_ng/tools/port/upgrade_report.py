@@ -4,7 +4,8 @@
 of finding in the order the summary lists them, :class:`FileCheck` one file's result;
 :func:`summary` writes the closing line over all files and :func:`no_equivalent` the fix given
 when nothing replaces what was removed. The checks are in :mod:`.upgrade`, which re-exports these
-names. The check: docs/tools.md#upgrade-check.
+names; :func:`layout_diff_line` the closing pointer at ``layout --diff`` for the same releases.
+The check: docs/tools.md#upgrade-check.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 
 from parallel_state_ng.releases import Release
 from parallel_state_ng.tools.common import plural
+from parallel_state_ng.tools.layout.check import diff_command
 from parallel_state_ng.tools.port.table import PARALLEL_STATE
 
-__all__ = ["NO_EQUIVALENT", "KINDS", "Finding", "FileCheck", "no_equivalent", "summary"]
+__all__ = ["NO_EQUIVALENT", "KINDS", "Finding", "FileCheck", "no_equivalent", "summary", "layout_diff_line"]
 
 NO_EQUIVALENT = "removed, no equivalent"
 #: Kinds of breaking findings, in the order the summary lists them.
@@ -98,3 +100,11 @@ def summary(checks: list[FileCheck], old: Release, new: Release) -> str:
     if errors:
         text += f"; {plural(errors, 'file')} could not be read or parsed"
     return text
+
+
+def layout_diff_line(old: Release, new: Release) -> str:
+    """The report's last line: the ``layout --diff`` command for the same two releases."""
+    return (
+        f"process groups that change {old.series} -> {new.series} (put your job's sizes): "
+        f"{diff_command(old.series, new.series)}"
+    )

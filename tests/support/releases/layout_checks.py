@@ -266,3 +266,66 @@ def check_release(series: str, configs: list[dict], seed: int) -> dict:
         if local <= 256:
             stats["generator_checks"] += _check_generator(ps, lay, series, mismatches)
     return {"stats": stats, "mismatches": mismatches[:40], "mismatch_count": len(mismatches)}
+
+
+def _gloo_kinds() -> dict[str, str]:
+    """A gloo twin's ``group_desc`` -> its kind."""
+    from parallel_state_ng.layout.kinds import GROUP_KINDS
+
+    return {kind.gloo_desc: name for name, kind in GROUP_KINDS.items() if kind.gloo_desc}
+
+
+def record_layouts(series: str, configs: list[dict]) -> list[dict]:
+    """The release's own ``initialize_model_parallel`` (default options) per configuration, recorded.
+
+    For each configuration, init runs once as rank 0 against the recording stand-in (MCore asks
+    every rank to create every group, so one rank records them all) with its defaults: gloo twins
+    on, no all-gather or hybrid groups. Returns, per configuration, ``{"kinds": {kind: {"desc",
+    "timeout", "gloo", "groups"}}}`` in the release's creation order (``timeout``: ``"init"`` when
+    the release passed a timeout, else ``"torch"``; ``gloo``: the twin's desc and timeout, or
+    ``None``), or ``{"error": ...}`` where the release rejects the configuration, and
+    ``{"problems": [...]}`` for groups no kind explains.
+    """
+    import sys
+
+    sys.modules.setdefault("megatron.core.transformer.moe.fused_a2a", None)
+    import megatron.core.parallel_state as ps
+
+    twins = _gloo_kinds()
+    out = []
+    for cfg in configs:
+        created: list[_Group] = []
+        _install_fakes(ps, cfg["world_size"], created)
+        _CURRENT[0] = 0
+        params = inspect.signature(ps.initialize_model_parallel).parameters
+        try:
+            ps.initialize_model_parallel(**{k: v for k, v in cfg.items() if k in params})
+        except Exception as exc:  # the release rejects the configuration
+            out.append({"error": f"{type(exc).__name__}: {exc}"})
+            continue
+        finally:
+            ps.destroy_model_parallel()
+        kinds: dict[str, dict] = {}
+        gloo: dict[str, list[_Group]] = {}
+        problems = []
+        for group in created:
+            rule = "torch" if group.timeout is None else "init"
+            if group.desc in twins:
+                gloo.setdefault(twins[group.desc], []).append(group)
+                continue
+            kind = _desc_to_kind(group.desc or "")
+            if kind is None:
+                problems.append(f"no kind for group_desc {group.desc!r}")
+                continue
+            entry = kinds.setdefault(kind, {"desc": group.desc, "timeout": rule, "gloo": None, "groups": []})
+            if entry["timeout"] != rule:
+                problems.append(f"{kind}: groups with timeouts {entry['timeout']} and {rule}")
+            entry["groups"].append(group.ranks)
+        for kind, groups in gloo.items():
+            rules = {"torch" if g.timeout is None else "init" for g in groups}
+            if kind not in kinds or len(rules) != 1 or [g.ranks for g in groups] != kinds[kind]["groups"]:
+                problems.append(f"{kind}: gloo twins {[g.ranks for g in groups]} with timeouts {rules}")
+                continue
+            kinds[kind]["gloo"] = {"desc": groups[0].desc, "timeout": rules.pop()}
+        out.append({"kinds": kinds, "problems": problems})
+    return out
