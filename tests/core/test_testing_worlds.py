@@ -242,7 +242,18 @@ def test_the_plugin_serves_a_users_test_file(environment_before_pytester, pytest
     (example,) = [b for b in docs.parse("docs/testing.md") if b.kind == "python" and "psng_gloo_world" in b.code]
     pytester.makepyfile(test_example=example.code)
     pytester.makepyfile(
-        test_timeout_option="def test_the_ini_timeout(psng_gloo_world):\n    assert psng_gloo_world(2).timeout == 45.0\n"
+        test_session_worlds="""
+def test_the_ini_timeout(psng_gloo_world):
+    assert psng_gloo_world(2).timeout == 45.0
+
+
+def test_a_closed_world_is_replaced(psng_gloo_world):
+    first = psng_gloo_world(2)
+    assert psng_gloo_world(2) is first
+    first.close()
+    second = psng_gloo_world(2)
+    assert second is not first and not second.closed and second.run(len, "ab") == [2, 2]
+"""
     )
     pytester.makeini("[pytest]\npsng_gloo_timeout = 45\n")
     # The session's fork server serves only the environment it started with: keep that (else the
@@ -253,7 +264,7 @@ def test_the_plugin_serves_a_users_test_file(environment_before_pytester, pytest
         else:
             monkeypatch.delenv(name)
     result = pytester.runpytest("-p", PLUGIN, "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     bad = pytester.runpytest("-p", PLUGIN, "-p", "no:cacheprovider", "--psng-gloo-timeout=0")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--psng-gloo-timeout must be a positive number of seconds, got '0'*"])
