@@ -109,8 +109,10 @@ class WorldTimeoutError(WorldError, TimeoutError):
         self.unfinished = sorted(stacks)
         self.stacks = stacks
         self.errors = dict(sorted(errors.items()))
+        #: The failure in one line (the reason a closed world gives).
+        self.summary = f"{what}: rank(s) {self.unfinished} did not finish within {timeout} s"
         super().__init__(
-            f"{what}: rank(s) {self.unfinished} did not finish within {timeout} s; the world is closed"
+            f"{self.summary}; the world is closed"
             f"{_raised(self.errors)}{_sections('stack at the timeout (most recent call first)', stacks)}"
         )
 
@@ -133,8 +135,10 @@ class WorkerDiedError(WorldError):
         self.stacks = stacks
         self.errors = dict(sorted(errors.items()))
         codes = ", ".join(f"rank {rank}: exit code {code}" for rank, code in self.exit_codes.items())
+        #: The failure in one line (the reason a closed world gives).
+        self.summary = f"{what}: the process of rank(s) {list(self.exit_codes)} ended ({codes})"
         super().__init__(
-            f"{what}: the process of rank(s) {list(self.exit_codes)} ended ({codes}); the world is closed"
+            f"{self.summary}; the world is closed"
             f"{_raised(self.errors)}{_sections('stack of a rank still running', stacks)}"
         )
 

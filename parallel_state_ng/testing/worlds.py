@@ -313,7 +313,8 @@ class GlooWorld:
         """Close the world and raise: :class:`WorkerDiedError` if ``dead``, else :class:`WorldTimeoutError`.
 
         The answers already sent are taken first (a worker whose start failed reports why, then
-        ends); then the ranks still running the task are signalled for their stacks and stopped.
+        ends; or every rank answered at the deadline after all: then nothing is raised); then the
+        ranks still running the task are signalled for their stacks and stopped.
         """
         while True:
             try:
@@ -321,16 +322,18 @@ class GlooWorld:
             except queue.Empty:
                 break
             answers[rank] = (ok, value)
+        if not dead and len(answers) == self.world_size:
+            return  # the last answers came in at the deadline
         errors = {r: value for r, (ok, value) in answers.items() if not ok}
         running = [r for r in range(self.world_size) if r not in dead and r not in answers] if in_flight else []
         pids = {r: self._procs[r].pid for r in running}
         stacks = collect_stacks(self._directory, {r: pid for r, pid in pids.items() if pid is not None})
-        failure: WorldError
+        failure: WorldTimeoutError | WorkerDiedError
         if dead:
             failure = WorkerDiedError(what, dead, stacks, errors)
         else:
             failure = WorldTimeoutError(what, timeout, stacks, errors)
-        self._close(str(failure).split("; the world is closed")[0], hung=running)
+        self._close(failure.summary, hung=running)
         raise failure
 
     def _close(self, reason: str, hung: Iterable[int]) -> None:
