@@ -1,4 +1,4 @@
-"""Shared pytest fixtures (simulated ranks on the fake backend, persistent gloo worlds) and markers.
+"""Shared pytest fixtures and markers; simulated ranks and gloo worlds come from the public plugin.
 
 Imports are package-style (``tests.support.X``): the repository root is on ``sys.path`` through
 ``pythonpath`` in pyproject.toml, so nothing here edits ``sys.path``.
@@ -13,8 +13,12 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
+# The public fixtures (parallel_state_ng/testing/pytest_plugin.py), aliased below; pytester for
+# the plugin's own test.
+pytest_plugins = ["parallel_state_ng.testing.pytest_plugin", "pytester"]
+
 # Fixtures whose users run code in worker processes.
-_PROCESS_FIXTURES = frozenset({"gloo_world", "fresh_world_2"})
+_PROCESS_FIXTURES = frozenset({"gloo_world", "psng_gloo_world", "fresh_world_2"})
 
 
 def _weight(item: pytest.Item) -> int:
@@ -64,38 +68,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 @pytest.fixture
-def fake_world():
-    """Return ``init(rank, world_size)`` that (re)initializes a fake-backend world.
-
-    The default process group is destroyed after the test, so tests stay independent.
-    """
-    from tests.support.worlds.fake import fake_world
-
-    yield fake_world
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def fake_world(psng_simulated_rank):
+    """``init(rank, world_size)``: the plugin's ``psng_simulated_rank`` under this suite's name."""
+    return psng_simulated_rank
 
 
 @pytest.fixture(scope="session")
-def gloo_world():
-    """Return ``get(world_size)``: a persistent :class:`tests.support.worlds.gloo.GlooWorld`, one per size.
-
-    Worlds are shared by all tests of one pytest(-xdist) worker process and closed at the end
-    of the session; a world that failed (timeout, dead worker) is replaced on the next get.
-    """
-    from tests.support.worlds.gloo import GlooWorld
-
-    worlds: dict[int, GlooWorld] = {}
-
-    def get(world_size: int) -> GlooWorld:
-        world = worlds.get(world_size)
-        if world is None or world.closed:
-            world = worlds[world_size] = GlooWorld(world_size)
-        return world
-
-    yield get
-    for world in worlds.values():
-        world.close()
+def gloo_world(psng_gloo_world):
+    """``get(world_size)``: the plugin's ``psng_gloo_world`` under this suite's name."""
+    return psng_gloo_world
 
 
 @pytest.fixture

@@ -1,1 +1,4 @@
-"""Helpers for tests and examples: running Megatron on CPU (:mod:`parallel_state_ng.testing.megatron_cpu`)."""
+"""Helpers for tests and examples: test worlds and their pytest fixtures
+(:mod:`parallel_state_ng.testing.worlds`, :mod:`parallel_state_ng.testing.pytest_plugin`), running
+Megatron on CPU (:mod:`parallel_state_ng.testing.megatron_cpu`).
+"""

@@ -301,7 +301,7 @@ def _check(results: list[dict], tp_sizes, expected_names: dict | None = None) ->
 @pytest.fixture(scope="module")
 def fresh_world_2():
     """Two workers that have never imported megatron (the shared worlds may have)."""
-    from tests.support.worlds.gloo import GlooWorld
+    from parallel_state_ng.testing.worlds import GlooWorld
 
     world = GlooWorld(2)
     yield world

@@ -48,7 +48,7 @@ def _compare(results: list[dict], cfgs: list[TrainConfig]) -> None:
 @pytest.mark.network
 @pytest.mark.parametrize("world", [4, 8])
 def test_collection_trains_exactly_like_the_global_path(world):
-    from tests.support.worlds.gloo import GlooWorld
+    from parallel_state_ng.testing.worlds import GlooWorld
 
     path = str(mcore_releases.release_dir(mcore_releases.RELEASES["0.19"]))
     cfgs = [cfg.replace(megatron_path=path) for cfg in LAYOUTS if cfg.world_size == world]

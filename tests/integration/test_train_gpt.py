@@ -84,7 +84,7 @@ def _check_variants(results: list[dict], cfgs: list[TrainConfig]) -> dict[str, l
 
 
 def _run_fresh(world_size: int, cfgs: list[TrainConfig], timeout: float) -> list[dict]:
-    from tests.support.worlds.gloo import GlooWorld
+    from parallel_state_ng.testing.worlds import GlooWorld
 
     world = GlooWorld(world_size)
     try:

@@ -34,8 +34,8 @@ VARIANTS = ("compat-before", "mcore", "compat-after")
 @pytest.mark.network
 @pytest.mark.parametrize("version", OTHER_RELEASES)
 def test_core_loop_trains_bit_identically_on_release(version):
+    from parallel_state_ng.testing.worlds import GlooWorld
     from scripts.examples.gpt import training as gpt_training
-    from tests.support.worlds.gloo import GlooWorld
 
     cfg = TrainConfig(tp=1, pp=2, vpp=2, steps=2, megatron_path=str(release_dir(version)))
     world = GlooWorld(cfg.world_size)

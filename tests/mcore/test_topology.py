@@ -198,7 +198,7 @@ def multi_module_report() -> dict:
 
     import megatron.core
 
-    from tests.support.worlds.fake import fake_world
+    from parallel_state_ng.testing.worlds import init_simulated_rank
 
     # role.py alone: the mimo package's __init__ imports the whole model stack (and triton).
     path = Path(megatron.core.__path__[0]) / "models" / "mimo" / "config" / "role.py"
@@ -213,7 +213,7 @@ def multi_module_report() -> dict:
         spec = spec_of()
         world = max(s.ranks.stop for s in spec)
         for rank in range(world):
-            fake_world(rank, world)
+            init_simulated_rank(rank, world, replace=True)
             with build_topology(spec) as topo:
                 mm = topo.multi_module_collection()
                 role = RankRole.build(["vision"], topo.module_to_grid_map())

@@ -6,11 +6,12 @@ call with its arguments, a module global, ...) to a plain, comparable value (:fu
 snapshots taken in the same situation (fake-backend world, rank, init arguments) compare with
 :func:`compare`. One namespace (``from tests.support.differential import library as D``) over
 :mod:`~tests.support.differential.api`, :mod:`~tests.support.differential.snapshot`,
-:mod:`~tests.support.differential.observe` and :func:`~tests.support.worlds.fake.fake_world`.
+:mod:`~tests.support.differential.observe` and :func:`fake_world`.
 """
 
 from __future__ import annotations
 
+from parallel_state_ng.testing.worlds import init_simulated_rank
 from tests.support.differential.api import (
     _BOOL,
     ABSENT,
@@ -65,7 +66,6 @@ from tests.support.differential.snapshot import (
     snapshot,
     snapshot_uninitialized,
 )
-from tests.support.worlds.fake import fake_world
 
 __all__ = [
     "ABSENT",
@@ -119,3 +119,8 @@ __all__ = [
     "_short",
     "_timeout_repr",
 ]
+
+
+def fake_world(rank: int, world_size: int) -> None:
+    """(Re)initialize the default process group as rank ``rank`` of a fake ``world_size``-rank world."""
+    init_simulated_rank(rank, world_size, replace=True)

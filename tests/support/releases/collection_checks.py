@@ -16,8 +16,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from parallel_state_ng.testing.worlds import init_simulated_rank
 from tests.support.differential.observe import reset_mcore
-from tests.support.worlds.fake import fake_world
 
 _SIZE_KEYS = (
     "tensor_model_parallel_size",
@@ -130,7 +130,7 @@ def _reference(world: int, rank: int, kwargs: dict[str, Any]) -> Any:
     import megatron.core.parallel_state as mps
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    fake_world(rank, world)
+    init_simulated_rank(rank, world, replace=True)
     reset_mcore()  # MCore's destroy leaves globals behind; a failed init leaves more
     try:
         mps.initialize_model_parallel(create_gloo_process_groups=False, **kwargs)
@@ -144,7 +144,7 @@ def _reference(world: int, rank: int, kwargs: dict[str, Any]) -> Any:
 def _ours(world: int, rank: int, kwargs: dict[str, Any]) -> Any:
     from parallel_state_ng.builders.collection import build_megatron_groups
 
-    fake_world(rank, world)
+    init_simulated_rank(rank, world, replace=True)
     ours = dict(kwargs)
     if "local_world_size" in ours:
         ours["world_size"] = ours.pop("local_world_size")

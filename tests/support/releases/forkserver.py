@@ -27,9 +27,9 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from parallel_state_ng.testing.forking import DISABLE_VAR, env_key
 from tests.support.paths import ROOT
 from tests.support.releases import binding
-from tests.support.worlds.forking import DISABLE_VAR, env_key
 
 # --------------------------------------------------------------------------- server side
 # Protocol, JSON lines: the parent sends ``{dest, module, function, args, env, cwd, out, err}``

@@ -72,12 +72,12 @@ def run() -> dict[str, Any]:
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
     from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer, megatron_schedule
-    from tests.support.worlds.fake import fake_world
+    from parallel_state_ng.testing.worlds import init_simulated_rank
 
     problems: list[str] = []
     cases = 0
     for world, pp, vp, rank in [(4, 1, None, 3), (8, 2, None, 5), (8, 2, 2, 6), (8, 4, 2, 7), (8, 4, None, 2)]:
-        fake_world(rank, world)
+        init_simulated_rank(rank, world, replace=True)
         mps.initialize_model_parallel(
             tensor_model_parallel_size=2,
             pipeline_model_parallel_size=pp,
@@ -107,7 +107,7 @@ def run() -> dict[str, Any]:
             problems.append(f"{what}: pg_collection.pp is not the module's pp group")
         groups.destroy()
         cases += 1
-    fake_world(0, 2)
+    init_simulated_rank(0, 2, replace=True)
     if mps._GLOBAL_MEMORY_BUFFER is not None:
         problems.append("MCore's global memory buffer survived destroy_model_parallel")
     buffer = ensure_global_memory_buffer()

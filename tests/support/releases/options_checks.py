@@ -232,10 +232,10 @@ def _init(module: Any, kwargs: dict, cfgs: dict) -> None:
 def _play(mps: Any, ps: Any, recorder: CreationRecorder, kwargs: dict, cfgs: dict, rank: int, world: int) -> dict:
     """One rank: MCore's recorded creations, then compat's on the member and the split path."""
     from parallel_state_ng.groups.split import ENV_CREATION_PATH
+    from parallel_state_ng.testing.worlds import init_simulated_rank
     from tests.support.differential import library as D
-    from tests.support.worlds.fake import fake_world
 
-    fake_world(rank, world)
+    init_simulated_rank(rank, world, replace=True)
     D.reset_mcore()
     try:
         _init(mps, kwargs, cfgs)

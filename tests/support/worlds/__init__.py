@@ -1,1 +1,3 @@
-"""Worlds to run code in: simulated (fake backend, one process) and real (gloo, many processes)."""
+"""Worlds for the failure and split-path tests (simulated ranks and persistent gloo worlds are
+:mod:`parallel_state_ng.testing.worlds`).
+"""

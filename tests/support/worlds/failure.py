@@ -1,6 +1,6 @@
 """Short-lived gloo worlds in which ranks die or stop on purpose (failure tests).
 
-:class:`tests.support.worlds.gloo.GlooWorld` keeps its workers for many tests and is closed as
+:class:`parallel_state_ng.testing.worlds.GlooWorld` keeps its workers for many tests and is closed as
 soon as one dies; failure tests need the opposite: a fresh world per test whose ranks may
 ``os._exit`` or ``SIGSTOP`` themselves (:func:`run_world`). :func:`lose_rank` kills a rank and
 has the others detect and agree on it; :func:`kept_after_shrink` checks the outcome of a
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from tests.support.worlds.gloo import worker_context
+from parallel_state_ng.testing.forking import worker_context
 
 
 def _worker(rank: int, world_size: int, directory: str, fn: Callable[..., Any], args: tuple, outbox, env: dict) -> None:
@@ -48,7 +48,7 @@ def run_world(
 ) -> dict[int, Any]:
     """Run ``fn(rank, directory, *args)`` on ``world_size`` fresh gloo ranks; ``{rank: result}``.
 
-    The processes are forked from the fork server of :mod:`tests.support.worlds.gloo`, which has
+    The processes are forked from the fork server of :mod:`parallel_state_ng.testing.forking`, which has
     imported torch (spawned where that cannot serve the environment), and join a gloo world over
     a ``FileStore`` in ``directory`` (no ports: ``pytest -n auto`` safe). A rank that died
     reports nothing; a rank whose ``fn`` raised reports ``("raised", type name, message,

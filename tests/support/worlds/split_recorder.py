@@ -17,7 +17,7 @@ from typing import Any
 import torch.distributed as dist
 
 from parallel_state_ng.groups.split import ENV_CREATION_PATH
-from tests.support.worlds.fake import fake_world
+from parallel_state_ng.testing.worlds import init_simulated_rank
 
 __all__ = ["SplitRecorder", "creation_env", "recording", "play_world", "check_protocol", "compare_paths"]
 
@@ -75,7 +75,7 @@ def play_world(world: int, build: Callable[[], Any]) -> tuple[dict[int, list], d
     calls: dict[int, list] = {}
     results: dict[int, dict] = {}
     for rank in range(world):
-        fake_world(rank, world)
+        init_simulated_rank(rank, world, replace=True)
         with recording(SplitRecorder()) as recorder:
             with creation_env("split"):
                 on_split = build()
