@@ -31,6 +31,7 @@ __all__ = [
     "score_layout",
     "suggest_orders",
     "why_crossing",
+    "suggest_fill",
     "suggest_placements",
 ]
 
@@ -158,6 +159,23 @@ def why_crossing(layout: MegatronLayout, domains: NvlinkDomains, kinds: Sequence
                 f"in some domain"
             )
     return reasons
+
+
+def suggest_fill(
+    layout_arguments: Mapping[str, Any], domains: NvlinkDomains, keep_inside: Sequence[str], step: int = 1
+) -> tuple[int, OrderCandidate] | None:
+    """The most GPUs per domain to use (a multiple of ``step``, at most the domain size) for which
+    some accepted order keeps every kind of ``keep_inside`` inside a domain, with that order;
+    ``None`` when no fill does (e.g. a group larger than a domain).
+
+    Leaving GPUs of each domain unused (64 of 72) is the fix when group sizes do not divide the
+    domain size; the world then spans more domains.
+    """
+    for used in range(domains.domain_size - domains.domain_size % step, 0, -step):
+        candidates = suggest_orders(layout_arguments, NvlinkDomains(domains.domain_size, used), keep_inside)
+        if candidates and not candidates[0].crossing_kinds:
+            return used, candidates[0]
+    return None
 
 
 # --------------------------------------------------------------------------- topologies

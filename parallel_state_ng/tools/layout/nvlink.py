@@ -20,7 +20,7 @@ from parallel_state_ng.layout.nvlink_domains import (
     crossing_report,
     kinds_crossing,
 )
-from parallel_state_ng.layout.nvlink_suggest import suggest_orders, why_crossing
+from parallel_state_ng.layout.nvlink_suggest import suggest_fill, suggest_orders, why_crossing
 from parallel_state_ng.tools.common import UsageError, format_ranks, name_list, plural, positive_int
 
 __all__ = [
@@ -141,9 +141,11 @@ def nvlink_section(
     kinds: Sequence[str] | None = None,
     suggest: bool = False,
     top: int = DEFAULT_TOP,
+    node_size: int = 1,
 ) -> dict[str, Any]:
     """The report's ``"nvlink"`` section: domains, crossing stats per kind, kept kinds crossing,
-    and with ``suggest`` the best orders (and, when none keeps every kind inside, why).
+    and with ``suggest`` the best orders; when none keeps every kind inside, why, and the most
+    GPUs per domain (a multiple of ``node_size``) with which one does (``"fill"``).
     """
     built = layout.kinds()
     shown = [k for k in dict.fromkeys([*(built if kinds is None else kinds), *keep_inside]) if k in built]
@@ -165,6 +167,16 @@ def nvlink_section(
         best = candidates[0] if candidates else None
         stuck = best is not None and best.crossing_kinds
         section["why_not"] = why_crossing(layout, domains, keep_inside) if stuck else []
+        fill = suggest_fill(arguments, domains, keep_inside, node_size) if stuck else None
+        section["fill"] = (
+            None
+            if fill is None
+            else {
+                "gpus_used_per_domain": fill[0],
+                "order": fill[1].order,
+                "num_domains": NvlinkDomains(domains.domain_size, fill[0]).num_domains(layout.world_size),
+            }
+        )
     return section
 
 
@@ -220,6 +232,14 @@ def _suggestion_lines(section: Mapping[str, Any], option: str) -> list[str]:
             "each kind fits on its own, but no order places the groups of all of them inside domains at once"
         ]
         lines += [f"    - {r}" for r in reasons]
+        fill = section.get("fill")
+        if fill:
+            lines.append(
+                f"  --gpus-used-per-domain {fill['gpus_used_per_domain']} with --order {fill['order']} keeps them "
+                f"inside ({fill['num_domains']} domains, GPUs left unused in each)"
+            )
+        else:
+            lines.append("  no number of GPUs used per domain keeps them all inside either")
     else:
         lines.append(f"  the first keeps {kept} inside a domain")
     return lines

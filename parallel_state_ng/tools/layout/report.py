@@ -416,7 +416,13 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
             report["communicators"] = communicator_report(layout, ranks, gloo=not args.no_gloo_twins)
         if domains is not None:
             report["nvlink"] = nvlink.nvlink_section(
-                layout, domains, keep_inside, kinds=args.kinds, suggest=args.suggest_order, top=args.top
+                layout,
+                domains,
+                keep_inside,
+                kinds=args.kinds,
+                suggest=args.suggest_order,
+                top=args.top,
+                node_size=gpus_per_node,
             )
         text = json.dumps(report) + "\n" if args.format == "json" else render_text(report, full=args.full)
         if domains is not None and args.format == "text":
