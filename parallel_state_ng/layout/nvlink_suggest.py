@@ -171,7 +171,17 @@ def suggest_fill(
     Leaving GPUs of each domain unused (64 of 72) is the fix when group sizes do not divide the
     domain size; the world then spans more domains.
     """
+    try:
+        layout = MegatronLayout(**layout_arguments)
+    except (RuntimeError, AssertionError, KeyError, ValueError, TypeError):
+        return None
+    # a kind's group size is the same under every order; a used count it does not divide fails
+    sizes = {_group_size(layout, k) for k in keep_inside if k in layout.kinds()}
     for used in range(domains.domain_size - domains.domain_size % step, 0, -step):
+        if any(size > used for size in sizes):
+            return None  # fewer GPUs per domain only makes it worse
+        if any(used % size for size in sizes):
+            continue
         candidates = suggest_orders(layout_arguments, NvlinkDomains(domains.domain_size, used), keep_inside)
         if candidates and not candidates[0].crossing_kinds:
             return used, candidates[0]
