@@ -40,44 +40,57 @@ def _crossing_text(crossing: dict[str, int], kinds: tuple[str, ...]) -> str:
     return ", ".join(f"{k} {crossing[k]}" for k in kinds) or "none"
 
 
+def row(world: int, size: int, used: int, tp: int, pp: int, ep: int, etp: int) -> dict[str, Any] | None:
+    """One configuration's row (``None``: the release refuses the configuration)."""
+    arguments = {
+        "world_size": world,
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "expert_model_parallel_size": ep,
+        "expert_tensor_parallel_size": etp,
+        "release": RELEASE,
+    }
+    try:
+        layout = MegatronLayout(**arguments)
+    except (RuntimeError, AssertionError, ValueError):
+        return None
+    domains = NvlinkDomains(size, used)
+    before = score_layout(layout, domains, LATENCY_CRITICAL_KINDS)
+    best = suggest_orders(arguments, domains, LATENCY_CRITICAL_KINDS)[0]
+    fill = suggest_fill(arguments, domains, LATENCY_CRITICAL_KINDS, TRAY) if best.crossing_kinds else None
+    return {
+        "world": world,
+        "domain": size if used == size else f"{used}/{size}",
+        "tp": tp,
+        "pp": pp,
+        "dp": layout.data_parallel_size,
+        "ep": ep,
+        "etp": etp,
+        "default": _crossing_text(dict(before.crossing), before.crossing_kinds),
+        "best_order": best.order,
+        "after": _crossing_text(dict(best.crossing), best.crossing_kinds),
+        "why": "; ".join(_short(r) for r in why_crossing(layout, domains, best.crossing_kinds)),
+        "fill": None if fill is None else f"{fill[0]}/{size}, `{fill[1].order}`",
+    }
+
+
 def rows() -> list[dict[str, Any]]:
     """One row per accepted configuration (see the module docstring)."""
     out = []
     for (world, size, used), tp, pp, ep in itertools.product(MACHINES, TP, PP, EP):
         for etp in dict.fromkeys((1, tp)):
-            arguments = {
-                "world_size": world,
-                "tensor_model_parallel_size": tp,
-                "pipeline_model_parallel_size": pp,
-                "expert_model_parallel_size": ep,
-                "expert_tensor_parallel_size": etp,
-                "release": RELEASE,
-            }
-            try:
-                layout = MegatronLayout(**arguments)
-            except (RuntimeError, AssertionError, ValueError):
-                continue
-            domains = NvlinkDomains(size, used)
-            before = score_layout(layout, domains, LATENCY_CRITICAL_KINDS)
-            best = suggest_orders(arguments, domains, LATENCY_CRITICAL_KINDS)[0]
-            fill = suggest_fill(arguments, domains, LATENCY_CRITICAL_KINDS, TRAY) if best.crossing_kinds else None
-            out.append(
-                {
-                    "world": world,
-                    "domain": size if used == size else f"{used}/{size}",
-                    "tp": tp,
-                    "pp": pp,
-                    "dp": layout.data_parallel_size,
-                    "ep": ep,
-                    "etp": etp,
-                    "default": _crossing_text(dict(before.crossing), before.crossing_kinds),
-                    "best_order": best.order,
-                    "after": _crossing_text(dict(best.crossing), best.crossing_kinds),
-                    "why": "; ".join(_short(r) for r in why_crossing(layout, domains, best.crossing_kinds)),
-                    "fill": None if fill is None else f"{fill[0]}/{size}, `{fill[1].order}`",
-                }
-            )
+            found = row(world, size, used, tp, pp, ep, etp)
+            if found is not None:
+                out.append(found)
     return out
+
+
+def markdown_row(r: dict[str, Any]) -> str:
+    """One row of the markdown table."""
+    return (
+        f"| {r['world']} | {r['domain']} | {r['tp']} | {r['pp']} | {r['dp']} | {r['ep']} | {r['etp']} "
+        f"| {r['default']} | `{r['best_order']}` | {r['after']} | {r['why']} | {r['fill'] or 'none'} |"
+    )
 
 
 def markdown(table: list[dict[str, Any]]) -> str:
@@ -95,10 +108,7 @@ def markdown(table: list[dict[str, Any]]) -> str:
             key = f"world {r['world']} on domains of {r['domain']}"
             clean[key] = clean.get(key, 0) + 1
             continue
-        lines.append(
-            f"| {r['world']} | {r['domain']} | {r['tp']} | {r['pp']} | {r['dp']} | {r['ep']} | {r['etp']} "
-            f"| {r['default']} | `{r['best_order']}` | {r['after']} | {r['why']} | {r['fill'] or 'none'} |"
-        )
+        lines.append(markdown_row(r))
     lines.append("")
     lines.append(
         "Nothing crosses under the default order in the other accepted configurations: "

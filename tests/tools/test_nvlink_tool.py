@@ -182,3 +182,16 @@ def test_topology_report_and_placements(capsys, tmp_path):
     svg = _run(capsys, "topology", *common, "--format", "svg")
     root = ET.fromstring(svg)
     assert [el.get("data-domain") for el in root.iter(f"{SVG}line") if el.get("class") == "domain-start"] == ["0", "1"]
+
+
+@pytest.mark.parametrize("shape", [(288, 72, 72, 2, 2, 16, 1), (128, 72, 72, 2, 2, 64, 1), (256, 72, 64, 2, 2, 64, 2)])
+def test_docs_crossing_table_rows_are_what_the_script_prints(shape):
+    """Rows of docs/nvlink.md's table, recomputed by scripts/bench/nvlink_table.py (the whole
+    table: ``python -m scripts.bench.nvlink_table``).
+    """
+    from scripts.bench.nvlink_table import markdown_row, row
+
+    computed = row(*shape)
+    assert computed is not None
+    with open(os.path.join(ROOT, "docs", "nvlink.md"), encoding="utf-8") as fh:
+        assert markdown_row(computed) + "\n" in fh.read()

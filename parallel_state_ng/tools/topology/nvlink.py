@@ -28,17 +28,20 @@ def topology_nvlink_section(
     keep_inside: Sequence[str],
     module_kinds: Mapping[str, Sequence[str]],
     *,
+    kinds: Sequence[str] | None = None,
     suggest: bool = False,
     top: int = 5,
 ) -> dict[str, Any]:
-    """The topology report's ``"nvlink"`` section: domains, each module's crossing stats, and with
-    ``suggest`` the best arrangements of the modules.
+    """The topology report's ``"nvlink"`` section: domains, each module's crossing stats (the
+    ``kinds`` shown, default all, and every kept kind the module builds; ``module_kinds``: name ->
+    the kinds it builds), and with ``suggest`` the best arrangements of the modules.
     """
     world = placements[0].layout.world_size
     modules = {}
     for p in placements:
-        kept = [k for k in keep_inside if k in module_kinds[p.name]]
-        modules[p.name] = nvlink_section(p.layout, domains, kept, kinds=module_kinds[p.name])
+        own = module_kinds[p.name]
+        kept = [k for k in keep_inside if k in own]
+        modules[p.name] = nvlink_section(p.layout, domains, kept, kinds=[k for k in own if kinds is None or k in kinds])
         del modules[p.name]["domains"]
     section: dict[str, Any] = {
         "domains": domains.describe(world),

@@ -350,9 +350,9 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         if domains is not None:
             from parallel_state_ng.tools.topology.nvlink import render_topology_nvlink, topology_nvlink_section
 
-            own = {p.name: [k for k in module_kinds(p) if args.kinds is None or k in args.kinds] for p in placements}
+            own = {p.name: module_kinds(p) for p in placements}
             report["nvlink"] = topology_nvlink_section(
-                placements, domains, keep_inside, own, suggest=args.suggest_placement, top=args.top
+                placements, domains, keep_inside, own, kinds=args.kinds, suggest=args.suggest_placement, top=args.top
             )
         text = json.dumps(report) + "\n" if args.format == "json" else render_topology_text(report, full=args.full)
         if domains is not None and args.format == "text":
