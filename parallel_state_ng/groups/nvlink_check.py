@@ -214,18 +214,20 @@ def summarize_domain_ids(ranks: Sequence[int], values: list[str | None]) -> dict
     """
     if all(v is None for v in values):
         return None
-    decoded = [None if v is None else json.loads(v) for v in values]
+    # the values repeat (one per domain): decode each distinct one once
+    distinct: dict[str | None, Any] = {v: None if v is None else json.loads(v) for v in dict.fromkeys(values)}
     shapes: dict[str, list[int]] = {}
-    for rank, d in zip(ranks, decoded, strict=True):
-        shapes.setdefault(_shape(d), []).append(rank)
-    if len(shapes) > 1:
+    shape_of = {v: _shape(d) for v, d in distinct.items()}
+    if len(set(shape_of.values())) > 1:
+        for rank, v in zip(ranks, values, strict=True):
+            shapes.setdefault(shape_of[v], []).append(rank)
         kinds = "; ".join(f"{shape} on ranks {_ranges(members)}" for shape, members in shapes.items())
         return {"error": f"the NVLink domain ids of the ranks differ in type or length ({kinds})"}
-    index: dict[str, int] = {}
+    index: dict[str, int] = {}  # an id (its JSON) -> domain number, by first appearance
+    domain_of_value = {v: index.setdefault(json.dumps(d[1]), len(index)) for v, d in distinct.items()}
     runs: list[list[int]] = []
-    for d in decoded:
-        key = json.dumps(d[1] if d is not None else None)
-        domain = index.setdefault(key, len(index))
+    for v in values:
+        domain = domain_of_value[v]
         if runs and runs[-1][0] == domain:
             runs[-1][1] += 1
         else:
@@ -238,11 +240,15 @@ def summarize_domain_ids(ranks: Sequence[int], values: list[str | None]) -> dict
     }
 
 
-def _domain_table(summary: Mapping[str, Any]) -> dict[int, int]:
+def _domain_lookup(summary: Mapping[str, Any]) -> Callable[[int], int]:
+    """Global rank -> domain number of the summary's participants (-1: not a participant)."""
     ranks = summary["ranks"]
-    order = range(*ranks["range"]) if "range" in ranks else ranks["list"]
     domains = [d for d, count in summary["runs"] for _ in range(count)]
-    return dict(zip(order, domains, strict=True))
+    if "range" in ranks:
+        start, stop = ranks["range"]
+        return lambda rank: domains[rank - start] if start <= rank < stop else -1
+    table = dict(zip(ranks["list"], domains, strict=True))
+    return lambda rank: table.get(rank, -1)
 
 
 def _name(domain: int, ids: Sequence[Any] | None) -> str:
@@ -292,7 +298,8 @@ def check_domains(
     mode, kinds = nvlink_check_settings()
     if mode == "off" or len({d for d, _ in summary["runs"]}) < 2:
         return []
-    table = _domain_table(summary)
+    lookup = _domain_lookup(summary)
+    contiguous = len(summary["runs"]) == len({d for d, _ in summary["runs"]}) and "range" in summary["ranks"]
     ids = summary.get("ids")
     findings = []
     for label, by_kind in groups_of(kinds).items():
@@ -301,7 +308,7 @@ def check_domains(
             groups = by_kind.get(kind)
             if not groups:
                 continue
-            stats = crossing_stats(groups, lambda r: table.get(r, -1), examples=_MAX_REPORTED)
+            stats = crossing_stats(groups, lookup, examples=_MAX_REPORTED, contiguous=contiguous)
             if not stats["crossing_groups"]:
                 continue
             shown = "; ".join(

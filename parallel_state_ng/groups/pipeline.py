@@ -107,9 +107,16 @@ def check_nvlink_domains(
         return []
 
     def groups(layout: MegatronLayout | Layout, kinds: Sequence[str]) -> dict[str, list[list[int]]]:
+        # groups of one rank never cross: not enumerated
         if isinstance(layout, MegatronLayout):
-            return {kind: layout.enumerate(kind) for kind in kinds if kind in layout.kinds()}
-        return {kind: layout.rank_enum([kind]) for kind in kinds if kind in layout.dim_names}
+            first = layout.rank_offset
+            return {
+                kind: layout.enumerate(kind)
+                for kind in kinds
+                if kind in layout.kinds() and len(layout.group(kind, first) or ()) > 1
+            }
+        named = [kind for kind in kinds if kind in layout.dim_names and layout.size_of(kind) > 1]
+        return {kind: layout.rank_enum([kind]) for kind in named}
 
     def groups_of(kinds: Sequence[str]) -> dict[str, dict[str, list[list[int]]]]:
         return {label: groups(layout, kinds) for label, layout in layouts.items()}

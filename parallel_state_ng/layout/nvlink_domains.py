@@ -92,18 +92,28 @@ class NvlinkDomains:
 
 
 def crossing_stats(
-    groups: Sequence[Sequence[int]], domain_of: Callable[[int], Hashable], *, examples: int = _MAX_EXAMPLES
+    groups: Sequence[Sequence[int]],
+    domain_of: Callable[[int], Hashable],
+    *,
+    examples: int = _MAX_EXAMPLES,
+    contiguous: bool = True,
 ) -> dict[str, Any]:
     """How one kind's ``groups`` sit in domains: counts, domains per group, crossing examples.
 
     Returns ``num_groups``, ``crossing_groups`` (groups spanning more than one domain),
     ``max_domains``, ``histogram`` (domains spanned -> number of groups, JSON keys as str) and
     up to ``examples`` crossing groups as ``{"ranks": [...], "domains": [...]}``.
+    ``contiguous``: every domain is an interval of ranks (as :class:`NvlinkDomains` places
+    them), so a group whose lowest and highest rank share a domain lies inside it (two lookups
+    per group instead of one per rank).
     """
     spans: Counter[int] = Counter()
     shown: list[dict[str, Any]] = []
     crossing = 0
     for members in groups:
+        if contiguous and members and domain_of(min(members)) == domain_of(max(members)):
+            spans[1] += 1
+            continue
         domains = list(dict.fromkeys(domain_of(r) for r in members))
         spans[len(domains)] += 1
         if len(domains) > 1:

@@ -7,6 +7,8 @@ accepts (``MegatronLayout`` validates it) is one row: the latency-critical kinds
 ep_tp, tp_ep_mp) that cross a domain under the default order, the best accepted order
 (``layout --suggest-order``) and what still crosses there, with the reason when nothing fits.
 Pure layout math. Prints a markdown table (docs/nvlink.md); ``--json`` prints the rows.
+``--check-cost N`` instead times the runtime check's two steps for N simulated ranks (64 per
+domain, NVML-style ids): the comparing rank's summary and one rank's check of the layout.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import itertools
 import json
 import re
+import time
 from typing import Any
 
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
@@ -118,11 +121,48 @@ def markdown(table: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_cost(world: int, per_domain: int = 64) -> dict[str, Any]:
+    """Milliseconds of the runtime check's summary and per-rank check for ``world`` ranks (tp 4,
+    pp 4, ep 16, etp 1), and the summary's size in bytes.
+    """
+    from parallel_state_ng.groups.agreement import AgreementResult
+    from parallel_state_ng.groups.nvlink_check import encode_domain_id, summarize_domain_ids
+    from parallel_state_ng.groups.pipeline import check_nvlink_domains
+
+    ids = [encode_domain_id(("nvml", ("ab" * 16, r // per_domain))) for r in range(world)]
+    start = time.perf_counter()
+    summary = summarize_domain_ids(range(world), ids)
+    summarized = time.perf_counter() - start
+    layout = MegatronLayout(
+        world_size=world,
+        tensor_model_parallel_size=4,
+        pipeline_model_parallel_size=4,
+        expert_model_parallel_size=16,
+        expert_tensor_parallel_size=1,
+        release=RELEASE,
+    )
+    result = AgreementResult("init", False, "agreed", world, summary=summary)
+    start = time.perf_counter()
+    findings = check_nvlink_domains(result, {"": layout}, name="init", rank=1)
+    checked = time.perf_counter() - start
+    return {
+        "world": world,
+        "summary_ms": round(summarized * 1000, 1),
+        "summary_bytes": len(json.dumps(summary)),
+        "check_ms": round(checked * 1000, 1),
+        "findings": len(findings),
+    }
+
+
 def main() -> None:
-    """Print the table (markdown, or JSON with ``--json``)."""
+    """Print the table (markdown, or JSON with ``--json``), or the check's cost (``--check-cost``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--check-cost", type=int, default=None, metavar="N", help="time the runtime check at N ranks")
     args = parser.parse_args()
+    if args.check_cost is not None:
+        print(json.dumps(check_cost(args.check_cost)))
+        return
     table = rows()
     print(json.dumps(table, indent=1) if args.json else markdown(table), end="")
 

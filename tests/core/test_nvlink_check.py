@@ -249,3 +249,14 @@ def test_gloo_tp_group_across_two_domains(gloo_world, how):
     warned = world.run_per_rank(_init_with_domain, [(d, "warn", how) for d in domains])
     assert [e["error"] for e in warned] == [None] * 4, warned
     assert [len(e["warnings"]) for e in warned] == [1, 0, 0, 0]  # the first participant reports
+
+
+def test_domains_that_are_not_intervals_are_checked_rank_by_rank(monkeypatch):
+    monkeypatch.setenv(nvlink_check.ENV_CHECK, "error")
+    monkeypatch.setenv(nvlink_check.ENV_KEEP_INSIDE, "tp")
+    layout = MegatronLayout(world_size=8, tensor_model_parallel_size=4, release="0.19")
+    # group [0..3]: its lowest and highest rank share rack "a", ranks 1-2 sit in "b"
+    summary = _summary(["a", "b", "b", "a", "a", "a", "a", "a"])
+    assert summary["runs"] == [[0, 1], [1, 2], [0, 5]]
+    with pytest.raises(NvlinkDomainError, match=r'tp: 1 of 2 groups .* ranks 0-3 in domains 0 \("a"\), 1 \("b"\)'):
+        check_domains(summary, _layout_groups(layout), name="init", rank=0)
