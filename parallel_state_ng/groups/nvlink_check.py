@@ -45,6 +45,7 @@ __all__ = [
     "encode_domain_id",
     "summarize_domain_ids",
     "round_arguments",
+    "raise_if_invalid",
     "check_domains",
 ]
 
@@ -54,6 +55,8 @@ ENV_KEEP_INSIDE = "PSNG_NVLINK_KEEP_INSIDE"
 #: The agreement field carrying the check's settings: ranks must agree on warn/error and kinds.
 CHECK_FIELD = "NVLink domain check (PSNG_NVLINK_CHECK, PSNG_NVLINK_KEEP_INSIDE)"
 _MODES = ("warn", "error", "off")
+#: How :func:`round_arguments` marks a setting or id that could not be read.
+INVALID = "invalid: "
 _MAX_IDS = 64  # distinct ids named in the summary (more: domains are named by index only)
 _MAX_REPORTED = 3  # crossing groups named per kind
 
@@ -268,9 +271,18 @@ def round_arguments() -> tuple[str, str | None, Any]:
         if mode == "off":
             return "off", None, None
         value = encode_domain_id(local_domain_id())
-    except (ValueError, TypeError) as err:
-        return f"invalid: {err}", None, None
+    except Exception as err:  # noqa: BLE001 - a user source may raise anything: every rank must hear of it
+        reason = str(err) if isinstance(err, (ValueError, TypeError)) else f"{type(err).__name__}: {err}"
+        return f"{INVALID}{reason}", None, None
     return f"{mode}:{','.join(kinds)}", value, summarize_domain_ids
+
+
+def raise_if_invalid(field: str, name: str) -> None:
+    """Raise :class:`NvlinkDomainIdError` when ``field`` (from :func:`round_arguments`, agreed by
+    every participant) says a setting or id could not be read; every rank raises the same.
+    """
+    if field.startswith(INVALID):
+        raise NvlinkDomainIdError(f"{name}: NVLink domain check: {field[len(INVALID) :]}")
 
 
 def check_domains(

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from parallel_state_ng.groups.agreement import AgreementResult, agreement_check_settings, check_agreement
 from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, create_model_groups, nccl_options_from_config
-from parallel_state_ng.groups.nvlink_check import CHECK_FIELD, check_domains, round_arguments
+from parallel_state_ng.groups.nvlink_check import CHECK_FIELD, check_domains, raise_if_invalid, round_arguments
 from parallel_state_ng.groups.sharing import group_sharing_enabled
 from parallel_state_ng.groups.split import creation_path
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
@@ -88,9 +88,11 @@ def agree(
     compared[SHARING_FIELD] = group_sharing_enabled()
     compared[CREATION_FIELD] = creation_path(creation)
     compared[CHECK_FIELD], rank_value, summarize = round_arguments()
-    return check_agreement(
+    result = check_agreement(
         compared, name=name, timeout=timeout, group=ranks, rank_value=rank_value, summarize=summarize
     )
+    raise_if_invalid(compared[CHECK_FIELD], name)  # the ranks agreed on it: all raise
+    return result
 
 
 def check_nvlink_domains(

@@ -137,6 +137,18 @@ def test_round_arguments_fold_bad_settings_into_the_compared_field(monkeypatch):
     monkeypatch.setenv(nvlink_check.ENV_CHECK, "loud")
     field, value, summarize = round_arguments()
     assert field.startswith("invalid: environment variable PSNG_NVLINK_CHECK") and value is None
+    with pytest.raises(NvlinkDomainIdError, match=r"init: NVLink domain check: environment variable PSNG_NVLINK_CHECK"):
+        nvlink_check.raise_if_invalid(field, "init")
+    monkeypatch.setenv(nvlink_check.ENV_CHECK, "warn")
+
+    def broken() -> str:
+        raise RuntimeError("no rack file")
+
+    previous = nvlink_check.set_nvlink_domain_source(broken)
+    try:
+        assert round_arguments()[0] == "invalid: RuntimeError: no rack file"
+    finally:
+        nvlink_check.set_nvlink_domain_source(previous)
     monkeypatch.setenv(nvlink_check.ENV_CHECK, "off")
     assert round_arguments() == ("off", None, None)
     monkeypatch.setenv(nvlink_check.ENV_CHECK, "warn")
@@ -217,11 +229,15 @@ def _init_with_domain(domain: str, mode: str, how: str) -> dict:
                 from parallel_state_ng import build_megatron_groups
 
                 build_megatron_groups(tensor_model_parallel_size=2).destroy()
-            else:
+            elif how == "topology":
                 from parallel_state_ng import ModuleSpec, build_topology
 
                 spec = [ModuleSpec("language", (0, 4), tensor_model_parallel_size=2, language=True)]
                 build_topology(spec).destroy()
+            else:
+                from parallel_state_ng import HyperCommGrid
+
+                HyperCommGrid([2, 2], ["tp", "dp"], check_agreement=True).destroy()
         outcome = {"error": None, "warnings": [str(w.message) for w in caught if w.category is NvlinkDomainWarning]}
     except Exception as exc:
         outcome = {"error": type(exc).__name__, "message": str(exc)}
@@ -235,7 +251,7 @@ def _init_with_domain(domain: str, mode: str, how: str) -> dict:
     return outcome
 
 
-@pytest.mark.parametrize("how", ["compat", "collection", "topology"])
+@pytest.mark.parametrize("how", ["compat", "collection", "topology", "grid"])
 def test_gloo_tp_group_across_two_domains(gloo_world, how):
     world = gloo_world(4)
     domains = ["rack-a", "rack-a", "rack-a", "rack-b"]  # tp groups [0,1] inside, [2,3] across
