@@ -76,6 +76,7 @@ class NvlinkDomainWarning(UserWarning):
 
 
 _source: Callable[[], Any] | None = None
+_nvml_ids: dict[int, tuple[str, int] | None] = {}  # LOCAL_RANK -> NVML's answer, asked once per process
 
 
 def set_nvlink_domain_source(source: Callable[[], Any] | None) -> Callable[[], Any] | None:
@@ -178,7 +179,11 @@ def local_domain_id() -> tuple[str, DomainId] | None:
         if not env.strip():
             raise NvlinkDomainIdError(f"environment variable {ENV_DOMAIN} is set but empty; unset it or name a domain")
         return "env", env.strip()
-    nvml = nvml_domain_id()
+    local = os.environ.get("LOCAL_RANK", "0").strip()
+    index = int(local) if local.isdigit() else 0  # every GPU of a node sits in the node's domain
+    if index not in _nvml_ids:  # a GPU's fabric does not change while the process runs: ask NVML once
+        _nvml_ids[index] = nvml_domain_id(index)
+    nvml = _nvml_ids[index]
     return None if nvml is None else ("nvml", nvml)
 
 
