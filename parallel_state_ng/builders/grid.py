@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from parallel_state_ng.groups.creation import destroy_groups, new_member_group, track_group
 from parallel_state_ng.groups.device_mesh import MeshDimsArg, mesh_over_groups
-from parallel_state_ng.groups.pipeline import agree
+from parallel_state_ng.groups.pipeline import agree, check_nvlink_domains
 from parallel_state_ng.groups.sharing import GroupPool
 from parallel_state_ng.groups.split import creation_path as resolve_creation_path
 from parallel_state_ng.groups.split import pooled_split, split_member
@@ -130,11 +130,12 @@ class HyperCommGrid:
         check_agreement: bool = False,
         creation_path: str | None = None,
     ) -> None:
+        agreed = None
         if check_agreement:
             # Before any local validation, so a rank with a different (even invalid) shape
             # still meets the others and every rank gets the mismatch error.
             fields = {"shape": shape, "dim_names": dim_names, "rank_offset": rank_offset, "backend": backend}
-            agree(fields, name="HyperCommGrid", enabled=True, creation=creation_path)
+            agreed = agree(fields, name="HyperCommGrid", enabled=True, creation=creation_path)
         # Megatron's order of checks: lengths, then the world size, then the rest.
         if hasattr(shape, "__len__") and hasattr(dim_names, "__len__") and len(shape) != len(dim_names):
             raise ValueError(
@@ -148,6 +149,8 @@ class HyperCommGrid:
                 f"Grid shape {list(layout.sizes)} ({layout.size} ranks) does not fit in world size "
                 f"{world_size} with rank offset {layout.rank_offset}"
             )
+        if agreed is not None:  # the base view's dims named like group kinds (tp, ep, ...)
+            check_nvlink_domains(agreed, {"": layout}, name="HyperCommGrid", rank=dist.get_rank())
         self.rank_offset: int = layout.rank_offset
         self.size: int = layout.size
         self.shape: list[int] = list(layout.sizes)

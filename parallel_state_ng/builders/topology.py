@@ -19,7 +19,7 @@ from parallel_state_ng.builders.collection import MegatronGroups, NoCollectionEr
 from parallel_state_ng.builders.grid import HyperCommGrid
 from parallel_state_ng.groups.creation import sync_world
 from parallel_state_ng.groups.liveness import InitWatch
-from parallel_state_ng.groups.pipeline import agree
+from parallel_state_ng.groups.pipeline import agree, check_nvlink_domains
 from parallel_state_ng.layout.kinds import kind_exists, token_kind_dims
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.order import GTP_TOKEN
@@ -208,13 +208,14 @@ def build_topology(
     series = as_release(release).series
     placements = validate_topology(modules, dist.get_world_size(), series)
     # the pipeline's agreement step over the whole spec; each module's own build skips it
-    agree(
+    agreed = agree(
         _agreement_fields(modules, series),
         name="build_topology",
         enabled=check_agreement_across_ranks,
         creation=creation_path,
     )
     rank = dist.get_rank()
+    check_nvlink_domains(agreed, {p.name: p.layout for p in placements}, name="build_topology", rank=rank)
     built: dict[str, MegatronGroups] = {}
     grids: dict[str, HyperCommGrid] = {}
     sync_world()

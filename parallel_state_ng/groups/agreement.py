@@ -26,6 +26,7 @@ from parallel_state_ng.groups.agreement_protocol import (
     AgreementError,
     ParallelConfigMismatchError,
     ParallelConfigTimeoutError,
+    Summarize,
     canonical_json,
     fingerprint,
     forget_deferred_deletes,
@@ -120,7 +121,8 @@ class AgreementResult:
 
     ``skipped`` with ``reason`` when no comparison was needed or possible (fake backend,
     single participant); ``store_ops`` is the number of store operations this rank issued;
-    ``compared`` whether this rank was the one that compared all fingerprints.
+    ``compared`` whether this rank was the one that compared all fingerprints; ``summary`` what
+    ``summarize`` made of the participants' rank values (``None`` without one).
     """
 
     name: str
@@ -131,6 +133,7 @@ class AgreementResult:
     store_ops: int = 0
     compared: bool = False
     elapsed_s: float = 0.0
+    summary: Any = None
 
 
 # --------------------------------------------------------------------------- public entry
@@ -162,6 +165,8 @@ def check_agreement(
     timeout: float,
     store: Any = None,
     group: None | Sequence[int] | Any = None,
+    rank_value: str | None = None,
+    summarize: Summarize | None = None,
 ) -> AgreementResult:
     """Check that every participating rank passes equal ``fields``; raise on all ranks if not.
 
@@ -175,6 +180,12 @@ def check_agreement(
             group's store).
         group: the participants: ``None`` for the whole world, a process group, or a
             sequence of global ranks (every participant must pass the same).
+        rank_value: this rank's own value (a str), not compared; with ``summarize`` (the same
+            function on every participant) the comparing rank summarizes every participant's
+            value and the summary reaches all in :attr:`AgreementResult.summary` (how the NVLink
+            domain ids travel, :mod:`parallel_state_ng.groups.nvlink_check`). No extra round.
+        summarize: ``summarize(ranks, values)``, run by the comparing rank on the participants'
+            global ranks and rank values (``None`` for a rank that sent none); JSON-ready result.
 
     Returns:
         An :class:`AgreementResult` when all agree (or the check was skipped).
@@ -208,7 +219,8 @@ def check_agreement(
     except ValueError:
         raise ValueError(f"{name}: rank {rank} is not among the participants of the check ({group!r})") from None
     if len(ranks) == 1:
-        return AgreementResult(name, True, "single participant", 1)
+        summary = None if summarize is None else summarize(ranks, [rank_value])
+        return AgreementResult(name, True, "single participant", 1, summary=summary)
     if store is None:
         store = dist.distributed_c10d._get_default_store()
     key = f"{name}/{participants_id}"
@@ -216,8 +228,11 @@ def check_agreement(
     sequence = _sequences.get(key, 0)
     _sequences[key] = sequence + 1
     round_store = dist.PrefixStore(f"{_KEY_ROOT}/{key}/{sequence}/", store)
-    ops, compared = _run_round(round_store, index, ranks, fields, name=name, timeout=timeout)
-    return AgreementResult(name, False, "agreed", len(ranks), sequence, ops, compared, time.monotonic() - start)
+    ops, compared, summary = _run_round(
+        round_store, index, ranks, fields, name=name, timeout=timeout, rank_value=rank_value, summarize=summarize
+    )
+    elapsed = time.monotonic() - start
+    return AgreementResult(name, False, "agreed", len(ranks), sequence, ops, compared, elapsed, summary)
 
 
 def realign_sequences(group: Any = None) -> dict[str, int]:

@@ -18,7 +18,7 @@ import numbers
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "flush_deferred_deletes",
     "forget_deferred_deletes",
     "read_present",
+    "Summarize",
 ]
 
 _MULTI_GET_CHUNK = 8192
@@ -289,15 +290,30 @@ def read_present(store: Any, key: str) -> bytes:
     return store.compare_set(key, _NEVER, _NEVER)
 
 
-def _compare(ops: _Ops, ranks: Sequence[int]) -> dict:
-    """Read every fingerprint and build the verdict (run by the last rank to arrive)."""
+#: Separates a fingerprint from the rank's own value in an ``fp`` key (never in a hex digest).
+_RANK_VALUE_SEP = b"\n"
+#: Turns the participants' global ranks and their own values (``None``: sent none), in
+#: participant order, into the JSON summary all of them receive.
+Summarize = Callable[[Sequence[int], list[str | None]], Any]
+
+
+def _compare(ops: _Ops, ranks: Sequence[int], summarize: Summarize | None = None) -> dict:
+    """Read every fingerprint and build the verdict (run by the last rank to arrive).
+
+    An ``fp`` value is the fingerprint, then optionally the rank's own value after
+    :data:`_RANK_VALUE_SEP`; with ``summarize``, an ``ok`` verdict carries the summary of the
+    values (in participant order) to every participant.
+    """
     n = len(ranks)
-    hashes = ops.multi_get([f"fp/{i}" for i in range(n)])
+    entries = ops.multi_get([f"fp/{i}" for i in range(n)])
     by_hash: dict[bytes, list[int]] = {}
-    for i, h in enumerate(hashes):
+    values: list[str | None] = []
+    for i, entry in enumerate(entries):
+        h, sep, value = entry.partition(_RANK_VALUE_SEP)
+        values.append(value.decode() if sep else None)
         by_hash.setdefault(h, []).append(ranks[i])
     if len(by_hash) == 1:
-        return {"status": "ok"}
+        return {"status": "ok"} if summarize is None else {"status": "ok", "summary": summarize(ranks, values)}
     groups = sorted(by_hash.items(), key=lambda item: (-len(item[1]), min(item[1])))
     shown, more = groups[:_MAX_CONFIGS_SHOWN], len(groups) - _MAX_CONFIGS_SHOWN
     configs = [json.loads(ops.get(f"cfg/{h.decode()}")) for h, _ in shown]
@@ -355,12 +371,23 @@ def _raise_for(verdict: dict, name: str, n: int, timeout: float, late: bool) -> 
 
 
 def run_round(
-    store: Any, index: int, ranks: Sequence[int], fields: Mapping[str, Any], *, name: str, timeout: float
-) -> tuple[int, bool]:
+    store: Any,
+    index: int,
+    ranks: Sequence[int],
+    fields: Mapping[str, Any],
+    *,
+    name: str,
+    timeout: float,
+    rank_value: str | None = None,
+    summarize: Summarize | None = None,
+) -> tuple[int, bool, Any]:
     """One agreement round on an already prefixed ``store``; participant ``index`` of ``ranks``.
 
     Every participant calls it with its own ``fields``; ``name`` is used in the errors and
-    ``timeout`` (seconds) bounds the wait for the verdict.
+    ``timeout`` (seconds) bounds the wait for the verdict. ``rank_value``: a value of this rank
+    that is not compared (an NVLink domain id) but travels in the same ``fp`` key; the comparing
+    rank passes every participant's value to ``summarize`` (every participant passes the same
+    function) and the verdict brings the summary to all. No store operation is added.
 
     Each rank writes the JSON of its fields under ``cfg/<hash>`` and the hash under
     ``fp/<index>``, then increments an arrival counter (``add``). The rank whose ``add``
@@ -373,8 +400,9 @@ def run_round(
     (:func:`flush_deferred_deletes`).
 
     Returns:
-        ``(store_ops, compared)`` when everyone agrees: the store operations this rank
-        issued, and whether it was the rank that compared every fingerprint.
+        ``(store_ops, compared, summary)`` when everyone agrees: the store operations this rank
+        issued, whether it was the rank that compared every fingerprint, and the summary of
+        the rank values (``None`` without ``summarize``).
 
     Raises:
         ParallelConfigMismatchError: the participants passed different ``fields``.
@@ -386,14 +414,16 @@ def run_round(
     digest = hashlib.sha256(payload.encode()).hexdigest()[:32]
     ops = _Ops(store)
     ops.set(f"cfg/{digest}", payload)
-    ops.set(f"fp/{index}", digest)
+    if rank_value is not None and "\n" in rank_value:
+        raise ValueError(f"{name}: a rank value must not contain a newline, got {rank_value!r}")
+    ops.set(f"fp/{index}", digest if rank_value is None else f"{digest}\n{rank_value}")
     compared = ops.add("arrived", 1) == n
     if compared:
         # Every participant wrote its fingerprint before adding, so all fp keys exist. A verdict
         # may already be there (the others timed out): compare_set keeps the first one and
         # returns the verdict in force, so the last arrival (the one the job waits for) needs
         # no wait and no get.
-        text = ops.compare_set("verdict", "", json.dumps(_compare(ops, ranks)))
+        text = ops.compare_set("verdict", "", json.dumps(_compare(ops, ranks, summarize)))
     else:
         # While the others arrive: drop this rank's fingerprint of an earlier round (see below).
         flush_deferred_deletes()
@@ -415,7 +445,7 @@ def run_round(
         # path: while this rank waits in a later round (here, or the closing round of an init).
         _deferred_deletes.append((store, f"fp/{index}"))
     _raise_for(verdict, name, n, timeout, late)
-    return ops.count, compared
+    return ops.count, compared, verdict.get("summary")
 
 
 #: Keys to delete once this rank has time to spare: ``(store, key)``, at most a few per rank.

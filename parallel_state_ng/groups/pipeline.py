@@ -18,12 +18,22 @@ import torch.distributed as dist
 
 from parallel_state_ng.groups.agreement import AgreementResult, agreement_check_settings, check_agreement
 from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, create_model_groups, nccl_options_from_config
+from parallel_state_ng.groups.nvlink_check import CHECK_FIELD, check_domains, raise_if_invalid, round_arguments
 from parallel_state_ng.groups.sharing import group_sharing_enabled
 from parallel_state_ng.groups.split import creation_path
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.layout.named_layout import Layout
 from parallel_state_ng.layout.plan import PlanOptions
 
-__all__ = ["SHARING_FIELD", "CREATION_FIELD", "Prepared", "agree", "nccl_config", "build_layout_groups"]
+__all__ = [
+    "SHARING_FIELD",
+    "CREATION_FIELD",
+    "Prepared",
+    "agree",
+    "check_nvlink_domains",
+    "nccl_config",
+    "build_layout_groups",
+]
 
 #: The agreement field that carries this process's group-sharing switch: ranks that disagree
 #: on it would create different numbers of groups.
@@ -58,8 +68,10 @@ def agree(
 ) -> AgreementResult | None:
     """The pipeline's agreement step: ``fields`` and the process-wide switches, equal on ``ranks``.
 
-    The switches: group sharing, and the creation path (``creation``, as
-    :func:`~parallel_state_ng.groups.split.creation_path` resolves it).
+    The switches: group sharing, the creation path (``creation``, as
+    :func:`~parallel_state_ng.groups.split.creation_path` resolves it) and the NVLink-domain
+    check's settings; this rank's NVLink domain id rides on the same round
+    (:mod:`~parallel_state_ng.groups.nvlink_check`; the result's ``summary`` is the domain map).
     ``ranks``: the participants (``None``: the whole world). ``enabled``: ``None`` follows
     :func:`~parallel_state_ng.groups.agreement.agreement_check_settings`. Returns ``None``
     without communicating when the check is off or ``torch.distributed`` is not initialized
@@ -75,7 +87,43 @@ def agree(
     compared = dict(fields)
     compared[SHARING_FIELD] = group_sharing_enabled()
     compared[CREATION_FIELD] = creation_path(creation)
-    return check_agreement(compared, name=name, timeout=timeout, group=ranks)
+    compared[CHECK_FIELD], rank_value, summarize = round_arguments()
+    result = check_agreement(
+        compared, name=name, timeout=timeout, group=ranks, rank_value=rank_value, summarize=summarize
+    )
+    raise_if_invalid(compared[CHECK_FIELD], name)  # the ranks agreed on it: all raise
+    return result
+
+
+def check_nvlink_domains(
+    result: AgreementResult | None, layouts: Mapping[str, MegatronLayout | Layout], *, name: str, rank: int
+) -> list[str]:
+    """The NVLink-domain check of ``layouts`` (label -> layout; ``""`` for a single one) against
+    the domain map the agreement round ``result`` brought. A Megatron layout is checked by its
+    group kinds, a named :class:`~parallel_state_ng.layout.named_layout.Layout` (a grid) by its
+    dims of those names; see
+    :func:`~parallel_state_ng.groups.nvlink_check.check_domains` (findings, warning or error).
+    Nothing is checked when no round ran or no rank stated a domain.
+    """
+    if result is None:
+        return []
+
+    def groups(layout: MegatronLayout | Layout, kinds: Sequence[str]) -> dict[str, list[list[int]]]:
+        # groups of one rank never cross: not enumerated
+        if isinstance(layout, MegatronLayout):
+            first = layout.rank_offset
+            return {
+                kind: layout.enumerate(kind)
+                for kind in kinds
+                if kind in layout.kinds() and len(layout.group(kind, first) or ()) > 1
+            }
+        named = [kind for kind in kinds if kind in layout.dim_names and layout.size_of(kind) > 1]
+        return {kind: layout.rank_enum([kind]) for kind in named}
+
+    def groups_of(kinds: Sequence[str]) -> dict[str, dict[str, list[list[int]]]]:
+        return {label: groups(layout, kinds) for label, layout in layouts.items()}
+
+    return check_domains(result.summary, groups_of, name=name, rank=rank)
 
 
 def nccl_config(
@@ -117,8 +165,9 @@ def build_layout_groups(
     if agree_on not in ("world", "layout"):
         raise ValueError(f"agree_on must be 'world' or 'layout', got {agree_on!r}")
     path = creation_path(creation)
+    agreed = None
     if agree_on == "world":
-        agree(agreement_fields, name=name, enabled=check_agreement, creation=path)
+        agreed = agree(agreement_fields, name=name, enabled=check_agreement, creation=path)
     prepared = prepare()
     layout = prepared.layout
     if rank is None:
@@ -127,13 +176,14 @@ def build_layout_groups(
     if not inside and not empty_outside and path == "member":
         return layout, None
     if agree_on == "layout" and (inside or path == "split"):
-        agree(
+        agreed = agree(
             {**agreement_fields, "release": layout.release},
             name=name,
             ranks=None if path == "split" else range(layout.rank_offset, layout.rank_offset + layout.layout_world_size),
             enabled=check_agreement,
             creation=path,
         )
+    check_nvlink_domains(agreed, {"": layout}, name=name, rank=rank)  # before any group exists
     cfgs = nccl_config(prepared.nccl_comm_cfgs, prepared.high_priority_stream_groups)
     groups = create_model_groups(
         layout,

@@ -130,6 +130,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-gloo-twins", action="store_true", help="--share: count as with create_gloo_process_groups=False"
     )
     check.add_arguments(parser)
+    from parallel_state_ng.tools.layout import nvlink
+
+    nvlink.add_domain_arguments(
+        parser, "--suggest-order", "list the orders that keep --keep-inside kinds inside a domain, best first"
+    )
 
 
 # --------------------------------------------------------------------------- model
@@ -377,8 +382,15 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         return check.run(args, stdout, build_layout)
     if args.world_size is None:
         raise UsageError("the following arguments are required: --world-size")
+    from parallel_state_ng.tools.layout import nvlink
+
     layout = build_layout(args)
+    domains = nvlink.domains_from_args(args, "--suggest-order", args.suggest_order)
+    keep_inside = nvlink.keep_inside_from_args(args)
     gpus_per_node = resolve_gpus_per_node(args.world_size, args.gpus_per_node)
+    if domains is not None:
+        tray = nvlink.node_size_for_domains(domains, args.world_size, args.gpus_per_node)
+        gpus_per_node = resolve_gpus_per_node(args.world_size, tray)
     known = layout.kinds()
     if args.kinds is not None:
         unknown = [k for k in args.kinds if k not in known]
@@ -415,6 +427,7 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
             title=f"{args.color_kind} groups ({kind_text(args.color_kind)[1]}) - {cfg}",
             group_labels=[format_ranks(g) for g in groups],
             highlight_rank=args.rank,
+            ranks_per_domain=None if domains is None else domains.ranks_per_domain,
         )
     else:
         report = build_report(layout, gpus_per_node=gpus_per_node, kinds=args.kinds, rank=args.rank)
@@ -423,6 +436,18 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
 
             ranks = [0, args.world_size - 1] + ([] if args.rank is None else [args.rank])
             report["communicators"] = communicator_report(layout, ranks, gloo=not args.no_gloo_twins)
+        if domains is not None:
+            report["nvlink"] = nvlink.nvlink_section(
+                layout,
+                domains,
+                keep_inside,
+                kinds=args.kinds,
+                suggest=args.suggest_order,
+                top=args.top,
+                node_size=gpus_per_node,
+            )
         text = json_report(layout, report) if args.format == "json" else render_text(report, full=args.full)
+        if domains is not None and args.format == "text":
+            text += nvlink.render_nvlink(report["nvlink"])
     write_output(text, args.output, stdout)
     return 0

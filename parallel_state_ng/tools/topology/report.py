@@ -96,6 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full", action="store_true", help="text: print every group and every rank")
     parser.add_argument("--format", choices=("text", "json", "svg"), default="text", help="output format")
     parser.add_argument("--output", "-o", default=None, help="write to this file instead of stdout")
+    from parallel_state_ng.tools.layout.nvlink import add_domain_arguments
+
+    add_domain_arguments(
+        parser,
+        "--suggest-placement",
+        "list module placements (rank offsets) and orders that keep --keep-inside kinds inside a domain, best first",
+    )
 
 
 # --------------------------------------------------------------------------- spec
@@ -329,12 +336,26 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         unknown = [k for k in args.kinds if k not in known]
         if unknown:
             raise UsageError(f"unknown group kind(s) {unknown}; kinds of these modules: {','.join(known)}", "--kinds")
+    from parallel_state_ng.tools.layout import nvlink
+
+    domains = nvlink.domains_from_args(args, "--suggest-placement", args.suggest_placement)
+    keep_inside = nvlink.keep_inside_from_args(args)
     if args.format == "svg":
         from parallel_state_ng.tools.topology.svg import render_topology_svg
 
-        text = render_topology_svg(placements, highlight_rank=args.rank)
+        per = None if domains is None else domains.ranks_per_domain
+        text = render_topology_svg(placements, highlight_rank=args.rank, ranks_per_domain=per)
     else:
         report = build_topology_report(placements, kinds=args.kinds, rank=args.rank)
+        if domains is not None:
+            from parallel_state_ng.tools.topology.nvlink import render_topology_nvlink, topology_nvlink_section
+
+            own = {p.name: module_kinds(p) for p in placements}
+            report["nvlink"] = topology_nvlink_section(
+                placements, domains, keep_inside, own, kinds=args.kinds, suggest=args.suggest_placement, top=args.top
+            )
         text = json.dumps(report) + "\n" if args.format == "json" else render_topology_text(report, full=args.full)
+        if domains is not None and args.format == "text":
+            text += render_topology_nvlink(report["nvlink"])
     write_output(text, args.output, stdout)
     return 0

@@ -4,7 +4,8 @@ Each rank range is a column, as wide as its share of the world, with its colocat
 stacked in lanes; a rank axis below, a legend listing every module in full. Every block is a
 ``<g class="module">`` with ``data-module``, ``data-start``, ``data-stop`` (stop excluded),
 ``data-lane`` and ``data-language`` attributes, holding a ``<rect class="module-block">`` and a
-``<title>`` tooltip. The tool: docs/tools.md#topology-tool.
+``<title>`` tooltip; NVLink domains, when given, start at dashed ``<line class="domain-start">``
+lines. The tool: docs/tools.md#topology-tool.
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ def _fit(text: str, width: float, char_w: float = _CHAR_W) -> str:
     return text if len(text) <= most else text[: most - 1] + "…"
 
 
-def render_topology_svg(placements: Sequence[ModulePlacement], highlight_rank: int | None = None) -> str:
+def render_topology_svg(
+    placements: Sequence[ModulePlacement], highlight_rank: int | None = None, ranks_per_domain: int | None = None
+) -> str:
     """The SVG document (a str) of validated ``placements`` (from ``validate_topology``).
 
-    ``highlight_rank`` gets a marker line through the blocks of the modules it runs.
+    ``highlight_rank`` gets a marker line through the blocks of the modules it runs;
+    ``ranks_per_domain`` draws each NVLink domain's start (domain = rank // it) as a dashed line.
     """
     world = placements[0].layout.world_size
     release = placements[0].layout.release
@@ -72,6 +76,8 @@ def render_topology_svg(placements: Sequence[ModulePlacement], highlight_rank: i
         for lane, p in enumerate(spans[ranks]):
             out += _block(p, lane, index[p.name], x + _COLUMN_GAP / 2, top + lane * (_BLOCK_H + _LANE_GAP), w)
     out += _axis(columns, lefts, widths, axis_y)
+    if ranks_per_domain is not None:
+        out += _domains(ranks_per_domain, world, columns, lefts, widths, top, axis_y)
     if highlight_rank is not None:
         out += _marker(highlight_rank, columns, lefts, widths, spans, top, axis_y)
     out.append(f'<text x="{_MARGIN}" y="{legend_top}" font-size="12" font-weight="bold">modules</text>')
@@ -141,6 +147,23 @@ def _axis(columns: list[range], lefts: list[int], widths: list[int], y: int) -> 
                 f"{ranks.stop - 1}</text>"
             )
     out.append(f'<line x1="{end}" y1="{y - 4}" x2="{end}" y2="{y + 9}" stroke="#333333" stroke-width="1"/>')
+    return out
+
+
+def _domains(
+    per: int, world: int, columns: list[range], lefts: list[int], widths: list[int], top: int, axis_y: int
+) -> list[str]:
+    """A dashed line and a label at the first rank of every NVLink domain."""
+    out = []
+    for domain, first in enumerate(range(0, world, per)):
+        col = next(i for i, r in enumerate(columns) if first in r)
+        x = lefts[col] + (first - columns[col].start) * widths[col] / len(columns[col])
+        out += [
+            f'<line class="domain-start" data-domain="{domain}" x1="{x:g}" y1="{top - 6}" x2="{x:g}" '
+            f'y2="{axis_y + 36}" '
+            f'stroke="#3b5b8a" stroke-width="1.5" stroke-dasharray="5,3"/>',
+            f'<text x="{x + 3:g}" y="{axis_y + 34}" font-size="10" fill="#3b5b8a">NVLink domain {domain}</text>',
+        ]
     return out
 
 
