@@ -172,6 +172,8 @@ def build_inference_collection(
     A size left ``None`` is the current ``parallel_state``'s (compat's under
     ``compat.install()``). A rank outside the window gets a collection whose fields are all
     ``None``; it makes no group (on the split path it joins every split without a colour).
+    Atomic: when a creation fails, the groups this call made are destroyed before the error
+    propagates.
 
     Unlike Megatron's, only the rank's own groups are created (at most 15 ``new_group`` calls,
     none outside the window), and no rank needs the others' calls except its groups' members.
@@ -225,24 +227,31 @@ def build_inference_collection(
         window = range(rank_offset, rank_offset + world_size)
         agree(fields_compared, name="build_inference_pg_collection", ranks=None if path == "split" else window,
               enabled=check_agreement, creation=path)  # fmt: skip
-    cls = _collection_class()
     if not inside and path == "member":
-        return cls(**dict.fromkeys(facts.COLLECTION_FIELDS))
-    values = {name: dense.create_pg(list(d)) for name, d in facts.DENSE_FIELDS.items()}
-    values.update({name: expert.create_pg(list(d)) for name, d in facts.EXPERT_FIELDS.items()})
-    values.update(_embedding_groups(dense, rank, inside, path == "split"))
-    return cls(**{name: values[name] for name in facts.COLLECTION_FIELDS})
+        return _collection_class()(**dict.fromkeys(facts.COLLECTION_FIELDS))
+    embedding: dict[str, Any] = {}
+    try:
+        values = {name: dense.create_pg(list(d)) for name, d in facts.DENSE_FIELDS.items()}
+        values.update({name: expert.create_pg(list(d)) for name, d in facts.EXPERT_FIELDS.items()})
+        values.update(_embedding_groups(dense, rank, inside, path == "split", embedding))
+    except BaseException:  # atomic: a failed creation leaves no group of this build behind
+        dense.destroy()
+        expert.destroy()
+        destroy_groups(embedding.values())
+        raise
+    return _collection_class()(**{name: values[name] for name in facts.COLLECTION_FIELDS})
 
 
-def _embedding_groups(dense: HyperCommGrid, rank: int, inside: bool, split: bool) -> dict[str, Any]:
-    """``embd`` (first and last stage of the rank's pipeline) and ``pos_embd`` (its first stage)."""
+def _embedding_groups(
+    dense: HyperCommGrid, rank: int, inside: bool, split: bool, out: dict[str, Any]
+) -> dict[str, Any]:
+    """``embd`` (first and last stage of the rank's pipeline) and ``pos_embd`` (its first stage), into ``out``."""
     pipeline = dense.layout.group_ranks(rank, "pp") if inside else None
     wanted = {
         "embd": None if pipeline is None else pipeline[:1] if len(pipeline) == 1 else [pipeline[0], pipeline[-1]],
         "pos_embd": None if pipeline is None else pipeline[:1],
     }
     pool = GroupPool(create=split_member if split else None)
-    out: dict[str, Any] = {}
     for name, ranks in wanted.items():
         member = ranks if ranks is not None and rank in ranks else None
         if split:  # every rank of the world joins the kind's one split
