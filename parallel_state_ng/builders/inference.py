@@ -219,7 +219,7 @@ def build_inference_collection(
         raise AssertionError(
             f"the dense and expert grids have different pipelines (use_tp_pp_dp_mapping={use_tp_pp_dp_mapping}, "
             f"tp_size*cp_size = {tp * cp}, expt_tp_size*ep_size = {etp * ep}): the first is "
-            f"{dense.get_rank_enum('pp')[0]} against {expert.get_rank_enum('pp')[0]}"
+            f"{dense.layout.group_at(0, 'pp')} against {expert.layout.group_at(0, 'pp')}"
         )
     inside = dense.layout.contains(rank)
     if inside or path == "split":
