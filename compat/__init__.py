@@ -28,8 +28,13 @@ def install(hyper_comm_grid: bool = False) -> None:
     name bound to it by ``from megatron.core.hyper_comm_grid import HyperCommGrid`` become
     :class:`parallel_state_ng.builders.grid.HyperCommGrid`, so Megatron's multi-module code (bridge and
     multimodule communicators, MIMO) runs on our grid (megatron's grid module is imported for
-    this if it is not loaded yet). Calling it twice is harmless (a second call may add
-    ``hyper_comm_grid=True``). :func:`uninstall` undoes everything.
+    this if it is not loaded yet).
+
+    With or without it, on 0.19 (the release with ``megatron.core.inference.shards``)
+    ``build_inference_pg_collection`` and ``build_inference_pg_collections_for_shards`` become
+    :mod:`parallel_state_ng.builders.inference`'s, now or when that module is first imported.
+    Calling it twice is harmless (a second call may add ``hyper_comm_grid=True``).
+    :func:`uninstall` undoes everything.
 
     Raises:
         parallel_state_ng.releases.UnsupportedReleaseError: ``hyper_comm_grid=True`` while

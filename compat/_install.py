@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 from types import ModuleType
 from typing import Any
+
+from parallel_state_ng.releases.inference_shards import SHARDS_MODULE as INFERENCE_TARGET
 
 TARGET = "megatron.core.parallel_state"
 GRID_TARGET = "megatron.core.hyper_comm_grid"
@@ -18,6 +21,8 @@ _patches: list[tuple[dict, str, Any]] = []
 _saved_module: list[Any] = []
 # (our HyperCommGrid, megatron's) while install(hyper_comm_grid=True) is in effect.
 _grid_swap: list[tuple[Any, Any]] = []
+# (our inference-shard function, megatron's) for each name served from the engine.
+_inference_swap: list[tuple[Any, Any]] = []
 
 
 def is_installed() -> bool:
@@ -137,6 +142,88 @@ def _install_grid(ours: type) -> None:
     _grid_swap[:] = [(ours, original)]
 
 
+def _served_inference() -> dict[str, Any]:
+    """Megatron's inference-shard function names the served release has -> the engine's functions."""
+    from parallel_state_ng.releases.inference_shards import SERVED_FUNCTIONS
+
+    from .parallel_state import MEGATRON_RELEASE
+
+    names = SERVED_FUNCTIONS.get(MEGATRON_RELEASE.series, ())
+    if not names:
+        return {}
+    from parallel_state_ng.builders.inference import SERVED_AS
+
+    return {name: SERVED_AS[name] for name in names}
+
+
+def _patch_inference(module: ModuleType) -> None:
+    """Point the served names of Megatron's shards ``module`` (and names bound to them) at ours."""
+    for name, ours in _served_inference().items():
+        original = module.__dict__.get(name, _MISSING)
+        if original is ours:
+            continue
+        if original is not _MISSING:
+            _rebind_object(original, ours)
+        if module.__dict__.get(name) is not ours:
+            _patches.append((module.__dict__, name, original))
+            module.__dict__[name] = ours
+        _inference_swap.append((ours, original))
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader of Megatron's shards module, then :func:`_patch_inference`."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        """The real loader's module."""
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        """Execute the module, give it back its own loader, patch it while installed."""
+        self._loader.exec_module(module)
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        if _saved_module:
+            _patch_inference(module)
+
+
+class _InferenceFinder(importlib.abc.MetaPathFinder):
+    """Finds Megatron's shards module on first import while installed, to patch it once loaded."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        """The module's own spec with a patching loader, for INFERENCE_TARGET while installed."""
+        if fullname != INFERENCE_TARGET or not _saved_module:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PatchingLoader(spec.loader)
+        return spec
+
+
+_INFERENCE_FINDER = _InferenceFinder()
+
+
+def _install_inference() -> None:
+    """Serve the release's inference-shard functions from the engine (0.19+; nothing before).
+
+    A loaded shards module is patched now; otherwise at its first import (no megatron import
+    here: the module imports all of ``megatron.core``).
+    """
+    if not _served_inference():
+        return
+    module = sys.modules.get(INFERENCE_TARGET)
+    if module is not None:
+        _patch_inference(module)
+    elif ("megatron" in sys.modules or importlib.util.find_spec("megatron") is not None) and (
+        _INFERENCE_FINDER not in sys.meta_path
+    ):
+        sys.meta_path.insert(0, _INFERENCE_FINDER)
+
+
 def install(hyper_comm_grid: bool = False) -> None:
     """See :func:`compat.install`."""
     grid = _served_grid_class() if hyper_comm_grid else None  # checked before anything changes
@@ -160,6 +247,7 @@ def install(hyper_comm_grid: bool = False) -> None:
             if getattr(parent, attr, None) is not ours:
                 _patches.append((parent.__dict__, attr, parent.__dict__.get(attr, _MISSING)))
                 parent.__dict__[attr] = ours
+    _install_inference()
     if grid is not None:
         _install_grid(grid)
 
@@ -178,8 +266,9 @@ def uninstall() -> None:
     from . import parallel_state as ours
 
     original = _saved_module.pop()
-    if _FINDER in sys.meta_path:
-        sys.meta_path.remove(_FINDER)
+    for finder in (_FINDER, _INFERENCE_FINDER):
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
     for namespace, attr, value in reversed(_patches):
         if value is _MISSING:
             namespace.pop(attr, None)
@@ -197,15 +286,16 @@ def uninstall() -> None:
             parent.__dict__["mpu"] = original
     else:
         sys.modules[TARGET] = original
-    for ours_grid, megatron_grid in _grid_swap:
-        # Megatron modules imported while installed bound our grid: give them megatron's.
+    for ours_object, megatron_object in _grid_swap + _inference_swap:
+        # Megatron modules imported while installed bound our grid or functions: give them megatron's.
         for mod_name, mod in list(sys.modules.items()):
             namespace = getattr(mod, "__dict__", None) if mod_name.startswith("megatron.") else None
-            if isinstance(namespace, dict) and megatron_grid is not _MISSING:
+            if isinstance(namespace, dict) and megatron_object is not _MISSING:
                 for attr, value in list(namespace.items()):
-                    if value is ours_grid:
-                        namespace[attr] = megatron_grid
+                    if value is ours_object:
+                        namespace[attr] = megatron_object
     _grid_swap.clear()
+    _inference_swap.clear()
     if original is not None:
         # Megatron modules imported while compat was installed bound compat's objects.
         # (Other modules are left alone: they may use compat on purpose.)
