@@ -97,7 +97,7 @@ class Mismatch:
             ),
             "other_layout": f"{head} holds group {got}, but this layout's group for the rank is {exp}",
             "unexpected": f"{head} holds group {got}, but MCore's layout has no such group for the rank (None)",
-            "not_member": f"{head} holds a group the rank is not in ({got})",
+            "not_member": f"{head} holds a group the rank is not in (MCore's layout puts it in {exp})",
         }[self.trap]
         return f"{text}; {self.note}" if self.note else text
 
@@ -157,22 +157,31 @@ class VerifyReport:
 
 
 # --------------------------------------------------------------------------- comparing one entry
-_NOT_MEMBER = "not a member"
+@dataclass(frozen=True)
+class _Outside:
+    """A group the rank is not in: its ranks, or ``None`` for torch's ``NON_GROUP_MEMBER``."""
+
+    ranks: tuple[int, ...] | None
+
+    def note(self) -> str:
+        if self.ranks is None:
+            return "it is torch's NON_GROUP_MEMBER: the group was created without this rank"
+        return f"its ranks are {_ranks_text(self.ranks)}"
 
 
 def _members(value: Any, rank: int) -> Any:
-    """A found value as member tuples (lists for lists), or ``_NOT_MEMBER``."""
+    """A found value as member tuples (lists for lists), or an :class:`_Outside`."""
     if isinstance(value, (list, tuple)):
         if all(isinstance(v, int) for v in value):
             return tuple(value)
         parts = [_members(v, rank) for v in value]
-        return _NOT_MEMBER if _NOT_MEMBER in parts else parts
+        return next((p for p in parts if isinstance(p, _Outside)), parts)
     if value is dist.GroupMember.NON_GROUP_MEMBER:
-        return _NOT_MEMBER
+        return _Outside(None)
     if not isinstance(value, dist.ProcessGroup):
         raise TypeError(f"holds a {type(value).__name__} ({value!r}), not a process group")
     ranks = tuple(dist.get_process_group_ranks(value))
-    return ranks if rank in ranks else _NOT_MEMBER
+    return ranks if rank in ranks else _Outside(ranks)
 
 
 def _expected_members(value: Any) -> Any:
@@ -184,7 +193,7 @@ def _expected_members(value: Any) -> Any:
 
 
 def _flat(value: Any) -> tuple[int, ...] | None:
-    if value is None or value == _NOT_MEMBER:
+    if value is None:
         return None
     if isinstance(value, list):
         return tuple(r for part in value for r in part)
@@ -215,9 +224,8 @@ def _compare(entry: Entry, expected: Any, rank: int, world: int, hint: Callable[
         members = _members(value, rank)
     except TypeError as err:
         raise TypeError(f"{entry.where} {err}") from None
-    if members == _NOT_MEMBER:
-        shown = value if isinstance(value, int) else "NON_GROUP_MEMBER or a group without this rank"
-        return Mismatch(rank, entry.where, entry.kind, "not_member", _flat(exp), None, f"found {shown}")
+    if isinstance(members, _Outside):
+        return Mismatch(rank, entry.where, entry.kind, "not_member", _flat(exp), members.ranks, members.note())
     if exp is None:
         return found("unexpected", members)
     if _same(members, exp, entry.ordered):

@@ -107,14 +107,20 @@ def _nearby_orders(layout: MegatronLayout) -> list[str]:
     return [order for _, order in sorted(found)]
 
 
+def _fewest_dims(kind: str) -> tuple[int, int]:
+    """Sort key: kinds read off a rank-generator token first, those over fewer dims first."""
+    dims = GROUP_KINDS[kind].dims if kind in GROUP_KINDS else ()
+    return (0 if dims else 1, len(dims))
+
+
 def fit_hint(layout: MegatronLayout, other: Callable[[str], MegatronLayout | None], rank: int) -> Callable:
     """``hint(kind, members)``: which group of which layout ``members`` is, where cheap to tell."""
 
     def hint(kind: str, members: tuple[int, ...]) -> str:
         want, notes = sorted(members), []
         same = [k for k in layout.kinds() if k != kind and sorted(_group_or_none(layout, k, rank) or ()) == want]
-        if same:  # the kind over the fewest dims (dp before dp_cp when cp is 1)
-            name = min(same, key=lambda k: len(GROUP_KINDS[k].dims) if k in GROUP_KINDS else len(GROUP_KINDS))
+        if same:  # the kind over the fewest dims (dp before dp_cp when cp is 1; pp before embd)
+            name = min(same, key=_fewest_dims)
             notes.append(f"this layout's {name!r} group")
         for order in _nearby_orders(layout):
             alt = other(order)

@@ -82,6 +82,7 @@ def _good_sources() -> dict[str, dict[str, Any]]:
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     reset_mcore()
+    before = set(dist.distributed_c10d._world.pg_map)
     mps.initialize_model_parallel(**CFG, create_gloo_process_groups=False)
     try:
         out["mcore: parallel_state"] = _outcome(lambda: verify_groups(mps, **CFG))
@@ -90,12 +91,18 @@ def _good_sources() -> dict[str, dict[str, Any]]:
     finally:
         mps.destroy_model_parallel()
         reset_mcore()
+        # MCore's destroy keeps its groups alive; this world is shared with other tests
+        for group in set(dist.distributed_c10d._world.pg_map) - before:
+            dist.destroy_process_group(group)
     for name, cls in (("ours: HyperCommGrid", HyperCommGrid), ("mcore: HyperCommGrid", MCoreGrid)):
         grid = cls([2, 2], ["tp", "dp"])
         made = [grid.create_pg(dims) for dims in ("tp", "dp", ["tp", "dp"])]
         out[name] = _outcome(lambda grid=grid: verify_groups(grid, **CFG))
-        for group in made:
-            dist.destroy_process_group(group)
+        if isinstance(grid, HyperCommGrid):
+            grid.destroy()
+        else:  # MCore 0.16's grid has no destroy
+            for group in made:
+                dist.destroy_process_group(group)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     mesh["dp", "tp"]._flatten("dp_tp")
     out["DeviceMesh"] = _outcome(lambda: verify_groups(mesh, **CFG))
@@ -112,7 +119,6 @@ def _traps() -> dict[str, dict[str, Any]]:
     from parallel_state_ng import build_megatron_groups, verify_groups
 
     out = {}
-    rank = dist.get_rank()
     with _ours_collection() as ours, build_megatron_groups(**CFG, order="dp-tp-cp-ep-pp") as other:
         good = ours.field_values()
 
@@ -133,7 +139,6 @@ def _traps() -> dict[str, dict[str, Any]]:
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "dp"))  # tp varies slowest: another order
     out["mesh in another order"] = _outcome(lambda: verify_groups(mesh, **CFG))
     _destroy_mesh(mesh)
-    out["rank"] = {"rank": rank}
     return out
 
 
@@ -294,6 +299,50 @@ def test_bad_input_raises_on_every_rank(case, error, message, results):
         got = by_rank["bad"][case]
         assert got.get("error") == error, got
         assert re.search(message, got["message"], re.S), got["message"]
+
+
+# --------------------------------------------------------------------------- 8 ranks: tp 2, pp 2, dp 2
+CFG8: dict[str, Any] = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
+
+
+def _eight() -> dict[str, dict[str, Any]]:
+    """Ours, compat's and a DeviceMesh on 8 ranks, then two by-hand mistakes (no megatron import)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import compat.parallel_state as cps
+    from parallel_state_ng import build_megatron_groups, verify_groups
+
+    out = {}
+    with build_megatron_groups(**CFG8) as ours:
+        out["ours"] = _outcome(lambda: verify_groups(ours, **CFG8))
+        good = ours.field_values()
+        out["mp = WORLD"] = _outcome(lambda: verify_groups({**good, "mp": dist.group.WORLD}, **CFG8))
+        out["pos_embd = pp"] = _outcome(lambda: verify_groups({**good, "pos_embd": good["pp"]}, **CFG8))
+    cps.initialize_model_parallel(**CFG8)
+    try:
+        out["compat"] = _outcome(lambda: verify_groups(cps, **CFG8))
+    finally:
+        cps.destroy_model_parallel()
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+    mesh["dp", "tp"]._flatten("dp_tp")
+    out["DeviceMesh"] = _outcome(lambda: verify_groups(mesh, **CFG8))
+    _destroy_mesh(mesh)
+    return out
+
+
+def test_eight_ranks(gloo_world):
+    results = gloo_world(8).run(_eight)
+    for by_rank in results:
+        assert all(by_rank[name]["ok"] for name in ("ours", "compat", "DeviceMesh")), by_rank
+        world = by_rank["mp = WORLD"]
+        assert world["findings"] == [(r, "field 'mp'", "whole_world") for r in range(8)]
+        assert (
+            "rank 5: field 'mp' (kind 'mp') holds the whole world [0, 1, 2, 3, 4, 5, 6, 7] instead of group"
+            in (world["text"])
+        )
+        # first stage: the position embedding is the rank alone; last stage: it has none
+        stages = {r: "other_layout" if r < 4 else "unexpected" for r in range(8)}
+        assert by_rank["pos_embd = pp"]["findings"] == [(r, "field 'pos_embd'", stages[r]) for r in range(8)]
 
 
 def test_no_default_group_is_a_clear_error(monkeypatch):
