@@ -233,7 +233,14 @@ def _compare(entry: Entry, expected: Any, rank: int, world: int, hint: Callable[
     flat = _flat(members)
     if value is dist.GroupMember.WORLD or (flat is not None and sorted(flat) == list(range(world))):
         return found("whole_world", members)
-    return found("other_layout", members, "" if isinstance(members, list) else hint(entry.kind, members))
+    if not (isinstance(members, list) or isinstance(exp, list)):
+        return found("other_layout", members, hint(entry.kind, members))
+    if isinstance(members, list) and isinstance(exp, list) and len(members) == len(exp):  # levels: the first wrong one
+        level = next(i for i, (f, e) in enumerate(zip(members, exp, strict=True)) if not _same(f, e, entry.ordered))
+        where = f"{entry.where} level {level}"
+        return Mismatch(rank, where, entry.kind, "other_layout", exp[level], members[level])
+    count = len(members) if isinstance(members, list) else 1
+    return found("other_layout", members, f"{count} level(s) where MCore's layout has {len(exp)}")
 
 
 # --------------------------------------------------------------------------- one rank, then all
@@ -274,6 +281,11 @@ def check_rank_groups(
         return others[order]
 
     hint = fit_hint(layout, other, rank)
+    if not read.entries:
+        raise ValueError(
+            f"nothing to check: this {read.what} holds no field, global or dim with a group kind of "
+            f"megatron-core {rel.series} (fields={None if fields is None else list(fields)})"
+        )
     mismatches = []
     for entry in read.entries:
         expected = by_global.get(entry.expect) if entry.expect else layout.group(entry.kind, rank)

@@ -133,6 +133,14 @@ def _reader(source: Any) -> Any:
 
 def _from_collection(source: Any, release: Release, dim_kinds: dict[str, str]) -> Source:
     """A collection's fields: each field's kind and global from the table."""
+    expected_fields = collection_facts.collection_fields(release)
+    if not expected_fields:
+        if isinstance(source, MegatronGroups):  # 0.12-0.14: its groups by kind
+            return _from_kinds(source, release)
+        raise ValueError(
+            f"megatron-core {release.series} has no ProcessGroupCollection (added in 0.15): check its "
+            f"parallel_state module instead, or state release='0.15' or later"
+        )
     if isinstance(source, MegatronGroups):
         values, what = source.field_values(), "MegatronGroups"
     elif isinstance(source, Mapping):
@@ -148,7 +156,6 @@ def _from_collection(source: Any, release: Release, dim_kinds: dict[str, str]) -
         names = [f.name for f in dataclasses.fields(source)]
         values = {name: getattr(source, name, MISSING) for name in names}
         what = type(source).__qualname__
-    expected_fields = collection_facts.collection_fields(release)
     names = list(dict.fromkeys([*expected_fields, *values]))
     entries, unchecked = [], []
     for name in names:
@@ -159,6 +166,17 @@ def _from_collection(source: Any, release: Release, dim_kinds: dict[str, str]) -
         kind, global_name = FIELD_KINDS[name]
         entries.append(Entry(name, f"field {name!r}", kind, global_name, values.get(name, MISSING)))
     return Source(what, entries, unchecked)
+
+
+def _from_kinds(groups: MegatronGroups, release: Release) -> Source:
+    """A MegatronGroups of a release without a collection: each kind's group it holds."""
+    held = groups.state.groups
+    entries = [
+        Entry(kind, f"group {kind!r}", kind, "", held.get(kind, MISSING))
+        for kind in groups.layout.kinds()
+        if kind in GROUP_KINDS and GROUP_KINDS[kind].fills and GROUP_KINDS[kind].fills[0].value == "group"
+    ]
+    return Source(f"MegatronGroups (megatron-core {release.series}: by group kind)", entries)
 
 
 def _from_module(module: Any, release: Release, dim_kinds: dict[str, str]) -> Source:

@@ -81,3 +81,42 @@ def test_every_trap_has_a_message():
     for trap in TRAPS:
         text = Mismatch(3, "field 'tp'", "tp", trap, (2, 3), (0, 1, 2, 3)).message()
         assert text.startswith("rank 3: field 'tp' (kind 'tp')") and len(text) > 40
+
+
+def test_hierarchical_levels_are_compared_level_by_level(fake_world):
+    import compat.parallel_state as cps
+
+    fake_world(6, 16)
+    cfg = {"context_parallel_size": 4, "hierarchical_context_parallel_sizes": [2, 2]}
+    cps.initialize_model_parallel(**cfg, create_gloo_process_groups=False)
+    try:
+        assert check_rank_groups(cps, **cfg).mismatches == []
+        (wrong,) = check_rank_groups(cps, **{**cfg, "hierarchical_context_parallel_sizes": [4, 1]}).mismatches
+    finally:
+        cps.destroy_model_parallel()
+    assert wrong.message() == (
+        "rank 6: global _HIERARCHICAL_CONTEXT_PARALLEL_GROUPS level 0 (kind 'hcp') holds group [6, 7], "
+        "but this layout's group for the rank is [4, 5, 6, 7]"
+    )
+
+
+def test_releases_without_a_collection(fake_world):
+    fake_world(6, 16)
+    cfg = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
+    with build_megatron_groups(**cfg, release="0.14") as groups:
+        by_kind = check_rank_groups(groups, release="0.14", **cfg)  # MegatronGroups: its groups by kind
+        assert by_kind.mismatches == [] and by_kind.checked == len(groups.state.ranks)
+        moved = check_rank_groups(groups, release="0.14", **{**cfg, "order": "tp-cp-ep-pp-dp"}).mismatches
+        assert {m.where: m.message() for m in moved}["group 'dp'"] == (
+            "rank 6: group 'dp' (kind 'dp') holds group [0, 2, 4, 6], but this layout's group for the rank is "
+            "[2, 6, 10, 14]; that is the 'dp' group under order='tp-cp-ep-dp-pp'"
+        )
+        with pytest.raises(ValueError, match=r"megatron-core 0.14 has no ProcessGroupCollection \(added in 0.15\)"):
+            check_rank_groups({"tp": groups.group("tp")}, release="0.14", **cfg)
+
+
+def test_nothing_to_check_is_an_error(fake_world):
+    fake_world(0, 4)
+    with build_megatron_groups(tensor_model_parallel_size=2) as groups:
+        with pytest.raises(ValueError, match=r"nothing to check: this MegatronGroups .*\(fields=\[\]\)"):
+            check_rank_groups(groups, fields=[], tensor_model_parallel_size=2)
