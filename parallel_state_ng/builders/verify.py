@@ -2,10 +2,10 @@
 
 Each rank computes, from :class:`~parallel_state_ng.layout.megatron_layout.MegatronLayout` and
 its group plan, the groups MCore gives *its own* rank for the stated configuration (no loop over
-the world), compares them with what the source holds (read by
-:mod:`parallel_state_ng.builders.verify_sources`), and one object all-gather over the default
-group brings every rank's findings, with a hash of its stated configuration, to every rank.
-Creates no group. See docs/engine.md ("Checking a job's groups").
+the world; :mod:`parallel_state_ng.builders.verify_expected`), compares them with what the
+source holds (read by :mod:`parallel_state_ng.builders.verify_sources`), and one all-gather over
+the default group brings every rank's findings, with a hash of its stated configuration, to
+every rank. Creates no group. See docs/engine.md ("Checking a job's groups").
 """
 
 from __future__ import annotations
