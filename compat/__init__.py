@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any
 
-__all__ = ["install", "uninstall", "is_installed", "no_globals"]
+__all__ = ["install", "uninstall", "is_installed", "no_globals", "verify_groups"]
 
 
 def install(hyper_comm_grid: bool = False) -> None:
@@ -73,3 +73,18 @@ def no_globals(owner: object = None) -> AbstractContextManager[Any]:
     from parallel_state_ng.builders.scope import no_globals as _no_globals
 
     return _no_globals(owner, frames_up=1)
+
+
+def verify_groups(**config: Any) -> Any:
+    """Check compat's current groups against the layout MCore builds for ``config``; collective.
+
+    :func:`parallel_state_ng.builders.verify.verify_groups` over ``compat.parallel_state`` (the
+    active grid's globals) for the served release; ``config`` takes the same arguments
+    (``tensor_model_parallel_size=2, raise_as=AssertionError, ...``). Returns its report.
+    """
+    from parallel_state_ng.builders.verify import verify_groups as _verify_groups
+
+    from . import parallel_state
+
+    config.setdefault("release", parallel_state.MEGATRON_RELEASE)
+    return _verify_groups(parallel_state, **config)

@@ -2,8 +2,9 @@
 
 Public names: :class:`Layout` (pure rank math), :class:`HyperCommGrid`, :class:`GroupHandle`,
 :func:`device_mesh`, :func:`build_megatron_groups`, :func:`build_topology`, :func:`no_globals`,
-:func:`ensure_global_memory_buffer`, :func:`megatron_schedule` and :func:`abort_groups`. The
-Megatron-shaped global API lives in the separate ``compat`` package. See docs/engine.md.
+:func:`ensure_global_memory_buffer`, :func:`megatron_schedule`, :func:`abort_groups` and
+:func:`verify_groups`. The Megatron-shaped global API lives in the separate ``compat`` package.
+See docs/engine.md.
 """
 
 from parallel_state_ng._version import __version__
@@ -12,6 +13,7 @@ from parallel_state_ng.builders.grid import BASE_VIEW, HyperCommGrid
 from parallel_state_ng.builders.megatron_setup import MegatronSchedule, ensure_global_memory_buffer, megatron_schedule
 from parallel_state_ng.builders.scope import GlobalStateRefusedError, no_globals
 from parallel_state_ng.builders.topology import Topology, build_topology
+from parallel_state_ng.builders.verify import VerifyReport, verify_groups
 from parallel_state_ng.groups.abort import AbortResult, abort_groups
 from parallel_state_ng.groups.device_mesh import device_mesh
 from parallel_state_ng.groups.handles import GroupHandle
@@ -39,4 +41,6 @@ __all__ = [
     "MegatronSchedule",
     "abort_groups",
     "AbortResult",
+    "verify_groups",
+    "VerifyReport",
 ]
