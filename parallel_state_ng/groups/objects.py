@@ -4,11 +4,12 @@
 turn the received bytes back into objects through ``Tensor.numpy()``, so they fail with
 "Numpy is not available" where numpy is not installed — and this project's only runtime
 dependency is torch. These helpers pickle into a ``uint8`` tensor and read the bytes back
-through the tensor's storage instead.
+straight from the tensor's memory instead (one copy; iterating a storage costs ~3 us a byte).
 """
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 from typing import Any
 
@@ -28,7 +29,7 @@ def tensor_to_object(tensor: torch.Tensor, size: int | None = None) -> Any:
     data = tensor.detach().to("cpu").contiguous()
     if size is not None:
         data = data[:size]
-    return pickle.loads(bytes(data.clone().untyped_storage()))
+    return pickle.loads(ctypes.string_at(data.data_ptr(), data.numel() * data.element_size()))
 
 
 def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
