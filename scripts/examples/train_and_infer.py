@@ -29,6 +29,7 @@ from typing import Any
 
 from scripts.examples.gpt.config import TrainConfig, TrainOptionError, validate
 
+
 def check_inference_layout(cfg: TrainConfig, infer_tp: Any) -> None:
     """Raise :class:`TrainOptionError` when a tp ``infer_tp`` pp 1 model cannot run on ``cfg``'s world."""
     errors = []
@@ -78,7 +79,7 @@ def render(cfg: TrainConfig, infer_tp: int, summary: dict[str, Any], tolerance: 
     for step in range(cfg.steps):
         if step == first:
             lines.append(f"inference: tp{infer_tp} pp1 dp{cfg.world_size // infer_tp} on the same ranks")
-            for entry in summary["inference"][:: infer_tp]:
+            for entry in summary["inference"][::infer_tp]:
                 lines.append(
                     f"  dp replica {entry['dp rank']} (ranks {entry['inference ranks']['tp']}): logits "
                     f"{entry['logits shape']}, max abs diff vs the one-rank model {entry['max abs diff']:.3g}"
@@ -114,7 +115,9 @@ def render(cfg: TrainConfig, infer_tp: int, summary: dict[str, Any], tolerance: 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the options, run the job on a fresh gloo world, print the report; 0 when every check holds."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.examples.train_and_infer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.examples.train_and_infer", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--megatron-path", default=os.environ.get("PSNG_MEGATRON_PATH"),
                         help="directory holding megatron-core 0.19+ (default: $PSNG_MEGATRON_PATH)")  # fmt: skip
     parser.add_argument("--tp", type=int, default=2, help="training tensor-parallel size (default 2)")
@@ -146,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(render(cfg, args.infer_tp, summary, colocated.LOGITS_TOLERANCE)))
     seconds = max(r["seconds"]["with inference"] for r in results)
     print(f"wall time: {time.perf_counter() - t0:.1f} s (slowest rank's run with inference: {seconds:.1f} s)")
-    ok = summary["identical"] and summary["max abs diff"] <= colocated.LOGITS_TOLERANCE and not summary["globals initialized"]
+    ok = (
+        summary["identical"]
+        and summary["max abs diff"] <= colocated.LOGITS_TOLERANCE
+        and not summary["globals initialized"]
+    )
     return 0 if ok else 1
 
 

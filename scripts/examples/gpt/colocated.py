@@ -114,7 +114,7 @@ def full_weights(chunks: list, pgc, names: dict[str, torch.Size]) -> dict[str, t
     dist.all_reduce(owners, op=dist.ReduceOp.MIN, group=pgc.pp)
     pp_ranks = dist.get_process_group_ranks(pgc.pp)
     out = {}
-    for name, owner in zip(order, owners.tolist()):
+    for name, owner in zip(order, owners.tolist(), strict=True):
         if owner == pp_size:
             raise RuntimeError(f"no pipeline stage of the training model holds {name!r}")
         value = local[name].clone() if owner == pp_rank else torch.empty(names[name])
