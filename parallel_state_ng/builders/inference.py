@@ -33,6 +33,7 @@ from parallel_state_ng.releases import current_release
 from parallel_state_ng.releases import inference_shards as facts
 
 __all__ = [
+    "DestroyedGroup",
     "InferenceCollection",
     "InferenceShard",
     "InferenceSizeError",
@@ -313,11 +314,49 @@ def build_inference_collections_for_shards(
     return out
 
 
+class DestroyedGroup:
+    """What a field of a destroyed inference collection holds: any use raises ``RuntimeError``.
+
+    A gloo group keeps answering collectives after ``destroy_process_group`` (an NCCL one may
+    crash or hang), so a collection used after :func:`destroy_inference_collection` would not
+    fail by itself; this stand-in names the field and the cause instead. (A
+    ``torch.distributed`` collective given it fails with torch's ``ValueError`` "Process group
+    <the inference collection's 'dp' group, destroyed by destroy_inference_collection> is not
+    initialized ...", raised while torch logs this error.)
+    """
+
+    __slots__ = ("field",)
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends probe dunders with getattr(..., default)
+            raise AttributeError(name)
+        raise RuntimeError(
+            f"the inference collection's {self.field!r} group was destroyed by destroy_inference_collection "
+            f"(asked for .{name}); build a new collection with build_inference_collection"
+        )
+
+    def __repr__(self) -> str:  # torch names the group by it when it refuses one it does not know
+        return f"<the inference collection's {self.field!r} group, destroyed by destroy_inference_collection>"
+
+
 def destroy_inference_collection(collection: Any) -> int:
-    """Destroy the groups of a collection from :func:`build_inference_collection`; returns how many."""
+    """Destroy the groups of a collection from :func:`build_inference_collection`; returns how many.
+
+    Each field that held a group then holds a :class:`DestroyedGroup` (using it, e.g.
+    ``.size()`` or in a collective, raises an error naming the field); destroying the
+    collection again, or ``None``, destroys nothing and returns 0.
+    """
     if collection is None:
         return 0
-    return destroy_groups(vars(collection).values())
+    fields = vars(collection)
+    done = destroy_groups(fields.values())
+    for name, value in list(fields.items()):
+        if isinstance(value, dist.ProcessGroup):
+            setattr(collection, name, DestroyedGroup(name))
+    return done
 
 
 #: Megatron's name -> the function here that ``compat.install()`` serves under it (for the

@@ -1,0 +1,161 @@
+"""An RL-shaped job on CPU processes: train in one parallel layout, run inference in another.
+
+``python -m scripts.examples.train_and_infer --megatron-path DIR`` (megatron-core 0.19+, e.g. the
+unzipped 0.19.2 wheel) starts a gloo world of tp x pp x dp CPU processes
+(:class:`parallel_state_ng.testing.worlds.GlooWorld`) and, in every rank
+(:mod:`scripts.examples.gpt.colocated`):
+
+1. trains the tiny GPT of ``scripts/examples/gpt/`` from ``build_megatron_groups`` (the collection
+   path, no Megatron globals; default tp2 pp2 dp2) for ``--steps - 1`` steps;
+2. builds the colocated inference layout (``--infer-tp``, pp 1, dp = world / infer-tp) with
+   ``build_inference_collection`` (what ``build_inference_pg_collection`` serves);
+3. moves the weights into a ``GPTModel`` over that collection and runs a forward pass on a fixed
+   batch, whose logits must equal a one-rank model's within ``colocated.LOGITS_TOLERANCE``;
+4. destroys the inference layout and takes the last training step, which must be bit-identical
+   (loss, gradient norm, parameter digest) to the same run without the inference phase.
+
+It also prints the communicators per rank of both layouts, with and without group sharing.
+Bad options are reported before any process starts (exit code 2). See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+from typing import Any
+
+from scripts.examples.gpt.config import TrainConfig, TrainOptionError, validate
+
+
+def check_inference_layout(cfg: TrainConfig, infer_tp: Any) -> None:
+    """Raise :class:`TrainOptionError` when a tp ``infer_tp`` pp 1 model cannot run on ``cfg``'s world."""
+    errors = []
+    if isinstance(infer_tp, bool) or not isinstance(infer_tp, int) or infer_tp < 1:
+        raise TrainOptionError(f"--infer-tp must be an integer >= 1, got {infer_tp!r}")
+    if cfg.world_size % infer_tp:
+        errors.append(
+            f"--infer-tp {infer_tp} does not divide the world of tp*pp*dp = {cfg.world_size} ranks "
+            "(the inference layout is colocated: tp x pp 1 x dp on the same ranks)"
+        )
+    if cfg.heads % infer_tp:
+        errors.append(f"--infer-tp {infer_tp} does not divide the model's --heads {cfg.heads}")
+    if cfg.vocab % infer_tp:
+        errors.append(f"--infer-tp {infer_tp} does not divide the model's --vocab {cfg.vocab}")
+    if errors:
+        raise TrainOptionError("invalid inference layout:\n  " + "\n  ".join(errors))
+
+
+def _combined_digest(results: list[dict], key: str) -> str:
+    return hashlib.sha256("".join(r[key]["digest"] for r in results).encode()).hexdigest()
+
+
+def summarize(results: list[dict]) -> dict[str, Any]:
+    """What the ranks' results show: losses, grad norms, digests, logits diff, communicators."""
+    losses = {k: next(r[k]["losses"] for r in results if r[k]["losses"]) for k in ("reference", "with_inference")}
+    inference = [r["with_inference"]["inference"] for r in results]
+    return {
+        "losses": losses,
+        "grad_norms": {k: results[0][k]["grad_norms"] for k in ("reference", "with_inference")},
+        "digests": {k: _combined_digest(results, k) for k in ("reference", "with_inference")},
+        "identical": all(
+            r["reference"][f] == r["with_inference"][f] for r in results for f in ("losses", "grad_norms", "digest")
+        ),
+        "max abs diff": max(i["max abs diff"] for i in inference),
+        "inference": inference,
+        "communicators": [r["communicators"] for r in results],
+        "globals initialized": any(r["globals initialized"] for r in results),
+    }
+
+
+def render(cfg: TrainConfig, infer_tp: int, summary: dict[str, Any], tolerance: float) -> list[str]:
+    """The report's lines (``tolerance``: the logits' allowed max abs diff)."""
+    ref, rl = summary["losses"]["reference"], summary["losses"]["with_inference"]
+    norms_ref, norms_rl = summary["grad_norms"]["reference"], summary["grad_norms"]["with_inference"]
+    first = cfg.steps - 1
+    lines = []
+    for step in range(cfg.steps):
+        if step == first:
+            lines.append(f"inference: tp{infer_tp} pp1 dp{cfg.world_size // infer_tp} on the same ranks")
+            for entry in summary["inference"][::infer_tp]:
+                lines.append(
+                    f"  dp replica {entry['dp rank']} (ranks {entry['inference ranks']['tp']}): logits "
+                    f"{entry['logits shape']}, max abs diff vs the one-rank model {entry['max abs diff']:.3g}"
+                )
+            lines.append(
+                f"  max abs logits diff (all ranks): {summary['max abs diff']:.3g} (tolerance {tolerance:g}); "
+                "inference groups destroyed"
+            )
+        lines.append(
+            f"step {step + 1}: loss {rl[step]:.6f}  grad norm {norms_rl[step]:.6f}   "
+            f"(without inference: loss {ref[step]:.6f}  grad norm {norms_ref[step]:.6f})"
+        )
+    lines.append(f"parameter digest, with inference:    {summary['digests']['with_inference']}")
+    lines.append(f"parameter digest, without inference: {summary['digests']['reference']}")
+    lines.append(f"step {cfg.steps} bit-identical with and without the inference phase: {summary['identical']}")
+    lines.append("")
+    lines.append("communicators per rank (process groups held, the world group not counted):")
+    lines.append("          without sharing            with sharing (PSNG_SHARE_GROUPS=1)")
+    lines.append("  rank    training inference both    training inference both    with a process-wide registry")
+    for rank, counts in enumerate(summary["communicators"]):
+        off, on = counts["without sharing"], counts["with sharing"]
+        registry = counts["registry (computed)"]["both"]
+        lines.append(
+            f"  {rank:>4}    {off['training']:>8} {off['inference']:>9} {off['both']:>4}    "
+            f"{on['training']:>8} {on['inference']:>9} {on['both']:>4}    {registry:>4} (computed)"
+        )
+    lines.append(
+        "  with a process-wide registry: computed, not measured: the distinct (members, backend) pairs among both "
+        "layouts' groups"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the options, run the job on a fresh gloo world, print the report; 0 when every check holds."""
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.examples.train_and_infer", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--megatron-path", default=os.environ.get("PSNG_MEGATRON_PATH"),
+                        help="directory holding megatron-core 0.19+ (default: $PSNG_MEGATRON_PATH)")  # fmt: skip
+    parser.add_argument("--tp", type=int, default=2, help="training tensor-parallel size (default 2)")
+    parser.add_argument("--pp", type=int, default=2, help="training pipeline-parallel size (default 2)")
+    parser.add_argument("--dp", type=int, default=2, help="training data-parallel size (default 2)")
+    parser.add_argument("--infer-tp", type=int, default=4, help="inference tensor-parallel size, pp 1 (default 4)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps; inference before the last (default 3)")
+    args = parser.parse_args(argv)
+    cfg = TrainConfig(tp=args.tp, pp=args.pp, dp=args.dp, steps=args.steps, megatron_path=args.megatron_path)
+    try:
+        validate(cfg)
+        check_inference_layout(cfg, args.infer_tp)
+        if args.steps < 2:
+            raise TrainOptionError(f"--steps must be >= 2 (inference runs before the last step), got {args.steps}")
+    except TrainOptionError as error:
+        parser.error(str(error))
+
+    from parallel_state_ng.testing.worlds import GlooWorld
+    from scripts.examples.gpt import colocated
+
+    print(
+        f"GPT {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}, seq {cfg.seq}; "
+        f"{cfg.world_size} CPU processes (gloo); training tp{cfg.tp} pp{cfg.pp} dp{cfg.dp} from build_megatron_groups"
+    )
+    t0 = time.perf_counter()
+    with GlooWorld(cfg.world_size, timeout=900, env={"PYTHONWARNINGS": "ignore"}) as world:
+        results = world.run(colocated.train_and_infer_rank, cfg, args.infer_tp)
+    summary = summarize(results)
+    print("\n".join(render(cfg, args.infer_tp, summary, colocated.LOGITS_TOLERANCE)))
+    seconds = max(r["seconds"]["with inference"] for r in results)
+    print(f"wall time: {time.perf_counter() - t0:.1f} s (slowest rank's run with inference: {seconds:.1f} s)")
+    ok = (
+        summary["identical"]
+        and summary["max abs diff"] <= colocated.LOGITS_TOLERANCE
+        and not summary["globals initialized"]
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
