@@ -207,7 +207,9 @@ class GroupPool:
         #: This pool's hold on registry communicators (empty unless the mode is ``process``).
         self.lease = registry.Lease() if lease is None else lease
         self._create = create or new_member_group
-        self._groups: dict[tuple, Any] = _recording_registry if self._plan is not None and self.mode == "process" else {}
+        self._groups: dict[tuple, Any] = (
+            _recording_registry if self._plan is not None and self.mode == "process" else {}
+        )
         self.requests = 0
         self.created = 0
 
@@ -231,7 +233,9 @@ class GroupPool:
         def create() -> Any:
             self.created += 1
             if self._plan is None:
-                return self._create(ranks, timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc)
+                return self._create(
+                    ranks, timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc
+                )
             group = PlannedGroup(list(ranks), backend, timeout, [group_desc or ""])
             self._plan.append(group)
             return group
