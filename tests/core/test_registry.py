@@ -21,7 +21,7 @@ import torch.distributed as dist
 import compat.parallel_state as ps
 from parallel_state_ng import HyperCommGrid, build_megatron_groups
 from parallel_state_ng.builders.inference import build_inference_collection, destroy_inference_collection
-from parallel_state_ng.groups import abort, creation, registry, sharing
+from parallel_state_ng.groups import creation, registry, sharing
 
 _WORLD = dist.distributed_c10d._world
 
@@ -336,7 +336,8 @@ def test_members_of_a_shared_group_all_reuse_it(gloo_world):
 # --------------------------------------------------------------------------- a rank dies
 def _second_layout_with_a_death(rank: int, directory: str) -> dict:
     """Layout A (tp 2) is built; rank 3 dies in its first new_group of layout B (tp 2 pp 2, another
-    timeout: B shares only A's groups made with torch's default timeout, and creates the rest)."""
+    timeout: B shares only A's groups made with torch's default timeout, and creates the rest).
+    """
     import time
 
     from parallel_state_ng.groups.liveness import RankFailureError
@@ -375,7 +376,7 @@ def test_a_rank_dying_in_a_second_build_leaves_the_first_layout_working(tmp_path
     results = run_world(4, str(tmp_path), _second_layout_with_a_death, expect=3, timeout=90,
                         env={"PSNG_FAILURE_TIMEOUT": str(bound)})  # fmt: skip
     assert sorted(results) == [0, 1, 2], results
-    for rank, outcome in results.items():
+    for outcome in results.values():
         assert outcome["error"] == "RankFailureError" and outcome["dead"] == [3], outcome
         assert outcome["seconds"] < 4 * bound, outcome  # the failure bound, not the group timeout
         assert outcome["kept"], outcome  # the rollback left the first layout's groups, held once
