@@ -249,7 +249,7 @@ def build_inference_collection(
 
 
 # id(collection) -> (a weak reference to it, the lease its build holds)
-_LEASES: dict[int, tuple[weakref.ref, Lease]] = {}
+_LEASES: dict[int, tuple[Any, Lease]] = {}
 
 
 def _remember_lease(collection: Any, lease: Lease) -> None:
@@ -257,7 +257,11 @@ def _remember_lease(collection: Any, lease: Lease) -> None:
     if not len(lease):
         return
     key = id(collection)
-    _LEASES[key] = (weakref.ref(collection, lambda _ref: _LEASES.pop(key, None)), lease)
+    try:
+        ref: Any = weakref.ref(collection, lambda _ref: _LEASES.pop(key, None))
+    except TypeError:  # a collection class without weak references: held until destroyed
+        ref = lambda: collection  # noqa: E731
+    _LEASES[key] = (ref, lease)
 
 
 def _lease_of(collection: Any) -> Lease | None:

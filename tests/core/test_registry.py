@@ -382,3 +382,37 @@ def test_a_rank_dying_in_a_second_build_leaves_the_first_layout_working(tmp_path
         assert outcome["kept"], outcome  # the rollback left the first layout's groups, held once
     assert results[0]["sums"] == {"tp": 1.0, "dp": 2.0}
     assert results[1]["sums"] == {"tp": 1.0} and results[2]["sums"] == {"dp": 2.0}
+
+
+# --------------------------------------------------------------------------- the layout tool
+def test_layout_tool_counts_several_layouts_as_built(fake_world, monkeypatch, capsys):
+    """``layout --share --with-layout``: each setting's count is what the builds create on the rank."""
+    import json
+
+    from parallel_state_ng.__main__ import main as cli_main
+
+    argv = ["layout", "--world-size", "16", "--tp", "2", "--pp", "2", "--share", "--no-gloo-twins"]
+    assert cli_main([*argv, "--with-layout", "tp=2,cp=2", "--with-layout", "tp=4", "--format", "json"]) == 0
+    info = json.loads(capsys.readouterr().out)["report"]["layouts"]
+    assert len(info["layouts"]) == 3
+    for rank in (0, 15):
+        fake_world(rank, 16)
+        for mode in ("off", "build", "process"):
+            _mode(monkeypatch, mode)
+            counter = _CountingNewGroup(dist.new_group)
+            monkeypatch.setattr(dist, "new_group", counter)
+            built = [
+                build_megatron_groups(tensor_model_parallel_size=2, pipeline_model_parallel_size=2),
+                build_megatron_groups(tensor_model_parallel_size=2, context_parallel_size=2),
+                build_megatron_groups(tensor_model_parallel_size=4),
+            ]
+            monkeypatch.setattr(dist, "new_group", counter.real)
+            assert len(counter.calls) == info["ranks"][str(rank)][mode], (rank, mode)
+            for layout in built:
+                layout.destroy()
+    counts = info["ranks"]["0"]
+    assert counts["process"] < counts["build"] < counts["off"]
+    for bad, message in (("tp=2,xx=1", "bad part"), ("tp=0", "int >= 1"), ("tp=2,tp=2", "twice"), ("tp=3", "invalid")):
+        assert cli_main([*argv, "--with-layout", bad]) == 2
+        err = capsys.readouterr().err
+        assert "argument --with-layout" in err and message in err, err
