@@ -227,17 +227,20 @@ def test_abort_aborts_each_shared_communicator_once(fake_world, monkeypatch):
 
 
 def test_split_path_reuse_keeps_every_rank_in_the_same_splits(monkeypatch):
-    """Two layouts on the split path: members of a reused group all join without a colour."""
+    """Three layouts on the split path: members of a reused group all join without a colour."""
     from tests.support.worlds.split_recorder import check_protocol, compare_paths, play_world
 
     def two_layouts():
         train = build_megatron_groups(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
         evaluation = build_megatron_groups(tensor_model_parallel_size=2)
+        inference = build_inference_collection(8, tp_size=2, pp_size=2, cp_size=1, ep_size=1, expt_tp_size=2)
         try:
-            return {"train": dict(train.state.ranks), "eval": dict(evaluation.state.ranks)}
+            fields = {k: None if v is None else dist.get_process_group_ranks(v) for k, v in vars(inference).items()}
+            return {"train": dict(train.state.ranks), "eval": dict(evaluation.state.ranks), "inference": fields}
         finally:
             train.destroy()
             evaluation.destroy()
+            destroy_inference_collection(inference)
             assert not registry.entries()
 
     colourless = {}
