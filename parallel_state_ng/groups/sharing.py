@@ -231,14 +231,15 @@ class GroupPool:
         key = sharing_key(ranks, backend, pg_options, timeout) if self.share else None
 
         def create() -> Any:
-            self.created += 1
             if self._plan is None:
-                return self._create(
+                made = self._create(
                     ranks, timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc
                 )
-            group = PlannedGroup(list(ranks), backend, timeout, [group_desc or ""])
-            self._plan.append(group)
-            return group
+            else:
+                made = PlannedGroup(list(ranks), backend, timeout, [group_desc or ""])
+                self._plan.append(made)
+            self.created += 1
+            return made
 
         if key is not None and self.mode == "process" and self._plan is None:
             group, _, new = registry.acquire(key, self.lease, create)
