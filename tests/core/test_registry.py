@@ -419,3 +419,36 @@ def test_layout_tool_counts_several_layouts_as_built(fake_world, monkeypatch, ca
         assert cli_main([*argv, "--with-layout", bad]) == 2
         err = capsys.readouterr().err
         assert "argument --with-layout" in err and message in err, err
+
+
+def _histories_differ(rank: int, directory: str) -> dict:
+    """Both ranks build A (tp 2: [0, 1]); rank 0 alone destroys it; both then ask a grid for [0, 1]."""
+    import time
+
+    from parallel_state_ng.groups.liveness import RankFailureError
+
+    sharing.set_group_sharing("process")
+    first = build_megatron_groups(tensor_model_parallel_size=2)
+    if rank == 0:
+        first.destroy()
+    start = time.monotonic()
+    try:
+        group = HyperCommGrid([2], ["tp"]).create_pg("tp", timeout=timedelta(minutes=30))
+        outcome: dict = {"error": None, "reused": group is first.group("tp")}
+    except RankFailureError as err:
+        outcome = {"error": "RankFailureError", "dead": err.dead}
+    outcome["seconds"] = time.monotonic() - start
+    return outcome
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_ranks_with_different_histories_fail_within_the_bound(tmp_path):
+    """Outside the assumption (same builds and destroys on every rank): the creating rank raises."""
+    from tests.support.worlds.failure import run_world
+
+    bound = 2.0
+    results = run_world(2, str(tmp_path), _histories_differ, timeout=60, env={"PSNG_FAILURE_TIMEOUT": str(bound)})
+    assert results[1]["error"] is None and results[1]["reused"], results  # rank 1 still held A's group
+    assert results[0]["error"] == "RankFailureError" and results[0]["dead"] == [1], results
+    assert results[0]["seconds"] < 4 * bound, results
