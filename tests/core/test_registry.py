@@ -167,6 +167,29 @@ def test_compat_states_share_and_destroy_state_keeps_the_other(fake_world, monke
     assert not registry.entries() and not creation.live_groups()
 
 
+def test_a_topology_shares_with_a_layout_and_its_destroy_keeps_it(fake_world, monkeypatch):
+    from parallel_state_ng import ModuleSpec, build_topology
+
+    fake_world(1, 4)
+    _mode(monkeypatch, "process")
+    whole = build_megatron_groups(tensor_model_parallel_size=2)
+    topology = build_topology(
+        [
+            ModuleSpec("vision", ranks=range(0, 2), tensor_model_parallel_size=2),
+            ModuleSpec("language", ranks=range(2, 4), tensor_model_parallel_size=2, language=True),
+        ],
+        release="0.19",
+    )
+    tp = whole.group("tp")
+    assert topology.groups("vision").group("tp") is tp and topology.grid("vision").get_pg("tp") is tp
+    assert registry.holders(tp) == 2
+    topology.destroy()
+    topology.destroy()
+    assert tp in _WORLD.pg_map and registry.holders(tp) == 1
+    whole.destroy()
+    assert not registry.entries() and not creation.live_groups()
+
+
 def test_different_timeouts_or_options_get_different_communicators(fake_world, monkeypatch):
     fake_world(0, 4)
     _mode(monkeypatch, "process")
