@@ -263,4 +263,5 @@ def abort_model_parallel(*, world: bool = False) -> AbortResult:
         if state is not None:
             state.handles.clear()
             state.created.clear()
+            state.lease.release()  # the registry is empty after the abort: nothing is counted twice
     return result

@@ -310,7 +310,9 @@ class HyperCommGrid:
         ``pg_options``, ``group_desc``, ``backend``) go to ``torch.distributed.new_group``.
         In a view, dims all shared with the base view give the base view's group. With group
         sharing on (:mod:`parallel_state_ng.groups.sharing`), dims sets whose groups have the
-        same ranks and options share one process group, destroyed once.
+        same ranks and options share one process group, destroyed once; with
+        ``PSNG_SHARE_GROUPS=process`` also with the other layouts of the process (the last
+        holder's destroy frees it).
 
         Raises:
             KeyError: the group over these dims was already created (in this view, or in
@@ -432,8 +434,8 @@ class HyperCommGrid:
         pgs, self._pgs = self._pgs, {}
         adopted = self.__dict__.pop("_adopted", set())
         # forget the destroyed groups: a later create_pg makes new ones
-        self._pool = GroupPool(create=split_member if self._split else None)
-        destroy_groups(pg for key, pg in pgs.items() if key not in adopted)
+        pool, self._pool = self._pool, GroupPool(create=split_member if self._split else None)
+        destroy_groups([pg for key, pg in pgs.items() if key not in adopted], lease=pool.lease)
 
     def __repr__(self) -> str:
         return f"HyperCommGrid({self.layout!r}, views={self.views}, groups={list(self._pgs)})"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from parallel_state_ng.builders.grid import HyperCommGrid
 from parallel_state_ng.groups.creation import destroy_groups
 from parallel_state_ng.groups.pipeline import agree
+from parallel_state_ng.groups.registry import Lease
 from parallel_state_ng.groups.sharing import GroupPool
 from parallel_state_ng.groups.split import creation_path as resolve_creation_path
 from parallel_state_ng.groups.split import pooled_split, split_member
@@ -222,6 +224,8 @@ def build_inference_collection(
             f"tp_size*cp_size = {tp * cp}, expt_tp_size*ep_size = {etp * ep}): the first is "
             f"{dense.layout.group_at(0, 'pp')} against {expert.layout.group_at(0, 'pp')}"
         )
+    lease = Lease()  # the build's one hold on registry communicators (PSNG_SHARE_GROUPS=process)
+    dense._pool.lease = expert._pool.lease = lease
     inside = dense.layout.contains(rank)
     if inside or path == "split":
         fields_compared = dict(sizes, world_size=world_size, use_tp_pp_dp_mapping=mapping, rank_offset=rank_offset)
@@ -234,17 +238,44 @@ def build_inference_collection(
     try:
         values = {name: dense.create_pg(list(d)) for name, d in facts.DENSE_FIELDS.items()}
         values.update({name: expert.create_pg(list(d)) for name, d in facts.EXPERT_FIELDS.items()})
-        values.update(_embedding_groups(dense, rank, inside, path == "split", embedding))
+        values.update(_embedding_groups(dense, rank, inside, path == "split", embedding, lease))
     except BaseException:  # atomic: a failed creation leaves no group of this build behind
-        dense.destroy()
+        dense.destroy()  # gives the build's lease back
         expert.destroy()
         destroy_groups(embedding.values())
         raise
-    return _collection_class()(**{name: values[name] for name in facts.COLLECTION_FIELDS})
+    collection = _collection_class()(**{name: values[name] for name in facts.COLLECTION_FIELDS})
+    _remember_lease(collection, lease)
+    return collection
+
+
+# id(collection) -> (a weak reference to it, the lease its build holds)
+_LEASES: dict[int, tuple[Any, Lease]] = {}
+
+
+def _remember_lease(collection: Any, lease: Lease) -> None:
+    """Keep ``lease`` for :func:`destroy_inference_collection` of ``collection`` (while it lives)."""
+    if not len(lease):
+        return
+    key = id(collection)
+    try:
+        ref: Any = weakref.ref(collection, lambda _ref: _LEASES.pop(key, None))
+    except TypeError:  # a collection class without weak references: held until destroyed
+        ref = lambda: collection  # noqa: E731
+    _LEASES[key] = (ref, lease)
+
+
+def _lease_of(collection: Any) -> Lease | None:
+    """The lease :func:`build_inference_collection` took for ``collection``, handed over once."""
+    entry = _LEASES.get(id(collection))
+    if entry is None or entry[0]() is not collection:
+        return None
+    del _LEASES[id(collection)]
+    return entry[1]
 
 
 def _embedding_groups(
-    dense: HyperCommGrid, rank: int, inside: bool, split: bool, out: dict[str, Any]
+    dense: HyperCommGrid, rank: int, inside: bool, split: bool, out: dict[str, Any], lease: Lease
 ) -> dict[str, Any]:
     """``embd`` (first and last stage of the rank's pipeline) and ``pos_embd`` (its first stage), into ``out``."""
     pipeline = dense.layout.group_ranks(rank, "pp") if inside else None
@@ -252,7 +283,7 @@ def _embedding_groups(
         "embd": None if pipeline is None else pipeline[:1] if len(pipeline) == 1 else [pipeline[0], pipeline[-1]],
         "pos_embd": None if pipeline is None else pipeline[:1],
     }
-    pool = GroupPool(create=split_member if split else None)
+    pool = GroupPool(create=split_member if split else None, lease=lease)
     for name, ranks in wanted.items():
         member = ranks if ranks is not None and rank in ranks else None
         if split:  # every rank of the world joins the kind's one split
@@ -347,12 +378,13 @@ def destroy_inference_collection(collection: Any) -> int:
 
     Each field that held a group then holds a :class:`DestroyedGroup` (using it, e.g.
     ``.size()`` or in a collective, raises an error naming the field); destroying the
-    collection again, or ``None``, destroys nothing and returns 0.
+    collection again, or ``None``, destroys nothing and returns 0. Under
+    ``PSNG_SHARE_GROUPS=process`` a group another live layout holds stays alive for that layout.
     """
     if collection is None:
         return 0
     fields = vars(collection)
-    done = destroy_groups(fields.values())
+    done = destroy_groups(fields.values(), lease=_lease_of(collection))
     for name, value in list(fields.items()):
         if isinstance(value, dist.ProcessGroup):
             setattr(collection, name, DestroyedGroup(name))

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from parallel_state_ng.groups import liveness
+from parallel_state_ng.groups import liveness, registry
 
 __all__ = [
     "new_member_group",
@@ -93,6 +93,7 @@ def sync_world() -> None:
     _unsettled.clear()
     _live.clear()
     _dead.clear()
+    registry.clear()
     liveness.reset_world_state()
     for callback in _new_world_callbacks:
         callback()
@@ -114,6 +115,8 @@ def live_groups() -> list[Any]:
 def forget_groups(groups: Iterable[Any]) -> None:
     """Drop ``groups`` from the registries without touching them (they were aborted or destroyed elsewhere)."""
     names = dist.distributed_c10d._world.pg_names
+    groups = list(groups)
+    registry.forget(groups)
     for pg in groups:
         _live.pop(id(pg), None)
         name = names.get(pg)
@@ -125,6 +128,7 @@ def forget_all() -> None:
     """Drop every registry entry (after an abort of all the engine's groups)."""
     _live.clear()
     _unsettled.clear()
+    registry.clear()
 
 
 def mark_dead(ranks: Iterable[int]) -> None:
@@ -229,7 +233,7 @@ def _settle(group: Any, name: str) -> None:
         pass
 
 
-def destroy_groups(groups: Iterable[Any]) -> int:
+def destroy_groups(groups: Iterable[Any], lease: registry.Lease | None = None) -> int:
     """Destroy each live process group in ``groups`` once; return how many were destroyed.
 
     ``None`` entries, groups already destroyed and repeats are skipped. A gloo group made by
@@ -238,7 +242,13 @@ def destroy_groups(groups: Iterable[Any]) -> int:
     ``torch.distributed.destroy_process_group`` directly gets no such wait. Besides
     ``torch.distributed.destroy_process_group``, this removes the now empty
     ``ptd:<group name>`` tag list torch keeps for every named group.
+
+    ``lease``: the destroyed layout's hold on the process-wide communicator registry
+    (:mod:`parallel_state_ng.groups.registry`), given back first. A group another live layout
+    still holds through the registry is skipped (its last holder destroys it).
     """
+    if lease is not None:
+        lease.release()
     if not dist.is_initialized():  # the default group (and with it every group) was destroyed
         for pg in groups:
             _live.pop(id(pg), None)
@@ -247,7 +257,7 @@ def destroy_groups(groups: Iterable[Any]) -> int:
     done = 0
     seen: set[int] = set()
     for pg in groups:
-        if pg is None or id(pg) in seen:
+        if pg is None or id(pg) in seen or registry.held(pg):
             continue
         _live.pop(id(pg), None)
         if pg not in world.pg_map:  # destroyed or aborted elsewhere

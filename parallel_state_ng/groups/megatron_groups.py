@@ -22,6 +22,7 @@ import torch.distributed as dist
 from parallel_state_ng.groups.creation import creation_round, destroy_groups, new_member_group, sync_world
 from parallel_state_ng.groups.handles import GroupHandle
 from parallel_state_ng.groups.liveness import CreationContext, InitWatch
+from parallel_state_ng.groups.registry import Lease
 from parallel_state_ng.groups.sharing import GroupPool
 from parallel_state_ng.groups.split import CreationPath, pooled_split, split_member
 from parallel_state_ng.layout.kinds import GROUP_KINDS, Fill, fills
@@ -69,6 +70,9 @@ class ModelParallelGroups:
     #: How the groups were made (:mod:`parallel_state_ng.groups.split`); groups made on request
     #: later follow it.
     creation_path: CreationPath = "member"
+    #: This layout's hold on the process-wide communicator registry (``PSNG_SHARE_GROUPS=process``):
+    #: its groups made now and on request later; given back once by the destroy.
+    lease: Lease = field(default_factory=Lease, repr=False, compare=False)
 
     def keep(self, key: str, ranks: list[int], group: Any, several: str = "last") -> None:
         """Record ``group`` (members ``ranks``) under ``key``.
@@ -118,11 +122,15 @@ class ModelParallelGroups:
 
 
 def destroy_model_groups(state: ModelParallelGroups) -> int:
-    """Destroy every group ``state`` created, its handles' CPU groups included; the count destroyed."""
+    """Destroy every group ``state`` created, its handles' CPU groups included; the count destroyed.
+
+    A group another live layout still holds through the process-wide registry stays (it is
+    counted by the destroy that frees it); a second call destroys nothing.
+    """
     for handle in state.handles.values():
         handle.destroy()
     state.handles.clear()
-    return destroy_groups(state.created)
+    return destroy_groups(state.created, lease=state.lease)
 
 
 #: 0.12's values for the config fields a configured group leaves out (``nccl_config_defaults``).
@@ -185,7 +193,8 @@ class _Creator:
         # A partial, not a bound method: the pool must not refer back to this object (a cycle
         # would keep every group alive until the garbage collector runs).
         self.context = context
-        self.pool = GroupPool(create=functools.partial(_create_group, member=member, split=self.split, context=context))
+        create = functools.partial(_create_group, member=member, split=self.split, context=context)
+        self.pool = GroupPool(create=create, lease=state.lease)
 
     def make(
         self,
@@ -273,7 +282,7 @@ def create_model_groups(
         watch.finish()
     except BaseException as exc:
         error = watch.fail(exc)
-        destroy_groups(state.created)
+        destroy_groups(state.created, lease=state.lease)
         if error is exc:
             raise
         raise error from exc

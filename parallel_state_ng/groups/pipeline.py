@@ -19,7 +19,7 @@ import torch.distributed as dist
 from parallel_state_ng.groups.agreement import AgreementResult, agreement_check_settings, check_agreement
 from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, create_model_groups, nccl_options_from_config
 from parallel_state_ng.groups.nvlink_check import CHECK_FIELD, check_domains, raise_if_invalid, round_arguments
-from parallel_state_ng.groups.sharing import group_sharing_enabled
+from parallel_state_ng.groups.sharing import group_sharing_mode
 from parallel_state_ng.groups.split import creation_path
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.named_layout import Layout
@@ -35,8 +35,8 @@ __all__ = [
     "build_layout_groups",
 ]
 
-#: The agreement field that carries this process's group-sharing switch: ranks that disagree
-#: on it would create different numbers of groups.
+#: The agreement field that carries this process's group-sharing setting (``off``, ``build`` or
+#: ``process``): ranks that disagree on it would create different numbers of groups.
 SHARING_FIELD = "group sharing (PSNG_SHARE_GROUPS)"
 #: The agreement field that carries the creation path: a rank on the member path would leave
 #: the others waiting in their splits.
@@ -85,7 +85,7 @@ def agree(
     if not (on if enabled is None else enabled) or not (dist.is_available() and dist.is_initialized()):
         return None
     compared = dict(fields)
-    compared[SHARING_FIELD] = group_sharing_enabled()
+    compared[SHARING_FIELD] = group_sharing_mode()
     compared[CREATION_FIELD] = creation_path(creation)
     compared[CHECK_FIELD], rank_value, summarize = round_arguments()
     result = check_agreement(

@@ -1,9 +1,13 @@
 """One process group for group kinds with the same members and the same options (opt-in).
 
-With sharing on (``PSNG_SHARE_GROUPS=1`` or :func:`set_group_sharing`, the same on every rank),
-requests of one :class:`GroupPool` whose :func:`sharing_key` is equal (same ranks in the same
-order, backend, ``pg_options``, timeout) get one process group. Off by default. See
-docs/compat.md ("Group sharing").
+Three settings (``PSNG_SHARE_GROUPS`` or :func:`set_group_sharing`, the same on every rank):
+``0`` (the default) shares nothing; ``1`` (``build``): requests of one :class:`GroupPool` (one
+build) whose :func:`sharing_key` is equal (same ranks in the same order, backend,
+``pg_options``, timeout) get one process group; ``process``: requests of every pool of the
+process share through the reference-counted registry of
+:mod:`parallel_state_ng.groups.registry`, so several layouts in one process hold one
+communicator per key (this subsumes ``1``). See docs/compat.md ("Group sharing" and "Several
+layouts in one process").
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ import os
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from parallel_state_ng.groups import registry
 from parallel_state_ng.groups.creation import new_member_group
 
 __all__ = [
     "ENV_SHARE",
+    "SharingMode",
     "set_group_sharing",
     "group_sharing_enabled",
+    "group_sharing_mode",
     "options_key",
     "sharing_key",
     "GroupPool",
@@ -27,36 +34,71 @@ __all__ = [
     "record_requests",
 ]
 
-#: Environment variable turning sharing on (``1``) or off (``0``, the default).
+#: Environment variable: ``0`` (the default), ``1`` (within one build) or ``process`` (across
+#: every layout of the process, :mod:`parallel_state_ng.groups.registry`).
 ENV_SHARE = "PSNG_SHARE_GROUPS"
-_override: bool | None = None
+#: ``off``: no sharing; ``build``: within one build; ``process``: across the process's layouts.
+SharingMode = Literal["off", "build", "process"]
+_MODES: dict[str, SharingMode] = {
+    **dict.fromkeys(("", "0", "false", "no", "off"), "off"),
+    **dict.fromkeys(("1", "true", "yes", "on", "build"), "build"),
+    "process": "process",
+}
+_override: SharingMode | None = None
 _recording: list[PlannedGroup] | None = None
-_recording_share: bool | None = None
+_recording_share: bool | str | None = None
+# the process registry's stand-in while requests are recorded: key -> planned group
+_recording_registry: dict[tuple, PlannedGroup] = {}
 
 
-def set_group_sharing(enabled: bool | None) -> bool | None:
-    """Turn group sharing on or off for this process; ``None`` goes back to the environment.
+def _as_mode(value: bool | str, where: str) -> SharingMode:
+    """``value`` (a bool or one of the setting's words) as a :data:`SharingMode`."""
+    if isinstance(value, bool):
+        return "build" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in _MODES:
+        return _MODES[value.strip().lower()]
+    raise ValueError(f"{where} must be 0, 1 or process (or a bool), got {value!r}")
 
-    Wins over ``PSNG_SHARE_GROUPS``. Set it the same way on every rank. Returns the previous
-    override, so a caller can restore it.
+
+def set_group_sharing(enabled: bool | str | None) -> bool | str | None:
+    """Set group sharing for this process; ``None`` goes back to the environment.
+
+    ``False`` / ``"off"``: no sharing; ``True`` / ``"build"``: within each build;
+    ``"process"``: across every layout of the process (the communicator registry). Wins over
+    ``PSNG_SHARE_GROUPS``. Set it the same way on every rank, before the first build: a layout
+    built under one setting keeps its groups as they were made. Returns the previous override
+    (``None``, or the mode as set), so a caller can restore it.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool, a str or ``None``.
+        ValueError: a str other than ``off``, ``build``, ``process`` (or ``0``/``1``).
     """
     global _override
-    if enabled is not None and not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool or None, got {enabled!r}")
-    previous, _override = _override, enabled
+    if enabled is not None and not isinstance(enabled, (bool, str)):
+        raise TypeError(f"enabled must be a bool, 'off', 'build', 'process' or None, got {enabled!r}")
+    mode = None if enabled is None else _as_mode(enabled, "enabled")
+    previous, _override = _override, mode
     return previous
 
 
-def group_sharing_enabled() -> bool:
-    """Whether groups are shared (:func:`set_group_sharing`, else ``PSNG_SHARE_GROUPS``)."""
+def group_sharing_mode() -> SharingMode:
+    """The sharing setting: :func:`set_group_sharing`, else ``PSNG_SHARE_GROUPS`` (default ``off``).
+
+    Raises:
+        ValueError: the environment variable holds something else than 0, 1 or process.
+    """
     if _override is not None:
-        return _override
-    text = os.environ.get(ENV_SHARE, "0").strip().lower()
-    if text in ("", "0", "false", "no", "off"):
-        return False
-    if text in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"environment variable {ENV_SHARE} must be 0 or 1, got {os.environ[ENV_SHARE]!r}")
+        return _as_mode(_override, "the sharing override")
+    text = os.environ.get(ENV_SHARE, "0")
+    try:
+        return _as_mode(text, f"environment variable {ENV_SHARE}")
+    except ValueError:
+        raise ValueError(f"environment variable {ENV_SHARE} must be 0, 1 or process, got {text!r}") from None
+
+
+def group_sharing_enabled() -> bool:
+    """Whether groups are shared at all (:func:`group_sharing_mode` is not ``off``)."""
+    return group_sharing_mode() != "off"
 
 
 class _Identity:
@@ -117,39 +159,57 @@ class PlannedGroup:
 
 
 @contextmanager
-def record_requests(share: bool | None = None) -> Iterator[list[PlannedGroup]]:
+def record_requests(share: bool | str | None = None) -> Iterator[list[PlannedGroup]]:
     """Inside the block, every :class:`GroupPool` made records instead of creating groups.
 
     Yields the list the :class:`PlannedGroup` objects are appended to (one per group that
     would be created; with sharing on, a shared group once, its kinds in ``descs``). No
     process group is created and ``torch.distributed`` need not be initialized. ``share``
-    overrides the sharing setting of the pools made in the block (``None``: the setting).
-    For tools that count communicators (``python -m parallel_state_ng layout --share``).
+    overrides the sharing setting of the pools made in the block (``None``: the setting);
+    with ``"process"`` the block stands for one process: its pools share as the registry
+    would. For tools that count communicators (``python -m parallel_state_ng layout --share``).
     """
-    global _recording, _recording_share
-    saved = _recording, _recording_share
-    _recording, _recording_share = [], share
+    global _recording, _recording_share, _recording_registry
+    saved = _recording, _recording_share, _recording_registry
+    _recording, _recording_share, _recording_registry = [], share, {}
     try:
         yield _recording
     finally:
-        _recording, _recording_share = saved
+        _recording, _recording_share, _recording_registry = saved
 
 
 class GroupPool:
     """Creates the groups of one build; with sharing on, reuses a group for an equal request.
 
-    ``share=None`` takes :func:`group_sharing_enabled`. ``create`` makes a group (default
-    :func:`parallel_state_ng.groups.creation.new_member_group`). Groups of different pools
-    (different grids or inits) are never shared, so destroying one cannot touch another's.
+    ``share=None`` takes :func:`group_sharing_mode` (else a bool or a mode, as
+    :func:`set_group_sharing` takes). ``create`` makes a group (default
+    :func:`parallel_state_ng.groups.creation.new_member_group`). Under ``build`` sharing, groups
+    of different pools (different grids or inits) are never shared, so destroying one cannot
+    touch another's. Under ``process`` sharing every request goes through the process-wide
+    registry (:mod:`parallel_state_ng.groups.registry`) under the pool's :attr:`lease`
+    (``lease``: one the layout already holds, e.g. for groups it makes on request later);
+    the layout's destroy passes that lease to
+    :func:`~parallel_state_ng.groups.creation.destroy_groups`.
     """
 
-    def __init__(self, share: bool | None = None, create: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        share: bool | str | None = None,
+        create: Callable[..., Any] | None = None,
+        *,
+        lease: registry.Lease | None = None,
+    ) -> None:
         self._plan = _recording
         if share is None and self._plan is not None:
             share = _recording_share
-        self.share = group_sharing_enabled() if share is None else share
+        self.mode: SharingMode = group_sharing_mode() if share is None else _as_mode(share, "share")
+        self.share = self.mode != "off"
+        #: This pool's hold on registry communicators (empty unless the mode is ``process``).
+        self.lease = registry.Lease() if lease is None else lease
         self._create = create or new_member_group
-        self._groups: dict[tuple, Any] = {}
+        self._groups: dict[tuple, Any] = (
+            _recording_registry if self._plan is not None and self.mode == "process" else {}
+        )
         self.requests = 0
         self.created = 0
 
@@ -162,20 +222,34 @@ class GroupPool:
         timeout: Any = None,
         group_desc: str | None = None,
     ) -> tuple[Any, bool]:
-        """The group for this request and whether it was just created (``False``: shared)."""
+        """The group for this request and whether it is new to this pool (``False``: shared).
+
+        Under ``process`` sharing a group another layout holds is new to this pool but not
+        created: :attr:`created` (the count of groups made) tells the two apart.
+        """
         self.requests += 1
         key = sharing_key(ranks, backend, pg_options, timeout) if self.share else None
+
+        def create() -> Any:
+            if self._plan is None:
+                made = self._create(
+                    ranks, timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc
+                )
+            else:
+                made = PlannedGroup(list(ranks), backend, timeout, [group_desc or ""])
+                self._plan.append(made)
+            self.created += 1
+            return made
+
+        if key is not None and self.mode == "process" and self._plan is None:
+            group, _, new = registry.acquire(key, self.lease, create)
+            return group, new
         if key is not None and key in self._groups:
             group = self._groups[key]
             if isinstance(group, PlannedGroup):
                 group.descs.append(group_desc or "")
             return group, False
-        if self._plan is not None:
-            group = PlannedGroup(list(ranks), backend, timeout, [group_desc or ""])
-            self._plan.append(group)
-        else:
-            group = self._create(ranks, timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc)
-        self.created += 1
+        group = create()
         if key is not None:
             self._groups[key] = group
         return group, True

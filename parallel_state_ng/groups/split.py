@@ -115,13 +115,16 @@ def pooled_split(
 ) -> tuple[Any, bool]:
     """One kind's split through a build's pool (whose ``create`` is :func:`split_member`).
 
-    Returns ``(group, created)``: a new group; a group the pool shares (this rank still joins
-    the kind's split, without a colour, so that every rank makes the same splits); or
-    ``(None, False)`` for a rank in no group of the kind. ``kwargs`` go to the pool.
+    Returns ``(group, new)``: a group created now by this split, or one the pool shares
+    (``new``: whether it is new to the pool; under ``process`` sharing a group another
+    layout holds is). When the pool made no group, this rank still joins the kind's split
+    without a colour, so that every rank of the world makes the same splits whatever it
+    reuses; ``(None, False)`` for a rank in no group of the kind. ``kwargs`` go to the pool.
     """
     if ranks is not None:
-        group, created = pool.get(ranks, **kwargs)
-        if created:
+        made = pool.created
+        group, new = pool.get(ranks, **kwargs)
+        if pool.created > made:
             return group, True
     split_member(None, context=context, **kwargs)
-    return (group if ranks is not None else None), False
+    return (group if ranks is not None else None), (new if ranks is not None else False)

@@ -1,39 +1,74 @@
-"""Communicators per rank with and without group sharing (``layout --share``).
+"""Communicators per rank with and without group sharing (``layout --share``, ``--with-layout``).
 
 Feeds the rank's group plan (:func:`parallel_state_ng.layout.plan.group_plan`) to a
 :class:`~parallel_state_ng.groups.sharing.GroupPool` under
 :func:`~parallel_state_ng.groups.sharing.record_requests` (nothing is created, no processes):
 once as Megatron-Core does it (one communicator per group kind) and once with sharing on
-(``PSNG_SHARE_GROUPS=1``), where kinds with identical rank lists and options share one. The
-tool: docs/tools.md#communicators-per-rank-and-group-sharing.
+(``PSNG_SHARE_GROUPS=1``), where kinds with identical rank lists and options share one. With
+several layouts (``--with-layout``: e.g. a training and an inference layout in one process),
+also with the process-wide registry (``PSNG_SHARE_GROUPS=process``), where the layouts share
+one communicator per identical group. Counts are a pure function of the layouts' rank lists.
+The tool: docs/tools.md#communicators-per-rank-and-group-sharing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from parallel_state_ng.groups.sharing import GroupPool, PlannedGroup, record_requests
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.plan import CreateGroup, PlanOptions, group_plan
+from parallel_state_ng.tools.common import UsageError
 
-__all__ = ["planned_groups", "communicator_report"]
+__all__ = [
+    "planned_groups",
+    "communicator_report",
+    "parse_layout_spec",
+    "layouts_report",
+    "render_communicators",
+    "render_layouts",
+]
+
+#: ``--with-layout`` keys -> MegatronLayout arguments.
+SPEC_KEYS = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+}
 
 
-def planned_groups(layout: MegatronLayout, rank: int, *, gloo: bool, share: bool) -> list[PlannedGroup]:
-    """The groups initialize_model_parallel (default options) would create on ``rank``."""
+def _request_plan(layout: MegatronLayout, rank: int, gloo: bool) -> None:
+    """Request every group of ``rank``'s plan from a new pool (one build)."""
     init_timeout = timedelta(minutes=30)
+    pool = GroupPool()
+    for step in group_plan(layout, rank, PlanOptions(create_gloo_process_groups=gloo)):
+        if isinstance(step, CreateGroup):
+            pool.get(
+                step.ranks,
+                timeout=init_timeout if step.timeout == "init" else None,
+                backend=step.backend,
+                pg_options=None,
+                group_desc=step.desc,
+            )
+
+
+def planned_groups(
+    layout: MegatronLayout | Sequence[MegatronLayout], rank: int, *, gloo: bool, share: bool | str
+) -> list[PlannedGroup]:
+    """The groups initialize_model_parallel (default options) would create on ``rank``.
+
+    Several layouts: one build each, in order, in one process (``share="process"``: they share
+    through the registry).
+    """
+    layouts = [layout] if isinstance(layout, MegatronLayout) else list(layout)
     with record_requests(share=share) as planned:
-        pool = GroupPool()
-        for step in group_plan(layout, rank, PlanOptions(create_gloo_process_groups=gloo)):
-            if isinstance(step, CreateGroup):
-                pool.get(
-                    step.ranks,
-                    timeout=init_timeout if step.timeout == "init" else None,
-                    backend=step.backend,
-                    pg_options=None,
-                    group_desc=step.desc,
-                )
+        for one in layouts:
+            if one.contains(rank):
+                _request_plan(one, rank, gloo)
     return list(planned)
 
 
@@ -47,6 +82,57 @@ def communicator_report(layout: MegatronLayout, ranks: list[int], *, gloo: bool)
             "without_sharing": len(without),
             "with_sharing": len(shared),
             "shared": [g.descs for g in shared if len(g.descs) > 1],
+        }
+    return out
+
+
+def parse_layout_spec(text: str, world_size: int, release: str | None = None) -> MegatronLayout:
+    """``"tp=8,pp=1"`` (keys tp, pp, cp, ep, etp; sizes >= 1) -> the layout over ``world_size`` ranks.
+
+    Raises:
+        UsageError: an unknown key, a repeated key, a size that is not an int >= 1, or sizes
+            the world cannot be laid out with (naming ``--with-layout``).
+    """
+    kwargs: dict[str, Any] = {}
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in SPEC_KEYS:
+            raise UsageError(
+                f"bad part {part!r} of {text!r}: use key=size with keys {', '.join(SPEC_KEYS)}", "--with-layout"
+            )
+        if SPEC_KEYS[key] in kwargs:
+            raise UsageError(f"{key} given twice in {text!r}", "--with-layout")
+        if not value.strip().isdigit() or int(value) < 1:
+            raise UsageError(f"{key} must be an int >= 1 in {text!r}, got {value.strip()!r}", "--with-layout")
+        kwargs[SPEC_KEYS[key]] = int(value)
+    if not kwargs:
+        raise UsageError(f"empty layout {text!r}: give e.g. tp=8,pp=1", "--with-layout")
+    try:
+        return MegatronLayout(world_size=world_size, release=release, **kwargs)
+    except (RuntimeError, AssertionError, KeyError, ValueError, TypeError) as err:
+        raise UsageError(f"invalid layout {text!r} over {world_size} ranks: {err}", "--with-layout") from None
+
+
+def _describe(layout: MegatronLayout) -> str:
+    sizes = (
+        f"tp={layout.tensor_model_parallel_size} pp={layout.pipeline_model_parallel_size} "
+        f"cp={layout.context_parallel_size} ep={layout.expert_model_parallel_size} dp={layout.data_parallel_size}"
+    )
+    return sizes
+
+
+def layouts_report(layouts: Sequence[MegatronLayout], ranks: list[int], *, gloo: bool) -> dict[str, Any]:
+    """Per rank: communicators of all ``layouts`` built in one process, under each sharing setting.
+
+    ``off``: one per group kind per layout (Megatron-Core); ``build``: identical groups shared
+    within each layout (``PSNG_SHARE_GROUPS=1``); ``process``: identical groups shared across
+    the layouts too (the registry, ``PSNG_SHARE_GROUPS=process``).
+    """
+    out: dict[str, Any] = {"gloo_twins": gloo, "layouts": [_describe(one) for one in layouts], "ranks": {}}
+    for rank in dict.fromkeys(ranks):
+        out["ranks"][str(rank)] = {
+            mode: len(planned_groups(layouts, rank, gloo=gloo, share=mode)) for mode in ("off", "build", "process")
         }
     return out
 
@@ -66,4 +152,15 @@ def render_communicators(info: dict[str, Any]) -> list[str]:
         if entry["shared"]:
             lines.append(f"  one group with sharing on rank {rank}:")
             lines += [f"    {' = '.join(descs)}" for descs in entry["shared"]]
+    return lines
+
+
+def render_layouts(info: dict[str, Any]) -> list[str]:
+    """Text lines for :func:`layouts_report`'s data."""
+    twins = "on" if info["gloo_twins"] else "off"
+    lines = ["", f"Communicators per rank for {len(info['layouts'])} layouts in one process (gloo twins {twins}):"]
+    lines += [f"  layout {i + 1}: {text}" for i, text in enumerate(info["layouts"])]
+    lines.append(f"  {'rank':>9}  {'no sharing':>10}  {'PSNG_SHARE_GROUPS=1':>19}  {'=process (registry)':>19}")
+    for rank, entry in info["ranks"].items():
+        lines.append(f"  {rank:>9}  {entry['off']:>10}  {entry['build']:>19}  {entry['process']:>19}")
     return lines

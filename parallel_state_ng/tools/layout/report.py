@@ -129,6 +129,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     view.add_argument(
         "--no-gloo-twins", action="store_true", help="--share: count as with create_gloo_process_groups=False"
     )
+    view.add_argument(
+        "--with-layout",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help="--share: one more layout built in the same process (e.g. tp=8,pp=1; keys tp pp cp ep etp; "
+        "repeatable): count all layouts' communicators without sharing, with PSNG_SHARE_GROUPS=1 and =process",
+    )
     check.add_arguments(parser)
     from parallel_state_ng.tools.layout import nvlink
 
@@ -367,6 +375,10 @@ def render_text(report: dict[str, Any], full: bool = False) -> str:
         from parallel_state_ng.tools.layout.communicators import render_communicators
 
         lines += render_communicators(report["communicators"])
+    if report.get("layouts"):
+        from parallel_state_ng.tools.layout.communicators import render_layouts
+
+        lines += render_layouts(report["layouts"])
     lines.append("")
     if report["warnings"]:
         lines += report["warnings"]
@@ -436,6 +448,14 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
 
             ranks = [0, args.world_size - 1] + ([] if args.rank is None else [args.rank])
             report["communicators"] = communicator_report(layout, ranks, gloo=not args.no_gloo_twins)
+            if args.with_layout:
+                from parallel_state_ng.tools.layout.communicators import layouts_report, parse_layout_spec
+
+                release = getattr(args, "release", None)
+                more = [parse_layout_spec(text, args.world_size, release) for text in args.with_layout]
+                report["layouts"] = layouts_report([layout, *more], ranks, gloo=not args.no_gloo_twins)
+        elif args.with_layout:
+            raise UsageError("--with-layout counts communicators: give --share too", "--with-layout")
         if domains is not None:
             report["nvlink"] = nvlink.nvlink_section(
                 layout,
