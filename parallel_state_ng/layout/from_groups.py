@@ -93,7 +93,8 @@ def _solve(sizes: dict[str, int], counts: Mapping[str, int], world: int, problem
     changed = True
     while changed:
         changed = False
-        for name, count in counts.items():
+        # the one-size fields first (tp, pp, dp, ...), then the products
+        for name, count in sorted(counts.items(), key=lambda item: len(FIELD_SIZES.get(item[0], ()))):
             formula = FIELD_SIZES.get(name)
             if formula is None:
                 continue
@@ -161,8 +162,9 @@ def infer_sizes(counts: Mapping[str, int], world: int) -> dict[str, int]:
             product = " x ".join(f"{d}({sizes[d]})" for d in dims)
             problems.append(f"{product} = {math.prod(sizes[d] for d in dims)}, not the world size {world}")
     if problems:
+        given = ", ".join(f"{name}={count}" for name, count in counts.items())
         raise InconsistentCollectionError(
-            "the collection's group sizes are not those of a Megatron layout:\n  "
+            f"the collection's group sizes ({given}; world {world}) are not those of a Megatron layout:\n  "
             + "\n  ".join(dict.fromkeys(problems))
         )
     return sizes
@@ -191,11 +193,6 @@ def _candidate_orders(sizes: Mapping[str, int]) -> list[str]:
 
 
 def _layout(sizes: Mapping[str, int], order: str, world: int, release: str, hcp: list[int] | None) -> MegatronLayout:
-    extra = (
-        {"gtp_remat_size": sizes["gtp"], "expert_gtp_remat_size": sizes["egtp"]}
-        if sizes["gtp"] * sizes["egtp"] > 1
-        else {}
-    )
     return MegatronLayout(
         world_size=world,
         tensor_model_parallel_size=sizes["tp"],
@@ -206,8 +203,9 @@ def _layout(sizes: Mapping[str, int], order: str, world: int, release: str, hcp:
         num_distributed_optimizer_instances=sizes["n"],
         hierarchical_context_parallel_sizes=hcp,
         order=order,
+        gtp_remat_size=sizes["gtp"],
+        expert_gtp_remat_size=sizes["egtp"],
         release=release,
-        **extra,
     )
 
 
@@ -285,8 +283,9 @@ def infer_layout(rank: int, world_size: int, ranks: Mapping[str, Sequence[int]],
         if not wrong:
             ordered = {}
             for name, members in ranks.items():
-                expected = None if name in ("embd", "pos_embd") else _expected(layout, name, rank)
-                ordered[name] = list(expected) if expected is not None and name in FIELD_KINDS else list(members)
+                own_order = name not in FIELD_KINDS or name in ("embd", "pos_embd")  # hcp levels, embeddings
+                expected = None if own_order else _expected(layout, name, rank)
+                ordered[name] = list(members) if expected is None else list(expected)
             return InferredLayout(layout, sizes, order, ordered)
         if best is None or len(wrong) < len(best[1]):
             best = (order, wrong)
