@@ -6,8 +6,9 @@
   collection (``use_mpu_process_groups()``) likewise; the layout is inferred at 65,536 ranks
   with no enumeration of the world; a missing field's getter raises; a table of bad inputs;
   the previous state is restored after exit, after an exception and across nested scopes.
-* Gloo world of 4: all-reduces over the served groups; ranks passing different collections,
-  or one rank passing an inconsistent one, all raise (none hangs).
+* Gloo world of 4: all-reduces over the served groups (ours, and MCore's after its own init);
+  ranks passing different collections, or one rank passing an inconsistent one, all raise
+  (none hangs).
 """
 
 from __future__ import annotations
@@ -167,6 +168,11 @@ def test_mcore_collection_is_served(fake_world, monkeypatch):
     import compat.parallel_state as ps
 
     assert not compat.is_installed()
+    # MCore's destroy_model_parallel leaves some globals set (_EMBEDDING_GLOBAL_RANKS, ...):
+    # every module global goes back to its value before this test.
+    for name, value in list(vars(mcore_ps).items()):
+        if name.startswith("_") and name.strip("_").replace("_", "").isupper():
+            monkeypatch.setattr(mcore_ps, name, value)
     for world, kwargs in LAYOUTS[:2] + LAYOUTS[3:]:
         for rank in (1, world - 2):
             fake_world(rank, world)
@@ -380,10 +386,37 @@ def _gloo_rounds(spoil_rank: int) -> dict:
         except (ParallelConfigMismatchError, InconsistentCollectionError) as exc:
             out["spoiled"] = type(exc).__name__
         out["initialized"] = ps.model_parallel_is_initialized()
+    out["mcore"] = _mcore_collection_on_gloo()
     return out
 
 
+def _mcore_collection_on_gloo() -> tuple:
+    """MCore's own init (tp 2) and ``use_mpu_process_groups()``, served: sums over compat's getters."""
+    import megatron.core.parallel_state as mcore_ps
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    import compat.parallel_state as ps
+
+    pristine = {
+        n: v for n, v in vars(mcore_ps).items() if n.startswith("_") and n.strip("_").replace("_", "").isupper()
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mcore_ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+    try:
+        pgc = ProcessGroupCollection.use_mpu_process_groups()
+        with ps.use_collection(pgc):
+            x = torch.tensor([float(dist.get_rank())])
+            dist.all_reduce(x, group=ps.get_tensor_model_parallel_group())
+            same = ps.get_data_parallel_group() is mcore_ps.get_data_parallel_group()
+        return x.item(), same
+    finally:
+        mcore_ps.destroy_model_parallel()
+        vars(mcore_ps).update(pristine)  # MCore's destroy leaves some globals set
+
+
 def test_gloo_served_groups_reduce_and_disagreeing_ranks_all_raise(gloo_world):
+    pytest.importorskip("megatron.core.process_groups_config")
     results = gloo_world(4).run(_gloo_rounds, 3, timeout=300)
     for rank, out in enumerate(results):
         tp = [rank - rank % 2, rank - rank % 2 + 1]
@@ -392,3 +425,4 @@ def test_gloo_served_groups_reduce_and_disagreeing_ranks_all_raise(gloo_world):
         assert out["different"] == "ParallelConfigMismatchError", rank
         assert out["spoiled"] == ("InconsistentCollectionError" if rank == 3 else "ParallelConfigMismatchError")
         assert out["initialized"] is False
+        assert out["mcore"] == (float(sum(tp)), True), rank
