@@ -84,8 +84,7 @@ def require_collection_release(served: bool = False) -> None:
     if not served and release.before(FIRST_RELEASE):
         raise RuntimeError(
             f"--groups collection needs megatron-core {FIRST_RELEASE}+ (got {release.version}): before it the "
-            f"GPT loss (vocab_parallel_cross_entropy) reads the global tensor-parallel group; with --impl compat "
-            f"compat.use_collection serves that read from the collection ({FIRST_SERVED_RELEASE}+)"
+            f"GPT loss (vocab_parallel_cross_entropy) reads the global tensor-parallel group"
         )
 
 
