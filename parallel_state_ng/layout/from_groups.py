@@ -20,7 +20,7 @@ from parallel_state_ng.layout.kinds import fills
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.order import DEFAULT_ORDER
 
-__all__ = ["FIELD_KINDS", "FIELD_SIZES", "InconsistentCollectionError", "InferredLayout", "infer_layout"]
+__all__ = ["FIELD_KINDS", "FIELD_SIZES", "InconsistentCollectionError", "InferredLayout", "infer_sizes", "infer_layout"]
 
 #: ``ProcessGroupCollection`` field -> the group kind it holds (from the group-kind table), plus
 #: the 0.18+ all-gather fields, which no module global fills.
@@ -102,7 +102,7 @@ def _solve(sizes: dict[str, int], counts: Mapping[str, int], world: int, problem
             if len(unknown) != 1:
                 continue
             dim, exp = unknown[0], formula[unknown[0]]
-            known = math.prod(sizes[d] ** e for d, e in formula.items() if d != dim) if formula else 1
+            known = math.prod(sizes[d] ** e for d, e in formula.items() if d != dim)
             value = count / known if exp == 1 else known / count
             if value != int(value) or value < 1:
                 problems.append(f"field {name!r} has {count} ranks, which no {dim} size fits given {_sizes(sizes)}")
