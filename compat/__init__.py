@@ -2,7 +2,8 @@
 
 ``compat.parallel_state`` serves the whole global API of ``megatron.core.parallel_state`` of one
 release on the engine; :func:`install` / :func:`uninstall` make Megatron itself use it;
-:func:`no_globals` is the engine's :func:`parallel_state_ng.no_globals`. Importing this package
+:func:`no_globals` is the engine's :func:`parallel_state_ng.no_globals`; :func:`use_collection`
+serves a ``ProcessGroupCollection`` as the globals for a ``with`` block. Importing this package
 imports neither megatron nor torch. See docs/compat.md.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any
 
-__all__ = ["install", "uninstall", "is_installed", "no_globals", "verify_groups"]
+__all__ = ["install", "uninstall", "is_installed", "no_globals", "use_collection", "verify_groups"]
 
 
 def install(hyper_comm_grid: bool = False) -> None:
@@ -88,3 +89,15 @@ def verify_groups(**config: Any) -> Any:
 
     config.setdefault("release", parallel_state.MEGATRON_RELEASE)
     return _verify_groups(parallel_state, **config)
+
+
+def use_collection(pgc: Any) -> AbstractContextManager[Any]:
+    """A ``with`` block in which ``compat.parallel_state``'s globals are the groups of ``pgc``.
+
+    :func:`compat._collection.use_collection` (see there): the layout is inferred from the
+    groups' members and checked, the ranks agree on it, a getter of a missing field raises,
+    and the previous state is restored on exit. Imports torch (not megatron) when called.
+    """
+    from ._collection import use_collection as _use_collection
+
+    return _use_collection(pgc)

@@ -55,7 +55,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         choices=GROUP_SOURCES,
         default="globals",
         help="globals: initialize_model_parallel; collection: parallel_state_ng.build_megatron_groups "
-        "passed as pg_collection= (no globals; megatron-core 0.17+)",
+        "passed as pg_collection= (--impl mcore: no globals, megatron-core 0.19+; --impl compat: also "
+        "served as the globals by compat.use_collection, 0.16+)",
     )
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--pp", type=int, default=2)
@@ -167,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     impl = cfg.impl if cfg.impl == "mcore" else f"compat (install {cfg.install} importing megatron)"
     if cfg.groups == "collection":
         impl = "none: a ProcessGroupCollection from parallel_state_ng.build_megatron_groups"
+        if cfg.impl == "compat":
+            impl = "compat.use_collection over a ProcessGroupCollection from parallel_state_ng.build_megatron_groups"
     print(
         f"GPT {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}, "
         f"seq {cfg.seq}; {cfg.world_size} CPU processes (gloo): {cfg.label()}; parallel_state: {impl}",

@@ -4,7 +4,9 @@ The tiny GPT of ``scripts/examples/gpt/training.py`` is built, wrapped, optimise
 collection of :func:`parallel_state_ng.build_megatron_groups` passed as ``pg_collection=``
 (``scripts/examples/gpt/collection.py``: ``ensure_global_memory_buffer``, ``megatron_schedule``), and
 again through MCore's own globals, in the same gloo processes, on megatron-core 0.19.2's wheel
-(before 0.19 the GPT loss reads the global tensor-parallel group: refused with a clear error). Losses, gradient norms and every rank's parameter digest
+(before 0.19 the GPT loss reads the global tensor-parallel group: refused with a clear error); and
+on 0.18.2 with compat serving the collection as the globals (``compat.use_collection``, tp2 pp2
+only: the other releases and layouts are in docs/training.md). Losses, gradient norms and every rank's parameter digest
 must be bit-identical, with no leaked group, and Megatron's globals must stay uninitialized
 throughout the collection run.
 """
@@ -60,9 +62,26 @@ def test_collection_trains_exactly_like_the_global_path(world):
     _compare(results, cfgs)
 
 
-def test_collection_needs_mcore_impl():
-    with pytest.raises(TrainOptionError, match="--groups collection .* --impl mcore"):
-        validate(TrainConfig(tp=2, pp=2, impl="compat", groups="collection"))
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
+def test_collection_served_by_compat_trains_like_the_global_path_on_0_18():
+    """0.18's GPT loss reads the global tensor-parallel group: ``compat.use_collection`` serves it."""
+    from parallel_state_ng.testing.worlds import GlooWorld
+
+    path = str(mcore_releases.release_dir(mcore_releases.RELEASES["0.18"]))
+    cfgs = [LAYOUTS[0].replace(megatron_path=path)]
+    gloo = GlooWorld(4)
+    try:
+        results = gloo.run(gpt_training.train_collection_and_globals, cfgs, served=True, timeout=900)
+    finally:
+        gloo.close()
+    _compare(results, cfgs)
+    assert all(r["collection"][0]["facts"]["served as globals"] == "True" for r in results)
+
+
+def test_group_sources_are_checked():
+    validate(TrainConfig(tp=2, pp=2, impl="compat", groups="collection"))  # served by compat.use_collection
     with pytest.raises(TrainOptionError, match="--groups must be one of globals, collection"):
         validate(TrainConfig(groups="mpu"))
 

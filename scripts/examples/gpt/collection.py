@@ -3,12 +3,16 @@
 The same model, data, optimizer and schedule as :mod:`scripts.examples.gpt.training`, but the groups
 come from :func:`parallel_state_ng.build_megatron_groups` and reach Megatron as ``pg_collection=``.
 What the path still needs from outside the collection: :data:`GLOBAL_SETUP` (provided by the
-engine's ``ensure_global_memory_buffer`` and ``megatron_schedule``). Needs megatron-core 0.19+
-(:data:`FIRST_RELEASE`). See docs/training.md (training from a ``ProcessGroupCollection``).
+engine's ``ensure_global_memory_buffer`` and ``megatron_schedule``). With ``--impl mcore`` it
+needs megatron-core 0.19+ (:data:`FIRST_RELEASE`); with ``--impl compat`` (0.16+,
+:data:`FIRST_SERVED_RELEASE`) the run sits inside ``compat.use_collection(collection)``, so the
+global getters that 0.16-0.18 still call (the GPT loss reads the tensor-parallel group) answer
+from the same collection. See docs/training.md (training from a ``ProcessGroupCollection``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from functools import partial
 from typing import Any
@@ -36,6 +40,9 @@ GLOBAL_SETUP = {
 #: First megatron-core series whose GPT training reads no global group on the collection path
 #: (0.16-0.18: vocab_parallel_cross_entropy calls get_tensor_model_parallel_group()).
 FIRST_RELEASE = "0.19"
+#: First series whose GPT path takes ``pg_collection=`` everywhere the run needs it; before 0.19
+#: the few global reads left are served from the collection by ``compat.use_collection``.
+FIRST_SERVED_RELEASE = "0.16"
 
 
 def _build_model(cfg: TrainConfig, tcfg, pgc) -> list:
@@ -63,12 +70,18 @@ def _build_model(cfg: TrainConfig, tcfg, pgc) -> list:
     return chunks
 
 
-def require_collection_release() -> None:
-    """Raise ``RuntimeError`` when the loaded megatron-core is older than :data:`FIRST_RELEASE`."""
+def require_collection_release(served: bool = False) -> None:
+    """Raise ``RuntimeError`` when the loaded megatron-core is older than :data:`FIRST_RELEASE`
+    (``served``: the collection is also served as compat's globals, :data:`FIRST_SERVED_RELEASE`).
+    """
     from parallel_state_ng.releases import current_release
 
     release = current_release()
-    if release.before(FIRST_RELEASE):
+    if served and release.before(FIRST_SERVED_RELEASE):
+        raise RuntimeError(
+            f"--groups collection --impl compat needs megatron-core {FIRST_SERVED_RELEASE}+ (got {release.version})"
+        )
+    if not served and release.before(FIRST_RELEASE):
         raise RuntimeError(
             f"--groups collection needs megatron-core {FIRST_RELEASE}+ (got {release.version}): before it the "
             f"GPT loss (vocab_parallel_cross_entropy) reads the global tensor-parallel group"
@@ -118,9 +131,11 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
     """Train ``cfg`` on this rank from a collection (see the module doc); the result of ``train_rank``."""
     from megatron.core import parallel_state as ps
 
+    import compat
     from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer
 
-    require_collection_release()
+    served = compat.is_installed()  # --impl compat: the collection is also compat's globals
+    require_collection_release(served)
     if ps.model_parallel_is_initialized():
         raise RuntimeError("the collection path must run with Megatron's globals uninitialized")
     groups = build_megatron_groups(
@@ -130,20 +145,25 @@ def train_collection(cfg: TrainConfig) -> dict[str, Any]:
     ensure_global_memory_buffer()
     try:
         pgc = groups.collection()
-        chunks, model, optimizer, forward_backward = collection_training(cfg, pgc)
-        t1 = time.perf_counter()
-        tp_rank, pp_rank = pgc.tp.rank(), pgc.pp.rank()
-        last_stage = pp_rank == cfg.pp - 1
-        dp_group = pgc.dp
-        reporter = last_stage and tp_rank == 0 and pgc.dp.rank() == 0
-        losses, grad_norms = train_steps(cfg, model, optimizer, forward_backward, last_stage, dp_group, reporter)
+        with compat.use_collection(pgc) if served else contextlib.nullcontext():
+            chunks, model, optimizer, forward_backward = collection_training(cfg, pgc)
+            t1 = time.perf_counter()
+            tp_rank, pp_rank = pgc.tp.rank(), pgc.pp.rank()
+            last_stage = pp_rank == cfg.pp - 1
+            dp_group = pgc.dp
+            reporter = last_stage and tp_rank == 0 and pgc.dp.rank() == 0
+            losses, grad_norms = train_steps(cfg, model, optimizer, forward_backward, last_stage, dp_group, reporter)
         return {
             "rank": dist.get_rank(),
             "losses": losses if last_stage else None,
             "grad_norms": grad_norms,
             "digest": digest(chunks),
             "params": sum(p.numel() for c in chunks for p in c.parameters()),
-            "facts": {"groups": "collection", "globals initialized": str(ps.model_parallel_is_initialized())},
+            "facts": {
+                "groups": "collection",
+                "served as globals": str(served),
+                "globals initialized": str(ps.model_parallel_is_initialized()),
+            },
             "seconds": {"setup": round(t1 - t0, 3), "steps": round(time.perf_counter() - t1, 3)},
         }
     finally:

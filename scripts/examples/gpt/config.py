@@ -28,7 +28,8 @@ class TrainConfig:
     same code after ``compat.install()``, done before megatron is imported
     (``install="before"``) or after (``install="after"``). ``groups="collection"`` builds the
     same run without ``initialize_model_parallel``: groups from
-    ``parallel_state_ng.build_megatron_groups`` passed as ``pg_collection=`` (0.17+).
+    ``parallel_state_ng.build_megatron_groups`` passed as ``pg_collection=`` (with ``impl="mcore"``
+    0.19+; with ``impl="compat"`` 0.16+, served as the globals by ``compat.use_collection``).
     """
 
     impl: str = "mcore"
@@ -100,8 +101,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         errors.append(f"--install must be one of {', '.join(INSTALL_MODES)}, got {cfg.install!r}")
     if cfg.groups not in GROUP_SOURCES:
         errors.append(f"--groups must be one of {', '.join(GROUP_SOURCES)}, got {cfg.groups!r}")
-    elif cfg.groups == "collection" and cfg.impl != "mcore":
-        errors.append("--groups collection uses no parallel_state globals: run it with --impl mcore")
     if cfg.dispatcher not in DISPATCHERS:
         errors.append(f"--dispatcher must be one of {', '.join(DISPATCHERS)}, got {cfg.dispatcher!r}")
     ints = {

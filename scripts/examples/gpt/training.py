@@ -216,17 +216,21 @@ def train_rank(cfg: TrainConfig) -> dict[str, Any]:
 VARIANTS = {"compat-before": ("compat", "before"), "mcore": ("mcore", "after"), "compat-after": ("compat", "after")}
 
 
-def train_collection_and_globals(cfgs: list[TrainConfig]) -> dict[str, list[dict]]:
-    """Run every config from a ProcessGroupCollection (no globals), then with MCore's globals.
+def train_collection_and_globals(cfgs: list[TrainConfig], served: bool = False) -> dict[str, list[dict]]:
+    """Run every config from a ProcessGroupCollection, then with MCore's globals.
 
     The collection runs come first, while Megatron's globals were never set in this process
-    (a global read would then find nothing rather than another run's groups).
-    ``{"collection": [...], "globals": [...]}``, one result per config.
+    (a global read would then find nothing rather than another run's groups). ``served``: the
+    collection runs under compat (installed after megatron), which serves the collection as
+    the globals through ``compat.use_collection`` (0.16+); else under MCore's own module with
+    no globals (0.19+). ``{"collection": [...], "globals": [...]}``, one result per config.
     """
     if cfgs:
         use_megatron_path(cfgs[0].megatron_path)
+    impl = "compat" if served else "mcore"
+    with parallel_state_impl(impl):
+        collection = [run_once(cfg.replace(impl=impl, groups="collection")) for cfg in cfgs]
     with parallel_state_impl("mcore"):
-        collection = [run_once(cfg.replace(impl="mcore", groups="collection")) for cfg in cfgs]
         return {
             "collection": collection,
             "globals": [run_once(cfg.replace(impl="mcore", groups="globals")) for cfg in cfgs],

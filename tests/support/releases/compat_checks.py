@@ -26,7 +26,9 @@ from parallel_state_ng.releases import parse_release
 # Public functions compat has in every release on top of Megatron-Core's (documented in
 # docs/compat.md: several grids in one job; docs/reliability.md: abort). Anything else compat
 # exposes must be the release's; each of these must exist (the list cannot go stale).
-COMPAT_EXTRAS = frozenset({"get_state", "use_state", "detach_state", "destroy_state", "abort_model_parallel"})
+COMPAT_EXTRAS = frozenset(
+    {"get_state", "use_state", "detach_state", "destroy_state", "abort_model_parallel", "use_collection"}
+)
 # The attribute that says which release compat serves.
 VERSION_ATTRIBUTE = "MEGATRON_VERSION"
 
