@@ -31,7 +31,13 @@ from typing import Any, cast
 import torch
 
 from parallel_state_ng.layout.megatron_layout import GROUP_KINDS
-from parallel_state_ng.layout.nvlink_domains import LATENCY_CRITICAL_KINDS, crossing_stats, crossing_stats_tensor
+from parallel_state_ng.layout.nvlink_domains import (
+    LATENCY_CRITICAL_KINDS,
+    Block,
+    GroupRows,
+    crossing_stats,
+    crossing_stats_tensor,
+)
 
 __all__ = [
     "ENV_DOMAIN",
@@ -65,8 +71,8 @@ _MAX_IDS = 64  # distinct ids named in the summary (more: domains are named by i
 _MAX_REPORTED = 3  # crossing groups named per kind
 
 DomainId = int | str | tuple[int | str, ...]
-#: One kind's groups: a 2-D int64 tensor, a tuple of them (blocks), or lists of ranks.
-Groups = torch.Tensor | tuple[torch.Tensor, ...] | Sequence[Sequence[int]]
+#: One kind's groups: a 2-D int64 tensor or GroupRows, a tuple of them (blocks), or lists of ranks.
+Groups = Block | tuple[Block, ...] | Sequence[Sequence[int]]
 
 
 class NvlinkDomainError(RuntimeError):
@@ -271,12 +277,12 @@ def domain_table(summary: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
     return first, table
 
 
-def _blocks(groups: Groups) -> tuple[torch.Tensor, ...] | None:
+def _blocks(groups: Groups) -> tuple[Block, ...] | None:
     """``groups`` as tensor blocks, or ``None`` when they are lists of ranks."""
-    if isinstance(groups, torch.Tensor):
+    if isinstance(groups, (torch.Tensor, GroupRows)):
         return (groups,)
-    if isinstance(groups, tuple) and groups and all(isinstance(block, torch.Tensor) for block in groups):
-        return cast("tuple[torch.Tensor, ...]", groups)
+    if isinstance(groups, tuple) and groups and all(isinstance(block, (torch.Tensor, GroupRows)) for block in groups):
+        return cast("tuple[Block, ...]", groups)
     return None
 
 
@@ -338,11 +344,12 @@ def check_domains(
     """Check the groups of the chosen kinds against the agreed domain map; the findings.
 
     ``groups_of(kinds)`` returns label (a module, or ``""``) -> kind -> groups; it is called only
-    when the participants span more than one domain. Groups given as a 2-D int64 tensor (or a
-    tuple of them, e.g. from :func:`~parallel_state_ng.layout.nvlink_domains.kind_group_tensors`)
-    are checked in tensor ops (:func:`~parallel_state_ng.layout.nvlink_domains.crossing_stats_tensor`:
-    no Python loop over groups or ranks), lists of rank lists group by group. The first participant (``rank``: this
-    one's global rank) emits the warning. Returns one line per crossing kind (empty: all
+    when the participants span more than one domain. Groups given as a 2-D int64 tensor or a
+    :class:`~parallel_state_ng.layout.nvlink_domains.GroupRows` (or a tuple of them, e.g. from
+    :func:`~parallel_state_ng.layout.nvlink_domains.kind_group_blocks`) are checked in tensor
+    ops (:func:`~parallel_state_ng.layout.nvlink_domains.crossing_stats_tensor`: no Python loop
+    over groups or ranks), lists of rank lists group by group. The first participant (``rank``:
+    this one's global rank) emits the warning. Returns one line per crossing kind (empty: all
     inside, or nothing known).
 
     Raises:

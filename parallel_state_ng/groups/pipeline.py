@@ -23,7 +23,7 @@ from parallel_state_ng.groups.sharing import group_sharing_enabled
 from parallel_state_ng.groups.split import creation_path
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.named_layout import Layout
-from parallel_state_ng.layout.nvlink_domains import kind_group_tensors
+from parallel_state_ng.layout.nvlink_domains import GroupRows, kind_group_blocks
 from parallel_state_ng.layout.plan import PlanOptions
 
 __all__ = [
@@ -112,17 +112,17 @@ def check_nvlink_domains(
         return []
 
     def groups(layout: MegatronLayout | Layout, kinds: Sequence[str]) -> dict[str, Groups]:
-        # groups of one rank never cross: not enumerated. Tensors (checked in tensor ops) where
-        # the layout math gives them; the derived kinds as lists (kind_group_tensors says which)
+        # groups of one rank never cross: not enumerated. Tensor blocks (checked in tensor ops)
+        # where the layout math gives them; the derived kinds as lists (kind_group_blocks says which)
         if isinstance(layout, MegatronLayout):
             first = layout.rank_offset
             return {
-                kind: kind_group_tensors(layout, kind) or layout.enumerate(kind)
+                kind: kind_group_blocks(layout, kind) or layout.enumerate(kind)
                 for kind in kinds
                 if kind in layout.kinds() and len(layout.group(kind, first) or ()) > 1
             }
         named = [kind for kind in kinds if kind in layout.dim_names and layout.size_of(kind) > 1]
-        return {kind: layout.enumerate_groups([kind]) for kind in named}
+        return {kind: GroupRows.of(layout, [kind]) for kind in named}
 
     def groups_of(kinds: Sequence[str]) -> dict[str, dict[str, Groups]]:
         return {label: groups(layout, kinds) for label, layout in layouts.items()}

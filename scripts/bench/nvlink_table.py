@@ -124,10 +124,33 @@ def markdown(table: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _status_kib(field: str) -> int | None:
+    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in KiB; ``None`` off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak resident size (Linux ``clear_refs``); whether that worked."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def check_cost(world: int, per_domain: int = 64, repeat: int = 3) -> dict[str, Any]:
     """Milliseconds of the runtime check's summary and per-rank check for ``world`` ranks (tp 4,
     pp 4, ep 16, etp 1; ``per_domain`` ranks per domain), and the summary's size in bytes. The
-    check runs ``repeat`` times: ``check_ms`` is the fastest run, ``check_ms_slowest`` the slowest.
+    check runs ``repeat`` times: ``check_ms`` is the fastest run, ``check_ms_slowest`` the slowest;
+    ``check_peak_mib`` is how far the first run raised the resident size (Linux; else ``None``).
     """
     from parallel_state_ng.groups.agreement import AgreementResult
     from parallel_state_ng.groups.nvlink_check import encode_domain_id, summarize_domain_ids
@@ -150,12 +173,17 @@ def check_cost(world: int, per_domain: int = 64, repeat: int = 3) -> dict[str, A
         release=RELEASE,
     )
     result = AgreementResult("init", False, "agreed", world, summary=summary)
-    runs = []
+    runs: list[float] = []
+    peak_mib = None
     for _ in range(repeat):
         gc.collect()
+        resident = _status_kib("VmRSS") if not runs and _reset_peak_rss() else None
         start = time.perf_counter()
         findings = check_nvlink_domains(result, {"": layout}, name="init", rank=1)
         runs.append(time.perf_counter() - start)
+        peak = _status_kib("VmHWM")
+        if resident is not None and peak is not None:
+            peak_mib = round((peak - resident) / 1024, 1)
     return {
         "world": world,
         "per_domain": per_domain,
@@ -163,6 +191,7 @@ def check_cost(world: int, per_domain: int = 64, repeat: int = 3) -> dict[str, A
         "summary_bytes": len(json.dumps(summary)),
         "check_ms": round(min(runs) * 1000, 1),
         "check_ms_slowest": round(max(runs) * 1000, 1),
+        "check_peak_mib": peak_mib,
         "findings": len(findings),
     }
 

@@ -1,6 +1,6 @@
 """The runtime NVLink check's tensor path against the list path and brute force.
 
-``kind_group_tensors`` must give ``MegatronLayout.enumerate``'s groups row for row,
+``kind_group_blocks`` must give ``MegatronLayout.enumerate``'s groups row for row,
 ``crossing_stats_tensor`` on them ``crossing_stats``' result on the lists, and ``check_domains``
 the same findings whichever way the groups come; on a table of layouts (orders, 0.19's GTP axes,
 0.17's rank range, a 0.12/0.13 encoder block, derived kinds) and domain maps (partial last
@@ -32,9 +32,10 @@ from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.named_layout import Layout
 from parallel_state_ng.layout.nvlink_domains import (
     LATENCY_CRITICAL_KINDS,
+    GroupRows,
     crossing_stats,
     crossing_stats_tensor,
-    kind_group_tensors,
+    kind_group_blocks,
 )
 
 LAYOUTS = {
@@ -100,6 +101,10 @@ MAPS: dict[str, Callable[[int, int], str | None]] = {
 }
 
 
+def _rows(block: GroupRows | torch.Tensor) -> torch.Tensor:
+    return block.rows() if isinstance(block, GroupRows) else block
+
+
 def _brute_lookup(world: int, domain_id: Callable[[int, int], str | None]) -> dict[int, int]:
     """Rank -> domain number (numbered by first appearance over the participants)."""
     numbers: dict[str, int] = {}
@@ -128,12 +133,12 @@ def test_tensor_groups_and_stats_equal_the_list_path(config):
     world = layout.world_size
     derived = []
     for kind in layout.kinds():
-        blocks = kind_group_tensors(layout, kind)
+        blocks = kind_group_blocks(layout, kind)
         groups = layout.enumerate(kind)
         if blocks is None:
             derived.append(kind)
             continue
-        assert [row for block in blocks for row in block.tolist()] == groups, kind
+        assert [row for block in blocks for row in _rows(block).tolist()] == groups, kind
     assert not set(derived) & set(LATENCY_CRITICAL_KINDS)  # the kept kinds always go as tensors
     if layout.encoder_block is None:
         assert "pp" not in derived and "mp" not in derived
@@ -145,14 +150,16 @@ def test_tensor_groups_and_stats_equal_the_list_path(config):
         outside = [r for r in range(world) if r not in lookup and 0 <= r - first < len(table)]
         assert all(int(table[r - first]) == -1 for r in outside)
         for kind in layout.kinds():
-            blocks = kind_group_tensors(layout, kind)
+            blocks = kind_group_blocks(layout, kind)
             if blocks is None:
                 continue
             groups = layout.enumerate(kind)
+            rows = tuple(_rows(block) for block in blocks)
             for contiguous in (True, False):
                 expected = crossing_stats(groups, lambda r: lookup.get(r, -1), examples=5, contiguous=contiguous)
-                got = crossing_stats_tensor(blocks, table, first_rank=first, examples=5, contiguous=contiguous)
-                assert got == expected, (config, map_name, kind, contiguous)
+                for given in (blocks, rows):
+                    got = crossing_stats_tensor(given, table, first_rank=first, examples=5, contiguous=contiguous)
+                    assert got == expected, (config, map_name, kind, contiguous)
 
 
 @pytest.mark.parametrize("map_name", list(MAPS))
@@ -167,7 +174,7 @@ def test_check_domains_findings_equal_for_tensors_and_lists(monkeypatch, map_nam
 
     def as_tensors(kinds):
         return {
-            label: {k: kind_group_tensors(lay, k) or lay.enumerate(k) for k in kinds if k in lay.kinds()}
+            label: {k: kind_group_blocks(lay, k) or lay.enumerate(k) for k in kinds if k in lay.kinds()}
             for label, lay in layouts.items()
         }
 
@@ -223,6 +230,21 @@ def test_topology_with_rank_offsets_and_a_grid(monkeypatch):
     assert findings == expected
     assert [f.split(" of ")[0] for f in findings if f.startswith("language: tp:")] == ["language: tp: 3"]
     assert any(f.startswith("grid: dp:") for f in findings)
+
+
+def test_group_rows_of_plain_and_split_layouts():
+    plain = Layout([2, 3, 2], ["tp", "dp", "pp"], rank_offset=4)
+    split = Layout([2, 2, 2], ["a", "b", "c"]).split(["a", "c"], [2, 2], ["x", "y"])  # not a sum of strides
+    assert not split.is_plain
+    table = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5])  # 3 ranks per domain
+    for layout in (plain, split):
+        for dims in (["b"], ["x"], ["y"], ["x", "b"]) if layout is split else (["tp"], ["dp"], ["tp", "pp"], []):
+            block = GroupRows.of(layout, dims)
+            assert isinstance(block, GroupRows) == layout.is_plain
+            assert torch.equal(_rows(block), layout.enumerate_groups(dims)), (layout, dims)
+            for contiguous in (True, False):
+                expected = crossing_stats(layout.rank_enum(dims), lambda r: int(table[r]), contiguous=contiguous)
+                assert crossing_stats_tensor(block, table, contiguous=contiguous) == expected, (layout, dims)
 
 
 def test_bad_blocks_name_the_block():
