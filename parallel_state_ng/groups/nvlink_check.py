@@ -265,15 +265,23 @@ def domain_table(summary: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
     (-1: not a participant). Tensor work over the map's runs (``repeat_interleave``), no Python
     loop over ranks.
     """
-    runs = torch.tensor(summary["runs"], dtype=torch.int64).reshape(-1, 2)
+    return _table(_runs(summary), summary["ranks"])
+
+
+def _runs(summary: Mapping[str, Any]) -> torch.Tensor:
+    """The map's runs as an int64 tensor of (domain, count) rows."""
+    return torch.tensor(summary["runs"], dtype=torch.int64).reshape(-1, 2)
+
+
+def _table(runs: torch.Tensor, ranks: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
+    """:func:`domain_table` from the runs tensor and the summary's participants."""
     domains = torch.repeat_interleave(runs[:, 0], runs[:, 1])
-    ranks = summary["ranks"]
     if "range" in ranks:
         return int(ranks["range"][0]), domains
     listed = torch.tensor(ranks["list"], dtype=torch.int64)
     first = int(listed.min())
     table = torch.full((int(listed.max()) - first + 1,), -1, dtype=torch.int64)
-    table[listed - first] = domains
+    table.index_copy_(0, listed - first, domains)
     return first, table
 
 
@@ -361,11 +369,11 @@ def check_domains(
     if "error" in summary:
         raise NvlinkDomainIdError(f"{name}: {summary['error']}; every rank must state its domain the same way")
     mode, kinds = nvlink_check_settings()
-    runs = torch.tensor(summary["runs"], dtype=torch.int64).reshape(-1, 2)
+    runs = _runs(summary)
     num_domains = torch.unique(runs[:, 0]).numel()
     if mode == "off" or num_domains < 2:
         return []
-    first, table = domain_table(summary)
+    first, table = _table(runs, summary["ranks"])
     contiguous = len(runs) == num_domains and "range" in summary["ranks"]  # each domain one interval
     ids = summary.get("ids")
     findings = []
