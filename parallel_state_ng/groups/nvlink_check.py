@@ -54,6 +54,7 @@ __all__ = [
     "encode_domain_id",
     "summarize_domain_ids",
     "domain_table",
+    "Groups",
     "round_arguments",
     "raise_if_invalid",
     "check_domains",
@@ -369,9 +370,11 @@ def check_domains(
     if "error" in summary:
         raise NvlinkDomainIdError(f"{name}: {summary['error']}; every rank must state its domain the same way")
     mode, kinds = nvlink_check_settings()
+    if mode == "off":
+        return []
     runs = _runs(summary)
     num_domains = torch.unique(runs[:, 0]).numel()
-    if mode == "off" or num_domains < 2:
+    if num_domains < 2:
         return []
     first, table = _table(runs, summary["ranks"])
     contiguous = len(runs) == num_domains and "range" in summary["ranks"]  # each domain one interval

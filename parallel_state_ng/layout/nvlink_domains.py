@@ -35,6 +35,7 @@ __all__ = [
     "crossing_stats_tensor",
     "domains_of_ranks",
     "GroupRows",
+    "Block",
     "kind_group_blocks",
     "crossing_report",
     "kinds_crossing",
