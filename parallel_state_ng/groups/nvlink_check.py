@@ -4,7 +4,8 @@ Every rank states the NVLink domain it sits in; the id rides on the agreement ch
 (:func:`~parallel_state_ng.groups.agreement.check_agreement`'s ``rank_value``: no extra store
 operation), the comparing rank turns every participant's id into a compact domain map
 (:func:`summarize_domain_ids`), and every rank checks the layout's groups of the chosen kinds
-against it (:func:`check_domains`): a warning, or :class:`NvlinkDomainError` on every rank
+against it (:func:`check_domains`, tensor ops over the layout's groups: no Python loop over
+groups or ranks): a warning, or :class:`NvlinkDomainError` on every rank
 before any group is created. Where a rank's id comes from, first found:
 
 1. a callable set with :func:`set_nvlink_domain_source` (returns an int, a str, a tuple of
@@ -25,10 +26,18 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
+
+import torch
 
 from parallel_state_ng.layout.megatron_layout import GROUP_KINDS
-from parallel_state_ng.layout.nvlink_domains import LATENCY_CRITICAL_KINDS, crossing_stats
+from parallel_state_ng.layout.nvlink_domains import (
+    LATENCY_CRITICAL_KINDS,
+    Block,
+    GroupRows,
+    crossing_stats,
+    crossing_stats_tensor,
+)
 
 __all__ = [
     "ENV_DOMAIN",
@@ -44,6 +53,8 @@ __all__ = [
     "nvml_domain_id",
     "encode_domain_id",
     "summarize_domain_ids",
+    "domain_table",
+    "Groups",
     "round_arguments",
     "raise_if_invalid",
     "check_domains",
@@ -61,6 +72,8 @@ _MAX_IDS = 64  # distinct ids named in the summary (more: domains are named by i
 _MAX_REPORTED = 3  # crossing groups named per kind
 
 DomainId = int | str | tuple[int | str, ...]
+#: One kind's groups: a 2-D int64 tensor or GroupRows, a tuple of them (blocks), or lists of ranks.
+Groups = Block | tuple[Block, ...] | Sequence[Sequence[int]]
 
 
 class NvlinkDomainError(RuntimeError):
@@ -248,15 +261,55 @@ def summarize_domain_ids(ranks: Sequence[int], values: list[str | None]) -> dict
     }
 
 
-def _domain_lookup(summary: Mapping[str, Any]) -> Callable[[int], int]:
-    """Global rank -> domain number of the summary's participants (-1: not a participant)."""
-    ranks = summary["ranks"]
-    domains = [d for d, count in summary["runs"] for _ in range(count)]
+def domain_table(summary: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
+    """``(first_rank, table)`` of a domain map: rank ``r`` sits in domain ``table[r - first_rank]``
+    (-1: not a participant). Tensor work over the map's runs (``repeat_interleave``), no Python
+    loop over ranks.
+    """
+    return _table(_runs(summary), summary["ranks"])
+
+
+def _runs(summary: Mapping[str, Any]) -> torch.Tensor:
+    """The map's runs as an int64 tensor of (domain, count) rows."""
+    return torch.tensor(summary["runs"], dtype=torch.int64).reshape(-1, 2)
+
+
+def _table(runs: torch.Tensor, ranks: Mapping[str, Any]) -> tuple[int, torch.Tensor]:
+    """:func:`domain_table` from the runs tensor and the summary's participants."""
+    domains = torch.repeat_interleave(runs[:, 0], runs[:, 1])
     if "range" in ranks:
-        start, stop = ranks["range"]
-        return lambda rank: domains[rank - start] if start <= rank < stop else -1
-    table = dict(zip(ranks["list"], domains, strict=True))
-    return lambda rank: table.get(rank, -1)
+        return int(ranks["range"][0]), domains
+    listed = torch.tensor(ranks["list"], dtype=torch.int64)
+    first = int(listed.min())
+    table = torch.full((int(listed.max()) - first + 1,), -1, dtype=torch.int64)
+    table.index_copy_(0, listed - first, domains)
+    return first, table
+
+
+def _blocks(groups: Groups) -> tuple[Block, ...] | None:
+    """``groups`` as tensor blocks, or ``None`` when they are lists of ranks."""
+    if isinstance(groups, (torch.Tensor, GroupRows)):
+        return (groups,)
+    if isinstance(groups, tuple) and groups and all(isinstance(block, (torch.Tensor, GroupRows)) for block in groups):
+        return cast("tuple[Block, ...]", groups)
+    return None
+
+
+def _stats(groups: Groups, first: int, table: torch.Tensor, contiguous: bool) -> dict[str, Any] | None:
+    """One kind's crossing stats (``None``: no group): tensors in tensor ops, lists by lookup."""
+    blocks = _blocks(groups)
+    if blocks is not None:
+        stats = crossing_stats_tensor(blocks, table, first_rank=first, examples=_MAX_REPORTED, contiguous=contiguous)
+        return stats if stats["num_groups"] else None
+    lists = cast("Sequence[Sequence[int]]", groups)
+    if not lists:
+        return None
+    domains = table.tolist()  # the list path (derived kinds): one lookup per rank
+
+    def lookup(rank: int) -> int:
+        return domains[rank - first] if 0 <= rank - first < len(domains) else -1
+
+    return crossing_stats(lists, lookup, examples=_MAX_REPORTED, contiguous=contiguous)
 
 
 def _name(domain: int, ids: Sequence[Any] | None) -> str:
@@ -292,7 +345,7 @@ def raise_if_invalid(field: str, name: str) -> None:
 
 def check_domains(
     summary: Mapping[str, Any] | None,
-    groups_of: Callable[[Sequence[str]], Mapping[str, Mapping[str, Sequence[Sequence[int]]]]],
+    groups_of: Callable[[Sequence[str]], Mapping[str, Mapping[str, Groups]]],
     *,
     name: str,
     rank: int,
@@ -300,8 +353,12 @@ def check_domains(
     """Check the groups of the chosen kinds against the agreed domain map; the findings.
 
     ``groups_of(kinds)`` returns label (a module, or ``""``) -> kind -> groups; it is called only
-    when the participants span more than one domain. The first participant (``rank``: this
-    one's global rank) emits the warning. Returns one line per crossing kind (empty: all
+    when the participants span more than one domain. Groups given as a 2-D int64 tensor or a
+    :class:`~parallel_state_ng.layout.nvlink_domains.GroupRows` (or a tuple of them, e.g. from
+    :func:`~parallel_state_ng.layout.nvlink_domains.kind_group_blocks`) are checked in tensor
+    ops (:func:`~parallel_state_ng.layout.nvlink_domains.crossing_stats_tensor`: no Python loop
+    over groups or ranks), lists of rank lists group by group. The first participant (``rank``:
+    this one's global rank) emits the warning. Returns one line per crossing kind (empty: all
     inside, or nothing known).
 
     Raises:
@@ -313,20 +370,22 @@ def check_domains(
     if "error" in summary:
         raise NvlinkDomainIdError(f"{name}: {summary['error']}; every rank must state its domain the same way")
     mode, kinds = nvlink_check_settings()
-    if mode == "off" or len({d for d, _ in summary["runs"]}) < 2:
+    if mode == "off":
         return []
-    lookup = _domain_lookup(summary)
-    contiguous = len(summary["runs"]) == len({d for d, _ in summary["runs"]}) and "range" in summary["ranks"]
+    runs = _runs(summary)
+    num_domains = torch.unique(runs[:, 0]).numel()
+    if num_domains < 2:
+        return []
+    first, table = _table(runs, summary["ranks"])
+    contiguous = len(runs) == num_domains and "range" in summary["ranks"]  # each domain one interval
     ids = summary.get("ids")
     findings = []
     for label, by_kind in groups_of(kinds).items():
         where = f"{label}: " if label else ""
         for kind in kinds:
             groups = by_kind.get(kind)
-            if not groups:
-                continue
-            stats = crossing_stats(groups, lookup, examples=_MAX_REPORTED, contiguous=contiguous)
-            if not stats["crossing_groups"]:
+            stats = None if groups is None else _stats(groups, first, table, contiguous)
+            if stats is None or not stats["crossing_groups"]:
                 continue
             shown = "; ".join(
                 f"ranks {_ranges(sorted(e['ranks']))} in domains {', '.join(_name(d, ids) for d in e['domains'])}"

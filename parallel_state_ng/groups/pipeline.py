@@ -18,11 +18,12 @@ import torch.distributed as dist
 
 from parallel_state_ng.groups.agreement import AgreementResult, agreement_check_settings, check_agreement
 from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, create_model_groups, nccl_options_from_config
-from parallel_state_ng.groups.nvlink_check import CHECK_FIELD, check_domains, raise_if_invalid, round_arguments
+from parallel_state_ng.groups.nvlink_check import CHECK_FIELD, Groups, check_domains, raise_if_invalid, round_arguments
 from parallel_state_ng.groups.sharing import group_sharing_mode
 from parallel_state_ng.groups.split import creation_path
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.named_layout import Layout
+from parallel_state_ng.layout.nvlink_domains import GroupRows, kind_group_blocks
 from parallel_state_ng.layout.plan import PlanOptions
 
 __all__ = [
@@ -103,24 +104,27 @@ def check_nvlink_domains(
     group kinds, a named :class:`~parallel_state_ng.layout.named_layout.Layout` (a grid) by its
     dims of those names; see
     :func:`~parallel_state_ng.groups.nvlink_check.check_domains` (findings, warning or error).
+    The groups go as tensors of the layout math (no Python loop over groups or ranks), the
+    derived kinds (not kept by default) as lists.
     Nothing is checked when no round ran or no rank stated a domain.
     """
     if result is None:
         return []
 
-    def groups(layout: MegatronLayout | Layout, kinds: Sequence[str]) -> dict[str, list[list[int]]]:
-        # groups of one rank never cross: not enumerated
+    def groups(layout: MegatronLayout | Layout, kinds: Sequence[str]) -> dict[str, Groups]:
+        # groups of one rank never cross: not enumerated. Tensor blocks (checked in tensor ops)
+        # where the layout math gives them; the derived kinds as lists (kind_group_blocks says which)
         if isinstance(layout, MegatronLayout):
             first = layout.rank_offset
             return {
-                kind: layout.enumerate(kind)
+                kind: kind_group_blocks(layout, kind) or layout.enumerate(kind)
                 for kind in kinds
                 if kind in layout.kinds() and len(layout.group(kind, first) or ()) > 1
             }
         named = [kind for kind in kinds if kind in layout.dim_names and layout.size_of(kind) > 1]
-        return {kind: layout.rank_enum([kind]) for kind in named}
+        return {kind: GroupRows.of(layout, [kind]) for kind in named}
 
-    def groups_of(kinds: Sequence[str]) -> dict[str, dict[str, list[list[int]]]]:
+    def groups_of(kinds: Sequence[str]) -> dict[str, dict[str, Groups]]:
         return {label: groups(layout, kinds) for label, layout in layouts.items()}
 
     return check_domains(result.summary, groups_of, name=name, rank=rank)

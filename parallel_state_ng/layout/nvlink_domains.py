@@ -5,8 +5,11 @@ whose ranks sit in two domains leaves NVLink for the network. :class:`NvlinkDoma
 domains of a job: ``domain_size`` GPUs per domain, of which the job uses ``used_per_domain``
 (default all), rank ``r`` in domain ``r // used_per_domain``. A partial last domain is allowed
 (a world of 100 ranks on 72-GPU domains: 72 + 28). :func:`crossing_stats` counts, for one kind's
-groups, the groups that cross a domain and how many domains each group spans. Pure functions of
-their arguments (O(ranks of the groups)). See docs/nvlink.md.
+groups, the groups that cross a domain and how many domains each group spans (O(ranks of the
+groups) in Python); :func:`crossing_stats_tensor` the same for groups as tensors (a layout's
+groups as :class:`GroupRows`: first ranks plus fixed steps, :func:`kind_group_blocks`) against a
+domain table, in tensor ops: the runtime check's path, no Python loop over groups or ranks.
+Pure functions of their arguments. See docs/nvlink.md.
 """
 
 from __future__ import annotations
@@ -14,13 +17,26 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from parallel_state_ng.layout.kinds import token_kind_dims
+from parallel_state_ng.layout.named_layout import DimsArg, Layout
+
+if TYPE_CHECKING:
+    from parallel_state_ng.layout.megatron_layout import MegatronLayout
 
 __all__ = [
     "NVL72_DOMAIN_SIZE",
     "LATENCY_CRITICAL_KINDS",
     "NvlinkDomains",
     "crossing_stats",
+    "crossing_stats_tensor",
+    "domains_of_ranks",
+    "GroupRows",
+    "Block",
+    "kind_group_blocks",
     "crossing_report",
     "kinds_crossing",
     "check_keep_inside",
@@ -127,6 +143,161 @@ def crossing_stats(
         "histogram": {str(k): spans[k] for k in sorted(spans)},
         "examples": shown,
     }
+
+
+def domains_of_ranks(ranks: torch.Tensor, table: torch.Tensor, first_rank: int = 0) -> torch.Tensor:
+    """The domain of each rank of ``ranks``: ``table[rank - first_rank]``, -1 outside the table."""
+    if table.numel() == 0:
+        return torch.full_like(ranks, -1)
+    index = ranks - first_rank
+    inside = (index >= 0) & (index < table.numel())
+    # index_select, not table[index]: advanced indexing enters a parallel region even for a few
+    # thousand ranks, which stalls when the CPU is oversubscribed
+    found = table.index_select(0, index.clamp(0, table.numel() - 1).reshape(-1)).reshape(ranks.shape)
+    return torch.where(inside, found, -1)
+
+
+def _row_min(rows: torch.Tensor) -> torch.Tensor:
+    """The minimum of each row as the negated maximum of the negated rows: on int64 rows, amin
+    over the last dim is about 40 times slower than amax (67 ms against 1.7 ms for 262,144 rows
+    of 4, one thread, torch 2.13 CPU), and aminmax enters a parallel region even for a few rows.
+    """
+    return rows.neg().amax(1).neg()
+
+
+@dataclass(frozen=True)
+class GroupRows:
+    """Groups as a first rank plus fixed steps: group ``g`` is ``bases[g] + offsets``.
+
+    A plain layout's groups over some dims have this form (:meth:`of`): the bases are the ranks
+    whose coordinates on those dims are 0, the offsets one group's ranks less its first. It holds
+    O(groups + group size) numbers where the groups hold O(ranks); :meth:`rows` makes the rows.
+    """
+
+    bases: torch.Tensor
+    offsets: torch.Tensor
+
+    @classmethod
+    def of(cls, layout: Layout, dims: DimsArg) -> GroupRows | torch.Tensor:
+        """``layout``'s groups over ``dims`` in :meth:`Layout.enumerate_groups`' order (the
+        enumerated tensor for a split layout, whose ranks are not a sum of strides).
+        """
+        if not layout.is_plain:
+            return layout.enumerate_groups(dims)
+        inside = layout.dims(dims)
+        outside = [name for name in layout.dim_names if name not in inside]
+        first = layout.rank_offset
+        return cls(layout.group_array(first, outside), layout.group_array(first, inside) - first)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(number of groups, group size), as a tensor of the rows would have."""
+        return self.bases.numel(), self.offsets.numel()
+
+    def rows(self, which: torch.Tensor | None = None) -> torch.Tensor:
+        """The groups (those ``which`` selects: a bool mask or indices) as (groups, size) rows."""
+        bases = self.bases if which is None else self.bases[which]
+        return bases[:, None] + self.offsets[None, :]
+
+
+Block = torch.Tensor | GroupRows
+
+
+def crossing_stats_tensor(
+    groups: Block | Sequence[Block],
+    table: torch.Tensor,
+    *,
+    first_rank: int = 0,
+    examples: int = _MAX_EXAMPLES,
+    contiguous: bool = True,
+) -> dict[str, Any]:
+    """:func:`crossing_stats` of groups given as tensors, in tensor ops.
+
+    ``groups``: a 2-D int64 tensor (num_groups, group_size) or a :class:`GroupRows`, or a
+    sequence of them (blocks, e.g. of different group sizes, taken in order). Rank ``r`` sits in
+    domain ``table[r - first_rank]`` (-1 outside the table). The result equals
+    :func:`crossing_stats` of the same groups as lists with that lookup and ``contiguous``.
+    Python work is per block and per example, never per group or rank. With ``contiguous``
+    only each group's lowest and highest rank are looked up (for :class:`GroupRows`:
+    O(groups) tensor work, no row is made but those of crossing groups); the domains per group
+    are counted (sorting each row) for the crossing groups only.
+
+    Raises:
+        ValueError: a block that is neither a 2-D integer tensor nor a :class:`GroupRows`.
+    """
+    blocks = (groups,) if isinstance(groups, (torch.Tensor, GroupRows)) else tuple(groups)
+    spans: Counter[int] = Counter()
+    shown: list[dict[str, Any]] = []
+    crossing = num_groups = 0
+    for i, block in enumerate(blocks):
+        if not isinstance(block, GroupRows) and (
+            not isinstance(block, torch.Tensor) or block.dim() != 2 or block.is_floating_point()
+        ):
+            what = tuple(block.shape) if isinstance(block, torch.Tensor) else type(block).__name__
+            raise ValueError(
+                f"groups[{i}] must be a 2-D integer tensor (num_groups, group_size) or GroupRows, got {what}"
+            )
+        rows, size = block.shape
+        num_groups += rows
+        if rows and not size:
+            spans[0] += rows  # empty groups span no domain
+        if not rows or not size:
+            continue
+        domains = None
+        if contiguous:  # a domain is an interval: the lowest and highest rank decide
+            if isinstance(block, GroupRows):
+                lowest, highest = block.bases + block.offsets.min(), block.bases + block.offsets.max()
+            else:
+                lowest, highest = _row_min(block), block.amax(1)
+            crosses = domains_of_ranks(lowest, table, first_rank) != domains_of_ranks(highest, table, first_rank)
+        else:
+            domains = domains_of_ranks(block.rows() if isinstance(block, GroupRows) else block, table, first_rank)
+            crosses = _row_min(domains) != domains.amax(1)
+        count = int(crosses.sum())
+        if rows > count:
+            spans[1] += rows - count
+        if not count:
+            continue
+        crossing += count
+        members = block.rows(crosses) if isinstance(block, GroupRows) else block[crosses]
+        found = domains_of_ranks(members, table, first_rank) if domains is None else domains[crosses]
+        ordered = found.sort(1).values
+        distinct = (ordered[:, 1:] != ordered[:, :-1]).sum(1) + 1
+        values, counts = torch.unique(distinct, return_counts=True)
+        spans.update(dict(zip(values.tolist(), counts.tolist(), strict=True)))
+        more = max(examples - len(shown), 0)
+        for ranks, of_ranks in zip(members[:more].tolist(), found[:more].tolist(), strict=True):
+            shown.append({"ranks": ranks, "domains": list(dict.fromkeys(of_ranks))})
+    return {
+        "num_groups": num_groups,
+        "crossing_groups": crossing,
+        "max_domains": max(spans, default=0),
+        "histogram": {str(k): spans[k] for k in sorted(spans)},
+        "examples": shown,
+    }
+
+
+def kind_group_blocks(layout: MegatronLayout, kind: str) -> tuple[Block, ...] | None:
+    """Every group of ``kind`` as blocks (:class:`GroupRows`), rows in
+    :meth:`MegatronLayout.enumerate`'s order.
+
+    One block for a kind read off a rank-generator token (tp, cp, ep, ep_tp, tp_ep_mp, dp, ...;
+    0.19's GTP kinds included): the dense or expert layout's groups over the kind's dims; with
+    a 0.12/0.13 encoder block, the encoder's block then the decoder's. ``None`` (enumerate them
+    as lists) for the derived kinds (partial data parallel, hierarchical context parallel,
+    embeddings, optimizer instances, all-gather twins: their groups come from other rules or in
+    first-rank order) and for an encoder layout's ``pp`` and ``mp`` (stitched pipelines).
+    """
+    if kind not in layout.token_kinds:
+        return None
+    view, dims = token_kind_dims(layout.facts.gtp_remat_axis)[kind]
+    grid = layout.decoder if view == "dense" else layout.expert
+    encoder = layout.encoder_block
+    if encoder is None:
+        return (GroupRows.of(grid, dims),)
+    if kind in ("pp", "mp"):
+        return None
+    return (GroupRows.of(encoder.encoder, dims), GroupRows.of(grid, dims))
 
 
 def crossing_report(

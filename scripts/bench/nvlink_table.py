@@ -8,12 +8,15 @@ ep_tp, tp_ep_mp) that cross a domain under the default order, the best accepted 
 (``layout --suggest-order``) and what still crosses there, with the reason when nothing fits.
 Pure layout math. Prints a markdown table (docs/nvlink.md); ``--json`` prints the rows.
 ``--check-cost N`` instead times the runtime check's two steps for N simulated ranks (64 per
-domain, NVML-style ids): the comparing rank's summary and one rank's check of the layout.
+domain, or ``--per-domain``; NVML-style ids): the comparing rank's summary and one rank's check
+of the layout (``--repeat`` times after a garbage collection, so that the collection of the
+simulated ids does not land in it: the fastest and slowest run).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import re
@@ -121,18 +124,46 @@ def markdown(table: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_cost(world: int, per_domain: int = 64) -> dict[str, Any]:
+def _status_kib(field: str) -> int | None:
+    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in KiB; ``None`` off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak resident size (Linux ``clear_refs``); whether that worked."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def check_cost(world: int, per_domain: int = 64, repeat: int = 3) -> dict[str, Any]:
     """Milliseconds of the runtime check's summary and per-rank check for ``world`` ranks (tp 4,
-    pp 4, ep 16, etp 1), and the summary's size in bytes.
+    pp 4, ep 16, etp 1; ``per_domain`` ranks per domain), and the summary's size in bytes. The
+    check runs ``repeat`` times: ``check_ms`` is the fastest run, ``check_ms_slowest`` the slowest;
+    ``check_peak_mib`` is how far the first run raised the resident size (Linux; else ``None``).
     """
     from parallel_state_ng.groups.agreement import AgreementResult
     from parallel_state_ng.groups.nvlink_check import encode_domain_id, summarize_domain_ids
     from parallel_state_ng.groups.pipeline import check_nvlink_domains
 
+    for value, name in ((world, "world"), (per_domain, "per_domain"), (repeat, "repeat")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     ids = [encode_domain_id(("nvml", ("ab" * 16, r // per_domain))) for r in range(world)]
     start = time.perf_counter()
     summary = summarize_domain_ids(range(world), ids)
     summarized = time.perf_counter() - start
+    del ids  # one rank's check holds only the summary
     layout = MegatronLayout(
         world_size=world,
         tensor_model_parallel_size=4,
@@ -142,14 +173,25 @@ def check_cost(world: int, per_domain: int = 64) -> dict[str, Any]:
         release=RELEASE,
     )
     result = AgreementResult("init", False, "agreed", world, summary=summary)
-    start = time.perf_counter()
-    findings = check_nvlink_domains(result, {"": layout}, name="init", rank=1)
-    checked = time.perf_counter() - start
+    runs: list[float] = []
+    peak_mib = None
+    for _ in range(repeat):
+        gc.collect()
+        resident = _status_kib("VmRSS") if not runs and _reset_peak_rss() else None
+        start = time.perf_counter()
+        findings = check_nvlink_domains(result, {"": layout}, name="init", rank=1)
+        runs.append(time.perf_counter() - start)
+        peak = _status_kib("VmHWM")
+        if resident is not None and peak is not None:
+            peak_mib = round((peak - resident) / 1024, 1)
     return {
         "world": world,
+        "per_domain": per_domain,
         "summary_ms": round(summarized * 1000, 1),
         "summary_bytes": len(json.dumps(summary)),
-        "check_ms": round(checked * 1000, 1),
+        "check_ms": round(min(runs) * 1000, 1),
+        "check_ms_slowest": round(max(runs) * 1000, 1),
+        "check_peak_mib": peak_mib,
         "findings": len(findings),
     }
 
@@ -159,9 +201,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--check-cost", type=int, default=None, metavar="N", help="time the runtime check at N ranks")
+    parser.add_argument("--per-domain", type=int, default=64, metavar="K", help="--check-cost: ranks per domain")
+    parser.add_argument("--repeat", type=int, default=3, metavar="R", help="--check-cost: runs of the check")
     args = parser.parse_args()
     if args.check_cost is not None:
-        print(json.dumps(check_cost(args.check_cost)))
+        try:
+            print(json.dumps(check_cost(args.check_cost, args.per_domain, args.repeat)))
+        except ValueError as err:
+            parser.error(f"--check-cost/--per-domain/--repeat: {err}")
         return
     table = rows()
     print(json.dumps(table, indent=1) if args.json else markdown(table), end="")
