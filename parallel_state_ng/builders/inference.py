@@ -19,6 +19,7 @@ import sys
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -163,6 +164,7 @@ def build_inference_collection(
     *,
     check_agreement: bool | None = None,
     creation_path: str | None = None,
+    timeout: timedelta | None = None,
 ) -> Any:
     """This rank's groups of one inference model over ranks ``[rank_offset, rank_offset + world_size)``.
 
@@ -184,14 +186,25 @@ def build_inference_collection(
     across the window's ranks; ``creation_path`` as for
     :class:`~parallel_state_ng.builders.grid.HyperCommGrid`.
 
+    ``timeout`` (ours; Megatron's function has none): the timeout of every group of the
+    collection. ``None`` (the default) is Megatron's behaviour, torch's default timeout. Pass
+    the training layout's (``timedelta(minutes=distributed_timeout_minutes)``, 30 minutes
+    unless set) so that, under ``PSNG_SHARE_GROUPS=process``, an inference group whose members
+    equal a training group's reuses that group's communicator: the registry shares only groups
+    of equal timeout, and ``None`` never equals an explicit one (see docs/compat.md, "Several
+    layouts in one process"). Part of the agreement check.
+
     Raises:
+        TypeError: ``timeout`` is not a ``datetime.timedelta`` or ``None``.
         InferenceSizeError: a size is not an int >= 1, or ``tp*cp*pp`` or ``expt_tp*ep*pp``
             does not divide ``world_size`` (an ``AssertionError`` as Megatron's).
         AssertionError: with ``use_tp_pp_dp_mapping``, the dense and expert grids have different
             pipelines (``tp*cp != expt_tp*ep`` with ``pp > 1``). Nothing is created.
-        ValueError: ``rank_offset`` < 0. RuntimeError: the window does not fit in the world.
+        ValueError: ``rank_offset`` < 0; ``timeout`` is not positive. RuntimeError: the window
+            does not fit in the world.
         ParallelConfigMismatchError: the window's ranks passed different arguments.
     """
+    group_options = _timeout_options(timeout)
     sizes: dict[str, Any] = {"tp_size": tp_size, "cp_size": cp_size, "pp_size": pp_size, "ep_size": ep_size}
     sizes["expt_tp_size"] = expt_tp_size
     state = None
@@ -229,6 +242,7 @@ def build_inference_collection(
     inside = dense.layout.contains(rank)
     if inside or path == "split":
         fields_compared = dict(sizes, world_size=world_size, use_tp_pp_dp_mapping=mapping, rank_offset=rank_offset)
+        fields_compared["timeout"] = None if timeout is None else timeout.total_seconds()
         window = range(rank_offset, rank_offset + world_size)
         agree(fields_compared, name="build_inference_pg_collection", ranks=None if path == "split" else window,
               enabled=check_agreement, creation=path)  # fmt: skip
@@ -236,9 +250,9 @@ def build_inference_collection(
         return _collection_class()(**dict.fromkeys(facts.COLLECTION_FIELDS))
     embedding: dict[str, Any] = {}
     try:
-        values = {name: dense.create_pg(list(d)) for name, d in facts.DENSE_FIELDS.items()}
-        values.update({name: expert.create_pg(list(d)) for name, d in facts.EXPERT_FIELDS.items()})
-        values.update(_embedding_groups(dense, rank, inside, path == "split", embedding, lease))
+        values = {name: dense.create_pg(list(d), **group_options) for name, d in facts.DENSE_FIELDS.items()}
+        values.update({name: expert.create_pg(list(d), **group_options) for name, d in facts.EXPERT_FIELDS.items()})
+        values.update(_embedding_groups(dense, rank, inside, path == "split", embedding, lease, group_options))
     except BaseException:  # atomic: a failed creation leaves no group of this build behind
         dense.destroy()  # gives the build's lease back
         expert.destroy()
@@ -247,6 +261,19 @@ def build_inference_collection(
     collection = _collection_class()(**{name: values[name] for name in facts.COLLECTION_FIELDS})
     _remember_lease(collection, lease)
     return collection
+
+
+def _timeout_options(timeout: Any) -> dict[str, Any]:
+    """The group keyword arguments for ``timeout`` (none for ``None``: torch's default), once it is valid."""
+    if timeout is None:
+        return {}
+    if not isinstance(timeout, timedelta):
+        raise TypeError(
+            f"timeout must be a datetime.timedelta or None, got timeout={timeout!r} ({type(timeout).__name__})"
+        )
+    if timeout <= timedelta(0):
+        raise ValueError(f"timeout must be positive, got timeout={timeout!r}")
+    return {"timeout": timeout}
 
 
 # id(collection) -> (a weak reference to it, the lease its build holds)
@@ -275,7 +302,13 @@ def _lease_of(collection: Any) -> Lease | None:
 
 
 def _embedding_groups(
-    dense: HyperCommGrid, rank: int, inside: bool, split: bool, out: dict[str, Any], lease: Lease
+    dense: HyperCommGrid,
+    rank: int,
+    inside: bool,
+    split: bool,
+    out: dict[str, Any],
+    lease: Lease,
+    group_options: dict[str, Any],
 ) -> dict[str, Any]:
     """``embd`` (first and last stage of the rank's pipeline) and ``pos_embd`` (its first stage), into ``out``."""
     pipeline = dense.layout.group_ranks(rank, "pp") if inside else None
@@ -287,9 +320,9 @@ def _embedding_groups(
     for name, ranks in wanted.items():
         member = ranks if ranks is not None and rank in ranks else None
         if split:  # every rank of the world joins the kind's one split
-            out[name], _ = pooled_split(pool, member)
+            out[name], _ = pooled_split(pool, member, **group_options)
         else:
-            out[name] = None if member is None else pool.get(member)[0]
+            out[name] = None if member is None else pool.get(member, **group_options)[0]
     return out
 
 
@@ -300,6 +333,7 @@ def build_inference_collections_for_shards(
     *,
     check_agreement: bool | None = None,
     creation_path: str | None = None,
+    timeout: timedelta | None = None,
 ) -> list[Any]:
     """One ``InferenceShard`` per shard of ``shards``, laid out one after the other from rank 0.
 
@@ -312,12 +346,16 @@ def build_inference_collections_for_shards(
     ``pg_collection`` is this rank's collection on the shard's ranks and ``None`` elsewhere.
 
     Only the rank's own shard is built (:func:`build_inference_collection`); on the split
-    path every rank joins every shard's splits, as creation there needs.
+    path every rank joins every shard's splits, as creation there needs. ``timeout`` (ours):
+    every shard's groups' timeout, as for :func:`build_inference_collection` (``None``:
+    torch's default, Megatron's behaviour).
 
     Raises:
         AssertionError, ValueError, TypeError: a bad spec (the parser's exception types), or
-            sizes a shard cannot be laid out with (see :func:`build_inference_collection`).
+            sizes a shard cannot be laid out with (see :func:`build_inference_collection`);
+            a ``timeout`` that is not a positive ``timedelta`` or ``None`` (checked first).
     """
+    _timeout_options(timeout)
     shards_module = _megatron_module(facts.SHARDS_MODULE)
     if shards_module is not None:
         specs = importlib.import_module(facts.SPEC_MODULE).normalize_shard_specs(shards, total_world_size)
@@ -337,7 +375,7 @@ def build_inference_collections_for_shards(
         if member or path == "split":
             built = build_inference_collection(
                 size, spec.tp, spec.pp, spec.cp, spec.ep, spec.expt_tp, use_tp_pp_dp_mapping, offset,
-                check_agreement=check_agreement, creation_path=path,
+                check_agreement=check_agreement, creation_path=path, timeout=timeout,
             )  # fmt: skip
             collection = built if member else None
         out.append(shard_class(spec=spec, rank_offset=offset, world_size=size, pg_collection=collection))

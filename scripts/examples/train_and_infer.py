@@ -14,7 +14,12 @@ unzipped 0.19.2 wheel) starts a gloo world of tp x pp x dp CPU processes
 4. destroys the inference layout and takes the last training step, which must be bit-identical
    (loss, gradient norm, parameter digest) to the same run without the inference phase.
 
-It also prints the communicators per rank of both layouts, with and without group sharing.
+The run with the inference phase has the process-wide communicator registry on
+(``set_group_sharing("process")``) and builds the inference layout with the training's timeout,
+so the inference groups reuse the training layout's communicators; after the inference
+layout's destroy the registry must hold exactly the training layout's groups, all alive. The
+reference run has sharing off. It also prints the communicators per rank of both layouts,
+measured under each sharing setting (off, ``1``, ``process``).
 Bad options are reported before any process starts (exit code 2). See docs/training.md.
 """
 
@@ -65,6 +70,10 @@ def summarize(results: list[dict]) -> dict[str, Any]:
         ),
         "max abs diff": max(i["max abs diff"] for i in inference),
         "inference": inference,
+        "registry after destroy": all(
+            i["after destroy"]["exactly training"] and i["after destroy"]["holders"] == [1] for i in inference
+        )
+        and all(r["communicators"]["process-wide registry"]["after destroy"]["exactly training"] for r in results),
         "communicators": [r["communicators"] for r in results],
         "globals initialized": any(r["globals initialized"] for r in results),
     }
@@ -96,19 +105,27 @@ def render(cfg: TrainConfig, infer_tp: int, summary: dict[str, Any], tolerance: 
     lines.append(f"parameter digest, without inference: {summary['digests']['reference']}")
     lines.append(f"step {cfg.steps} bit-identical with and without the inference phase: {summary['identical']}")
     lines.append("")
-    lines.append("communicators per rank (process groups held, the world group not counted):")
-    lines.append("          without sharing            with sharing (PSNG_SHARE_GROUPS=1)")
-    lines.append("  rank    training inference both    training inference both    with a process-wide registry")
-    for rank, counts in enumerate(summary["communicators"]):
-        off, on = counts["without sharing"], counts["with sharing"]
-        registry = counts["registry (computed)"]["both"]
-        lines.append(
-            f"  {rank:>4}    {off['training']:>8} {off['inference']:>9} {off['both']:>4}    "
-            f"{on['training']:>8} {on['inference']:>9} {on['both']:>4}    {registry:>4} (computed)"
-        )
+    after = summary["inference"][0]["after destroy"]
     lines.append(
-        "  with a process-wide registry: computed, not measured: the distinct (members, backend) pairs among both "
-        "layouts' groups"
+        f"registry on (the run with inference): after the inference layout's destroy it holds exactly the "
+        f"training layout's groups, all alive: {summary['registry after destroy']} "
+        f"(rank 0: {after['registry holds']} of {after['training groups']})"
+    )
+    lines.append("")
+    lines.append("communicators per rank, measured (process groups created, the world group not counted):")
+    lines.append("          sharing off (0)            per build (1)              process-wide registry (process)")
+    lines.append("  rank    training inference both    training inference both    training inference both  shared")
+    for rank, counts in enumerate(summary["communicators"]):
+        cells = []
+        for label in ("off", "per build (1)", "process-wide registry"):
+            c = counts[label]
+            cells.append(f"{c['training']:>8} {c['inference']:>9} {c['both']:>4}")
+        registry = counts["process-wide registry"]
+        shared = f"{registry['inference shared']}/{registry['inference distinct']}"
+        lines.append(f"  {rank:>4}    " + "    ".join(cells) + f"  {shared:>6}")
+    lines.append(
+        "  inference: groups the inference build added; shared: the inference collection's distinct groups "
+        "that are training groups (registry)"
     )
     return lines
 
@@ -151,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wall time: {time.perf_counter() - t0:.1f} s (slowest rank's run with inference: {seconds:.1f} s)")
     ok = (
         summary["identical"]
+        and summary["registry after destroy"]
         and summary["max abs diff"] <= colocated.LOGITS_TOLERANCE
         and not summary["globals initialized"]
     )

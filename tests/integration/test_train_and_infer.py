@@ -2,9 +2,13 @@
 
 The slow test runs the script's ranks on 4 gloo processes with megatron-core 0.19.2's wheel:
 train tp2 pp2 for 2 steps from ``build_megatron_groups``, build the colocated tp4 pp1 inference
-layout with ``build_inference_collection``, move the weights, compare the logits with a one-rank
-model's, destroy the inference layout, take step 3; step 3 (loss, gradient norm, every rank's
-digest) must equal the same run without the inference phase. (The 8-process tp2 pp2 dp2 run
+layout with ``build_inference_collection`` (with the training's timeout), move the weights,
+compare the logits with a one-rank model's, destroy the inference layout, take step 3; step 3
+(loss, gradient norm, every rank's digest) must equal the same run without the inference phase.
+The run with the inference phase has the process-wide registry on (the reference run sharing
+off, so the cost is that of the registry-less test): the inference layout creates no
+communicator of its own and, once destroyed, leaves the registry holding exactly the training
+layout's groups; the communicator counts are measured under the three sharing settings. (The 8-process tp2 pp2 dp2 run
 and its figures are in docs/training.md.) The other tests are cheap: bad inference layouts,
 building twice, destroying twice, using a destroyed collection.
 """
@@ -46,14 +50,22 @@ def test_inference_between_steps_leaves_training_bit_identical():
         assert entry["inference ranks"]["tp"] == [0, 1, 2, 3], rank
         assert entry["logits shape"] == [cfg.micro_batch, cfg.seq, cfg.vocab], rank
         assert entry["params moved"] == entry["full params"] > 0, rank
+    assert summary["registry after destroy"], "the registry does not hold exactly the training groups"
     for rank, counts in enumerate(summary["communicators"]):
-        off, on = counts["without sharing"], counts["with sharing"]
-        assert off["both"] == off["training"] + off["inference"], rank  # two builds never share today
-        assert on["both"] == on["training"] + on["inference"] < off["both"], rank
-        # a rank's group of all 4 ranks (training mp, inference tp) and its one-rank groups repeat
-        assert counts["registry (computed)"]["both"] < on["both"], rank
+        off, build, registry = counts["off"], counts["per build (1)"], counts["process-wide registry"]
+        assert off["both"] == off["training"] + off["inference"], rank  # two builds never share
+        assert build["both"] == build["training"] + build["inference"] < off["both"], rank
+        assert registry["training"] == build["training"], rank  # within one build: as with 1
+        # every inference group's members are a training group's, in the same order, on 4 ranks
+        # (tp2 pp2: the world group is the training mp group [0, 1, 2, 3])
+        assert registry["inference"] == 0 and registry["both"] == registry["training"], rank
+        assert registry["inference shared"] == registry["inference distinct"] > 0, rank
+        assert registry["after destroy"]["exactly training"], rank
+    for rank, entry in enumerate(summary["inference"]):
+        assert entry["after destroy"]["registry holds"] == entry["after destroy"]["training groups"] > 0, rank
     report = train_and_infer.render(cfg, 4, summary, colocated.LOGITS_TOLERANCE)
     assert "step 3 bit-identical with and without the inference phase: True" in report
+    assert any("holds exactly the training layout's groups, all alive: True (rank 0: " in line for line in report)
 
 
 def test_an_inference_layout_that_does_not_fit_is_refused(fake_world):

@@ -4,14 +4,18 @@ Fake backend, one process: only the rank's own ``new_group`` calls (also at 65,5
 outside the windows, atomic failure, bad sizes raising before any group, the stand-in shard
 spec parser and shard class (the installed release has no shards module). The comparison with
 0.19.2's own functions, field by field and rank by rank, is in
-``tests/releases/test_inference_releases.py``.
+``tests/releases/test_inference_releases.py``. Our ``timeout`` argument: checked, and under
+``PSNG_SHARE_GROUPS=process`` the training layout's timeout lets the registry share.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch.distributed as dist
 
+from parallel_state_ng import build_megatron_groups
 from parallel_state_ng.builders.inference import (
     InferenceShard,
     InferenceSizeError,
@@ -19,6 +23,7 @@ from parallel_state_ng.builders.inference import (
     build_inference_collections_for_shards,
     destroy_inference_collection,
 )
+from parallel_state_ng.groups import registry, sharing
 from parallel_state_ng.groups.creation import live_groups
 from parallel_state_ng.layout.shard_spec import ShardSpec, parse_shard_specs
 from parallel_state_ng.releases import current_release
@@ -97,6 +102,8 @@ def test_a_failed_creation_leaves_no_group(fake_world, monkeypatch):
         ({"tp_size": 2, "pp_size": 2, "use_tp_pp_dp_mapping": True}, AssertionError, "different pipelines"),
         ({"rank_offset": -1}, ValueError, "rank_offset=-1"),
         ({"rank_offset": 4}, RuntimeError, "rank_offset + world_size"),
+        ({"timeout": 1800}, TypeError, "timeout=1800 (int)"),
+        ({"timeout": timedelta(0)}, ValueError, "timeout=datetime.timedelta(0)"),
     ],
 )
 def test_bad_sizes_raise_before_any_group(kwargs, error, named, fake_world, new_group_calls):
@@ -107,6 +114,40 @@ def test_bad_sizes_raise_before_any_group(kwargs, error, named, fake_world, new_
     assert named in str(caught.value) and new_group_calls == []
     if isinstance(caught.value, InferenceSizeError):
         assert isinstance(caught.value, (AssertionError, ValueError, ZeroDivisionError))
+
+
+def test_a_bad_timeout_for_shards_raises_before_any_group(fake_world, new_group_calls):
+    fake_world(0, 4)
+    with pytest.raises(TypeError, match=r"timeout=30.0 \(float\)"):
+        build_inference_collections_for_shards(4, "tp=2,dp=2", timeout=30.0)
+    with pytest.raises(ValueError, match=r"timeout must be positive, got timeout=datetime.timedelta\(days=-1"):
+        build_inference_collections_for_shards(4, "tp=2,dp=2", timeout=timedelta(seconds=-1))
+    assert new_group_calls == []
+
+
+def test_the_training_timeout_lets_the_registry_share_inference_groups(fake_world, new_group_calls, monkeypatch):
+    pytest.importorskip("megatron.core.process_groups_config")
+    monkeypatch.setattr(sharing, "_override", "process")
+    fake_world(0, 8)  # rank 0 of training tp2 pp2 dp2 and inference tp4 pp1 dp2
+    train = build_megatron_groups(
+        tensor_model_parallel_size=2, pipeline_model_parallel_size=2, check_agreement_across_ranks=False
+    )
+    training = {id(pg) for pg in train.state.created}
+    made = len(new_group_calls)
+    sizes = {"tp_size": 4, "pp_size": 1, "cp_size": 1, "ep_size": 1, "expt_tp_size": 1}
+    default = build_inference_collection(8, **sizes, check_agreement=False)  # torch's default timeout: not shared
+    assert sorted(map(len, new_group_calls[made:])) == [1, 2, 4, 8]
+    made = len(new_group_calls)
+    shared = build_inference_collection(8, **sizes, check_agreement=False, timeout=timedelta(minutes=30))
+    # one communicator made: the world group; training's has the same members in another order,
+    # (0, 1, 4, 5, 2, 3, 6, 7), and the registry's key compares the order
+    assert new_group_calls[made:] == [list(range(8))]
+    assert (0, 1, 4, 5, 2, 3, 6, 7) in {key[0] for key, _, _ in registry.entries()}
+    assert len({id(pg) for pg in vars(shared).values() if pg is not None} - training) == 1
+    assert destroy_inference_collection(shared) == 1 and destroy_inference_collection(default) == 4
+    assert sorted(id(group) for _, group, holders in registry.entries()) == sorted(training)
+    assert {holders for _, _, holders in registry.entries()} == {1}
+    assert train.destroy() == len(training) and registry.entries() == []
 
 
 def test_stand_in_parser_reads_strings_dicts_and_specs():

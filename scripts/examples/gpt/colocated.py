@@ -3,15 +3,18 @@
 :func:`train_and_infer_rank` runs in every process of a gloo world (megatron-core 0.19+, the
 collection path of :mod:`scripts.examples.gpt.collection`, no Megatron globals):
 
-1. the communicators each layout holds on the rank, built and destroyed once with group
-   sharing off and once on (:func:`count_communicators`);
-2. the reference run: ``cfg.steps`` training steps over ``build_megatron_groups``;
-3. the same run again, with an inference phase after step ``cfg.steps - 1``
-   (:func:`inference_phase`): the inference layout's groups from
-   :func:`parallel_state_ng.builders.inference.build_inference_collection`, the weights moved
+1. the communicators each layout creates on the rank, both layouts built and destroyed under
+   each group-sharing setting: off, per build (``1``) and the process-wide registry
+   (``process``) (:func:`count_communicators`, measured in torch's table of live groups);
+2. the reference run: ``cfg.steps`` training steps over ``build_megatron_groups``, sharing off;
+3. the same run again under the process-wide registry, with an inference phase after step
+   ``cfg.steps - 1`` (:func:`inference_phase`): the inference layout's groups from
+   :func:`parallel_state_ng.builders.inference.build_inference_collection` with the training's
+   timeout (so the registry gives it the training layout's communicators), the weights moved
    into a tp ``infer_tp`` pp 1 ``GPTModel`` (:func:`full_weights`, :func:`load_weights`), a
    forward pass on a fixed batch compared with a one-rank model holding the same full weights,
-   the inference groups destroyed; then the last training step.
+   the inference groups destroyed (the registry must then hold exactly the training layout's
+   groups, all alive); then the last training step.
 
 See docs/training.md ("Training and inference layouts in one job").
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -34,6 +38,11 @@ from scripts.examples.gpt.model import _batch, digest, global_param_name, train_
 LOGITS_TOLERANCE = 1e-4
 #: The fixed inference batch of data-parallel replica ``d`` is microbatch ``d`` of this step.
 INFERENCE_STEP = 10_000
+#: The training layout's ``distributed_timeout_minutes``; the inference groups get the same
+#: timeout, which the registry requires to share a communicator.
+TIMEOUT_MINUTES = 30
+#: Group-sharing settings measured by :func:`count_communicators` (label -> set_group_sharing's value).
+SHARING = {"off": "off", "per build (1)": "build", "process-wide registry": "process"}
 
 
 def live_groups() -> set:
@@ -42,46 +51,73 @@ def live_groups() -> set:
     return set(world.pg_map) - {dist.group.WORLD}
 
 
-def _group_key(pg) -> tuple:
-    """Members in group-rank order and backend: what a registry would compare to reuse a group."""
-    return tuple(dist.get_process_group_ranks(pg)), str(dist.get_backend(pg))
+def _training_groups(cfg: TrainConfig):
+    from parallel_state_ng import build_megatron_groups
 
-
-def _inference_collection(world_size: int, infer_tp: int, rank_offset: int = 0):
-    from parallel_state_ng.builders.inference import build_inference_collection
-
-    return build_inference_collection(
-        world_size, tp_size=infer_tp, pp_size=1, cp_size=1, ep_size=1, expt_tp_size=1, rank_offset=rank_offset
+    return build_megatron_groups(
+        tensor_model_parallel_size=cfg.tp,
+        pipeline_model_parallel_size=cfg.pp,
+        distributed_timeout_minutes=TIMEOUT_MINUTES,
     )
 
 
-def count_communicators(cfg: TrainConfig, infer_tp: int) -> dict[str, dict[str, int]]:
-    """Process groups this rank holds for the training layout, the inference layout and both.
+def _inference_collection(world_size: int, infer_tp: int, rank_offset: int = 0):
+    """The inference layout's collection, its groups with the training's timeout (our extension)."""
+    from parallel_state_ng.builders.inference import build_inference_collection
 
-    Built (no training) and destroyed twice: ``"without sharing"`` and ``"with sharing"``
-    (:func:`~parallel_state_ng.groups.sharing.set_group_sharing`, which shares identical groups
-    within one build). ``"registry (computed)"``: the distinct (members, backend) pairs among
-    the groups of both layouts built with sharing on, i.e. what a process-wide registry reusing
-    a group across builds would hold; computed from rank lists, not measured.
+    return build_inference_collection(
+        world_size, tp_size=infer_tp, pp_size=1, cp_size=1, ep_size=1, expt_tp_size=1, rank_offset=rank_offset,
+        timeout=timedelta(minutes=TIMEOUT_MINUTES),
+    )  # fmt: skip
+
+
+def registry_check(training: set) -> dict[str, Any]:
+    """After the inference layout's destroy: the registry's communicators and the live groups against ``training``."""
+    from parallel_state_ng.groups import registry
+
+    held = {group for _, group, _ in registry.entries()}
+    alive = live_groups()
+    return {
+        "registry holds": len(held),
+        "training groups": len(training),
+        "exactly training": held == training and training <= alive,
+        "holders": sorted({holders for _, _, holders in registry.entries()}),
+    }
+
+
+def count_communicators(cfg: TrainConfig, infer_tp: int) -> dict[str, dict[str, Any]]:
+    """Process groups this rank creates for the training layout, the inference layout and both.
+
+    Both layouts are built (no training) and destroyed once per setting of :data:`SHARING`
+    (:func:`~parallel_state_ng.groups.sharing.set_group_sharing`), in one process. Measured:
+    the groups torch's table of live groups gains with each build (a communicator the registry
+    hands out again is not new there). ``"inference shared"``: how many of the inference
+    collection's ``"inference distinct"`` groups are training groups; with the registry, ``"after destroy"`` is
+    :func:`registry_check` once the inference layout is destroyed.
     """
-    from parallel_state_ng import build_megatron_groups
     from parallel_state_ng.builders.inference import destroy_inference_collection
     from parallel_state_ng.groups.sharing import set_group_sharing
 
-    out: dict[str, dict[str, int]] = {}
-    for label, share in (("without sharing", False), ("with sharing", True)):
-        previous = set_group_sharing(share)
+    out: dict[str, dict[str, Any]] = {}
+    for label, mode in SHARING.items():
+        previous = set_group_sharing(mode)
         try:
             base = live_groups()
-            groups = build_megatron_groups(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
+            groups = _training_groups(cfg)
             training = live_groups() - base
             collection = _inference_collection(dist.get_world_size(), infer_tp)
             inference = live_groups() - base - training
-            out[label] = {"training": len(training), "inference": len(inference), "both": len(training | inference)}
-            if share:
-                keys = {_group_key(pg) for pg in training | inference}
-                out["registry (computed)"] = {"both": len(keys)}
+            fields = {pg for pg in vars(collection).values() if isinstance(pg, dist.ProcessGroup)}
+            out[label] = {
+                "training": len(training),
+                "inference": len(inference),
+                "both": len(training | inference),
+                "inference shared": len(fields & training),
+                "inference distinct": len(fields),
+            }
             destroy_inference_collection(collection)
+            if mode == "process":
+                out[label]["after destroy"] = registry_check(training)
             groups.destroy()
             if live_groups() != base:
                 raise RuntimeError(f"{len(live_groups() - base)} group(s) left after destroying both layouts")
@@ -220,13 +256,14 @@ def inference_phase(cfg: TrainConfig, chunks: list, pgc, infer_tp: int) -> dict[
 
 def train_run(cfg: TrainConfig, infer_tp: int | None) -> dict[str, Any]:
     """``cfg.steps`` steps from ``build_megatron_groups``; with ``infer_tp``, :func:`inference_phase`
-    before the last step. Losses (last stage), gradient norms and the digest, per step phase.
+    before the last step and :func:`registry_check` after it. Losses (last stage), gradient norms
+    and the digest, per step phase.
     """
-    from parallel_state_ng import build_megatron_groups
     from scripts.examples.gpt.collection import collection_training
 
     base = live_groups()
-    groups = build_megatron_groups(tensor_model_parallel_size=cfg.tp, pipeline_model_parallel_size=cfg.pp)
+    groups = _training_groups(cfg)
+    training = live_groups() - base
     try:
         pgc = groups.collection()
         chunks, model, optimizer, forward_backward = collection_training(cfg, pgc)
@@ -240,6 +277,7 @@ def train_run(cfg: TrainConfig, infer_tp: int | None) -> dict[str, Any]:
         if infer_tp is not None:
             with rng_kept():
                 inference = inference_phase(cfg, chunks, pgc, infer_tp)
+            inference["after destroy"] = registry_check(training)
             if digest(chunks) != digest_before:
                 raise RuntimeError("the inference phase changed the training parameters")
         more_losses, more_norms = train_steps(cfg.replace(steps=1), model, optimizer, forward_backward, last_stage,
@@ -258,8 +296,9 @@ def train_run(cfg: TrainConfig, infer_tp: int | None) -> dict[str, Any]:
 
 
 def train_and_infer_rank(cfg: TrainConfig, infer_tp: int) -> dict[str, Any]:
-    """This rank's part of the job (see the module doc): communicators, the run without and with
-    the inference phase. Returns ``rank``, ``communicators``, ``reference`` and ``with_inference``.
+    """This rank's part of the job (see the module doc): communicators, the run without (sharing
+    off) and with the inference phase (the process-wide registry on). Returns ``rank``,
+    ``communicators``, ``reference`` and ``with_inference``.
     """
     from parallel_state_ng.testing.megatron_cpu import CpuShims, use_megatron_path
 
@@ -271,6 +310,7 @@ def train_and_infer_rank(cfg: TrainConfig, infer_tp: int) -> dict[str, Any]:
             from megatron.core import parallel_state as ps
 
             from parallel_state_ng import ensure_global_memory_buffer
+            from parallel_state_ng.groups.sharing import set_group_sharing
             from scripts.examples.gpt.collection import require_collection_release
 
             require_collection_release()
@@ -281,7 +321,11 @@ def train_and_infer_rank(cfg: TrainConfig, infer_tp: int) -> dict[str, Any]:
                 t1 = time.perf_counter()
                 reference = train_run(cfg, None)
                 t2 = time.perf_counter()
-                with_inference = train_run(cfg, infer_tp)
+                previous = set_group_sharing("process")  # the run with inference: the registry on
+                try:
+                    with_inference = train_run(cfg, infer_tp)
+                finally:
+                    set_group_sharing(previous)
                 t3 = time.perf_counter()
             finally:
                 ps.destroy_global_memory_buffer()
