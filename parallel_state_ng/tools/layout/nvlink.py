@@ -21,6 +21,7 @@ from parallel_state_ng.layout.nvlink_domains import (
     kinds_crossing,
 )
 from parallel_state_ng.layout.nvlink_suggest import suggest_fill, suggest_orders, why_crossing
+from parallel_state_ng.layout.snapshot import layout_config
 from parallel_state_ng.tools.common import UsageError, format_ranks, name_list, plural, positive_int
 
 __all__ = [
@@ -116,21 +117,12 @@ def node_size_for_domains(domains: NvlinkDomains, world_size: int, requested: in
 
 def layout_arguments(layout: MegatronLayout) -> dict[str, Any]:
     """``MegatronLayout`` arguments that rebuild ``layout`` under another order."""
-    return {
-        "world_size": layout.world_size,
-        "tensor_model_parallel_size": layout.tensor_model_parallel_size,
-        "pipeline_model_parallel_size": layout.pipeline_model_parallel_size,
-        "context_parallel_size": layout.context_parallel_size,
-        "expert_model_parallel_size": layout.expert_model_parallel_size,
-        "expert_tensor_parallel_size": layout.expert_tensor_parallel_size,
-        "num_distributed_optimizer_instances": layout.num_distributed_optimizer_instances,
-        "hierarchical_context_parallel_sizes": layout.hierarchical_context_parallel_sizes,
-        "gtp_remat_size": layout.gtp_remat_size,
-        "expert_gtp_remat_size": layout.expert_gtp_remat_size,
-        "rank_offset": layout.rank_offset,
-        "local_world_size": layout.local_world_size,
-        "release": layout.release,
-    }
+    arguments = layout_config(layout)  # the snapshot's configuration: every shape argument
+    del arguments["order"]
+    hcp = arguments["hierarchical_context_parallel_sizes"]
+    arguments["hierarchical_context_parallel_sizes"] = None if hcp is None else tuple(hcp)
+    arguments.update(rank_offset=layout.rank_offset, local_world_size=layout.local_world_size, release=layout.release)
+    return arguments
 
 
 def nvlink_section(
