@@ -2,7 +2,7 @@
 
 Three settings (``PSNG_SHARE_GROUPS`` or :func:`set_group_sharing`, the same on every rank):
 ``0`` (the default) shares nothing; ``1`` (``build``): requests of one :class:`GroupPool` (one
-build) whose :func:`sharing_key` is equal (same ranks in the same order, backend,
+build) whose :func:`sharing_key` is equal (the same members in any order, backend,
 ``pg_options``, timeout) get one process group; ``process``: requests of every pool of the
 process share through the reference-counted registry of
 :mod:`parallel_state_ng.groups.registry`, so several layouts in one process hold one
@@ -141,11 +141,14 @@ def options_key(pg_options: Any) -> Hashable:
 def sharing_key(ranks: Sequence[int], backend: str | None, pg_options: Any, timeout: Any) -> tuple:
     """The key two group requests must have in common to share one group.
 
+    ``ranks`` as a set: torch orders a group's members by global rank whatever order they are
+    given in (``new_group`` and ``split_group`` sort them), so ``[0, 4, 2, 6]`` and
+    ``[0, 2, 4, 6]`` are one communicator; each layout keeps its own rank order for its getters.
     ``backend`` as requested (``None``, the default backend, differs from ``"gloo"``, so a gloo
     twin never shares with its main group); ``timeout`` ``None`` (torch's default) differs
     from any explicit value.
     """
-    return (tuple(ranks), None if backend is None else str(backend).lower(), options_key(pg_options), timeout)
+    return (tuple(sorted(ranks)), None if backend is None else str(backend).lower(), options_key(pg_options), timeout)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -59,6 +60,11 @@ def _inference_builders(world: int, tp: int, pp: int) -> dict[str, tuple[Callabl
         ),
         "inference collection": (
             lambda: build_inference_collection(world, tp, pp, 1, 1, tp),
+            destroy_inference_collection,
+        ),
+        # the training layout's timeout (build_megatron_groups' default 30 minutes): shareable
+        "inference collection, timeout=30 min": (
+            lambda: build_inference_collection(world, tp, pp, 1, 1, tp, timeout=timedelta(minutes=30)),
             destroy_inference_collection,
         ),
     }
@@ -112,14 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         f"world {args.world}: training tp={train[0]} pp={train[1]}, then inference tp={infer[0]} pp={infer[1]}; "
         "communicators created on the rank (new_group calls)"
     )
-    header = f"{'rank':>6}  {'inference built by':<22} {'PSNG_SHARE_GROUPS':<17} {'training':>8} {'inference':>9}"
+    header = f"{'rank':>6}  {'inference built by':<36} {'PSNG_SHARE_GROUPS':<17} {'training':>8} {'inference':>9}"
     print(f"{header} {'total':>6}")
     ok = True
     for rank in (0, args.world - 1):
         for row in measure(rank, args.world, train, infer):  # type: ignore[arg-type]
             setting = {"off": "0 (off)", "build": "1", "process": "process"}[row["mode"]]
             print(
-                f"{rank:>6}  {row['inference']:<22} {setting:<17} {row['training']:>8} "
+                f"{rank:>6}  {row['inference']:<36} {setting:<17} {row['training']:>8} "
                 f"{row['inference_new']:>9} {row['total']:>6}"
             )
             ok = ok and row["training_alive"] and row["registry_empty"]
