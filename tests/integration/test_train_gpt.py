@@ -5,9 +5,9 @@
 ``finalize_model_grads``, ``get_megatron_optimizer`` (Adam, clipping, distributed optimizer),
 MoE with the all-to-all dispatcher, dropout through the tensor-parallel RNG tracker.
 
-* Every layout is trained three times in the same fresh worker processes: compat installed
-  BEFORE megatron is first imported, MCore's own parallel_state (after ``compat.uninstall()``),
-  compat installed AFTER the import. Losses, gradient norms and every rank's parameter digest
+* Every layout is trained in the same fresh worker processes with compat installed BEFORE
+  megatron is first imported and with MCore's own parallel_state (after ``compat.uninstall()``);
+  the 4-rank layouts and the first 8-rank one also with compat installed AFTER the import. Losses, gradient norms and every rank's parameter digest
   must be bit-identical; under compat megatron's code must really have resolved to compat, and
   ``destroy_model_parallel`` must leave no process group behind.
 * Correctness without MCore: weights set from their global names, the same global batch;
@@ -60,6 +60,8 @@ def _check_variants(results: list[dict], cfgs: list[TrainConfig]) -> dict[str, l
             reference = by_variant["mcore"][i]
             assert reference["facts"]["schedules.parallel_state"] == "megatron.core.parallel_state"
             for variant in ("compat-before", "compat-after"):
+                if i >= len(by_variant[variant]):  # a variant run on the first layouts only
+                    continue
                 run = by_variant[variant][i]
                 facts = {k: v for k, v in run["facts"].items() if k != "version"}
                 assert set(facts.values()) == {"compat.parallel_state", "True"}, (variant, run["facts"])
@@ -83,12 +85,12 @@ def _check_variants(results: list[dict], cfgs: list[TrainConfig]) -> dict[str, l
     return losses
 
 
-def _run_fresh(world_size: int, cfgs: list[TrainConfig], timeout: float) -> list[dict]:
+def _run_fresh(world_size: int, cfgs: list[TrainConfig], timeout: float, first_only: tuple = ()) -> list[dict]:
     from parallel_state_ng.testing.worlds import GlooWorld
 
     world = GlooWorld(world_size)
     try:
-        return world.run(gpt_training.train_variants, cfgs, VARIANTS, timeout=timeout)
+        return world.run(gpt_training.train_variants, cfgs, VARIANTS, first_only, timeout=timeout)
     finally:
         world.close()
 
@@ -105,7 +107,8 @@ def test_four_ranks_compat_trains_exactly_like_mcore():
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_eight_ranks_compat_trains_exactly_like_mcore():
-    results = _run_fresh(8, EIGHT_RANKS, timeout=900)
+    # compat installed after megatron's import: on the first layout here (and on both 4-rank ones)
+    results = _run_fresh(8, EIGHT_RANKS, timeout=900, first_only=("compat-after",))
     _check_variants(results, EIGHT_RANKS)
 
 

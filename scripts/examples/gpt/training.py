@@ -237,10 +237,13 @@ def train_collection_and_globals(cfgs: list[TrainConfig], served: bool = False) 
         }
 
 
-def train_variants(cfgs: list[TrainConfig], variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, list[dict]]:
+def train_variants(
+    cfgs: list[TrainConfig], variants: tuple[str, ...] = tuple(VARIANTS), first_only: tuple[str, ...] = ()
+) -> dict[str, list[dict]]:
     """Run every config under each variant of :data:`VARIANTS`, in order (``compat-before``
     first: the process must not have imported megatron); ``{variant: [result per config]}``.
-    compat stays installed across all configs of a compat variant.
+    compat stays installed across all configs of a compat variant. The variants named in
+    ``first_only`` run the first config only.
     """
     if cfgs:
         use_megatron_path(cfgs[0].megatron_path)
@@ -248,5 +251,6 @@ def train_variants(cfgs: list[TrainConfig], variants: tuple[str, ...] = tuple(VA
     for variant in variants:
         impl, install = VARIANTS[variant]
         with parallel_state_impl(impl, install):
-            out[variant] = [run_once(cfg.replace(impl=impl, install=install)) for cfg in cfgs]
+            chosen = cfgs[:1] if variant in first_only else cfgs
+            out[variant] = [run_once(cfg.replace(impl=impl, install=install)) for cfg in chosen]
     return out
