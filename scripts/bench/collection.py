@@ -19,11 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from parallel_state_ng import build_megatron_groups
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.plan import CreateGroup, group_plan
+from parallel_state_ng.testing.calls import NewGroupCalls
+from parallel_state_ng.testing.worlds import init_simulated_rank
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -53,33 +54,8 @@ EXPERT_FIELDS = {
 }
 
 
-class _Counter:
-    """Counts ``new_group`` calls (``torch.distributed``'s and c10d's own, which subgroup helpers use)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self._original: Callable[..., Any] = dist.distributed_c10d.new_group
-
-    def __enter__(self) -> _Counter:
-        def counting(*args: Any, **kwargs: Any) -> Any:
-            self.calls += 1
-            return self._original(*args, **kwargs)
-
-        dist.new_group = dist.distributed_c10d.new_group = counting  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        dist.new_group = dist.distributed_c10d.new_group = self._original  # type: ignore[assignment]
-
-
-def _fake_world(rank: int, world: int) -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
-
-
 def _ours() -> tuple[float, int]:
-    with _Counter() as count:
+    with NewGroupCalls() as count:
         start = time.perf_counter()
         groups = build_megatron_groups(**SIZES, check_agreement_across_ranks=False)
         values = groups.field_values()
@@ -90,7 +66,7 @@ def _ours() -> tuple[float, int]:
 
 
 def _floor(lists: list[list[int]]) -> tuple[float, int]:
-    with _Counter() as count:
+    with NewGroupCalls() as count:
         start = time.perf_counter()
         made = [dist.new_group(ranks, use_local_synchronization=True) for ranks in lists]
         elapsed = time.perf_counter() - start
@@ -104,7 +80,7 @@ def _megatron_grids(world: int) -> int:
 
     tp, pp, cp, ep = (SIZES[k] for k in SIZES)
     dp = world // (tp * pp * cp)
-    with _Counter() as count:
+    with NewGroupCalls() as count:
         dense = HyperCommGrid([tp, cp, dp, pp], ["tp", "cp", "dp", "pp"])
         expert = HyperCommGrid([tp, ep, world // (tp * ep * pp), pp], ["tp", "ep", "dp", "pp"])
         fields = {name: dense.create_pg(dims) for name, dims in DENSE_FIELDS.items()}
@@ -130,7 +106,7 @@ def _median(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 def _row(world: int, repeats: int, mcore_max: int) -> str:
     """One world's table row, measured in this process (a fresh one per world: see ``main``)."""
     rank = world // 2 + 3
-    _fake_world(rank, world)
+    init_simulated_rank(rank, world, replace=True)
     layout = MegatronLayout(world_size=world, **SIZES)
     lists = [s.ranks for s in group_plan(layout, rank) if isinstance(s, CreateGroup) and s.backend != "gloo"]
     ours_runs, floor_runs = [], []
@@ -145,7 +121,8 @@ def _row(world: int, repeats: int, mcore_max: int) -> str:
 
         mcore_runs = []
         for _ in range(min(repeats, 3)):
-            _fake_world(rank, world)  # a clean world each time: Megatron's grids leave every group alive
+            # a clean world each time: Megatron's grids leave every group alive
+            init_simulated_rank(rank, world, replace=True)
             start = time.perf_counter()
             mcore_calls = _megatron_grids(world)
             mcore_runs.append(time.perf_counter() - start)

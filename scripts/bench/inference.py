@@ -18,42 +18,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from parallel_state_ng.testing.calls import NewGroupCalls
+from parallel_state_ng.testing.worlds import init_simulated_rank
 
 DEFAULT_SIZES = {"tp_size": 8, "pp_size": 4, "cp_size": 1, "ep_size": 8, "expt_tp_size": 1}
 DEFAULT_SHARDS = "tp=8,pp=4,ep=8,expt_tp=1,dp={half_dp}+tp=4,dp={rest}"
-
-
-class _Counter:
-    """Counts ``new_group`` calls (``torch.distributed``'s and c10d's, which subgroup helpers use)."""
-
-    def __enter__(self) -> _Counter:
-        self.calls = 0
-        self._original = dist.distributed_c10d.new_group
-
-        def counting(*args: Any, **kwargs: Any) -> Any:
-            self.calls += 1
-            return self._original(*args, **kwargs)
-
-        dist.new_group = dist.distributed_c10d.new_group = counting  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        dist.new_group = dist.distributed_c10d.new_group = self._original  # type: ignore[assignment]
-
-
-def _fake_world(rank: int, world: int) -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()  # and with it every group of the previous run
-    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
 
 
 def _timed(rank: int, world: int, build: Callable[[], Any], repeats: int) -> tuple[float, int, Any]:
     """Median seconds of ``build()`` on a fresh world each time, its new_group calls, its last result."""
     times, calls, result = [], 0, None
     for _ in range(repeats):
-        _fake_world(rank, world)
-        with _Counter() as count:
+        init_simulated_rank(rank, world, replace=True)
+        with NewGroupCalls() as count:
             start = time.perf_counter()
             result = build()
             times.append(time.perf_counter() - start)

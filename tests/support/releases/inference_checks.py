@@ -20,6 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from parallel_state_ng.testing.calls import NewGroupCalls
 from parallel_state_ng.testing.worlds import init_simulated_rank
 
 SIZES = ("tp_size", "pp_size", "cp_size", "ep_size", "expt_tp_size")
@@ -83,24 +84,6 @@ BAD_CASES: list[tuple[str, Any]] = [
 BAD_WORLD = 8
 
 
-class _Counter:
-    """Counts ``new_group`` calls (``torch.distributed``'s and c10d's, which subgroup helpers use)."""
-
-    def __enter__(self) -> _Counter:
-        self.calls = 0
-        self._original = dist.distributed_c10d.new_group
-
-        def counting(*args: Any, **kwargs: Any) -> Any:
-            self.calls += 1
-            return self._original(*args, **kwargs)
-
-        dist.new_group = dist.distributed_c10d.new_group = counting  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        dist.new_group = dist.distributed_c10d.new_group = self._original  # type: ignore[assignment]
-
-
 def _bind() -> tuple[Any, Any]:
     """Megatron's parallel_state and shards modules (the bare ``megatron.core`` needs ``mpu``)."""
     import megatron.core
@@ -146,7 +129,7 @@ def _counted(world: int, rank: int, init: dict[str, int] | None, ps: Any, call: 
     if init is not None:
         ps.initialize_model_parallel(create_gloo_process_groups=False, **init)
     try:
-        with _Counter() as count:
+        with NewGroupCalls() as count:
             result = call()
         return result, count.calls
     finally:
@@ -256,7 +239,7 @@ def _compare_bad(shards_mod: Any, totals: dict[str, Any]) -> None:
             init_simulated_rank(0, BAD_WORLD if what == "single" else max(args[0], 1), replace=True)
             theirs = _exception(theirs_call)
             init_simulated_rank(0, BAD_WORLD if what == "single" else max(args[0], 1), replace=True)
-            with _Counter() as count:
+            with NewGroupCalls() as count:
                 ours = _exception(ours_call)
             totals["bad_checks"] += 1
             if theirs is None or ours is None or not isinstance(ours, type(theirs)):
