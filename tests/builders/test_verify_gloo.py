@@ -6,7 +6,7 @@ The stated configuration is ``tensor_model_parallel_size=2`` (dp 2). Sources bui
 ``ProcessGroupCollection.use_mpu_process_groups()``), by our and MCore's ``HyperCommGrid`` and by a
 torch ``DeviceMesh`` must pass; collections made by hand with one mistake each must name that trap
 on the right field. Each table runs as one ``world.run`` (spawning is slow); the local half at
-65,536 simulated ranks is in ``tests/core/test_verify_fake.py``.
+65,536 simulated ranks is in ``tests/builders/test_verify_fake.py``.
 """
 
 from __future__ import annotations

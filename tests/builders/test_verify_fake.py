@@ -5,7 +5,7 @@ On the fake backend an all-gather hands a rank its own object back once per rank
 ranks it must never loop over the world: ``MegatronLayout.enumerate`` (the O(world) listing)
 is made to fail, and the rank's expected groups come from its own group plan. The exchange
 between real processes, the traps and the bad-input table are in
-``tests/core/test_verify_gloo.py``.
+``tests/builders/test_verify_gloo.py``.
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def test_bad_world_arguments_fail_before_any_process(kwargs, error, message):
         (
             lambda w: w.run(lambda: 1),
             TypeError,
-            r"fn=tests.core.test_testing_worlds\..*<lambda> is a lambda: the workers import fn by module and name",
+            r"fn=tests.testing.test_testing_worlds\..*<lambda> is a lambda: the workers import fn by module and name",
         ),
         (
             lambda w: w.run(_local_function_holder()),

@@ -1,1 +1,0 @@
-"""The generic engine (parallel_state_ng.core): layout, grid, naming, handles, mesh, sharing, agreement, objects."""

@@ -1,0 +1,1 @@
+"""Tests of parallel_state_ng.groups: creation, handles, agreement, liveness, sharing, the registry, DeviceMesh."""

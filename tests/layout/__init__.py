@@ -1,0 +1,1 @@
+"""Tests of parallel_state_ng.layout: the pure layout math, against MCore's RankGenerator too."""
