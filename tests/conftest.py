@@ -10,6 +10,11 @@ gloo-world fixture is marked ``multiprocess`` here as well.
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import os
+import sys
+
 import pytest
 import torch.distributed as dist
 
@@ -19,6 +24,58 @@ pytest_plugins = ["parallel_state_ng.testing.pytest_plugin", "pytester"]
 
 # Fixtures whose users run code in worker processes.
 _PROCESS_FIXTURES = frozenset({"gloo_world", "psng_gloo_world", "fresh_world_2"})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--megatron-core VERSION``: run the suite as if that megatron-core release were installed."""
+    parser.addoption(
+        "--megatron-core",
+        metavar="VERSION",
+        default=None,
+        help=(
+            "serve this megatron-core release (e.g. 0.19.2) instead of the installed one: its unzipped "
+            "wheel (tests.support.releases.wheels.release_dir, downloaded once) goes first on sys.path "
+            "and PYTHONPATH, so importlib.metadata and every child process see that release"
+        ),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Put the ``--megatron-core`` release first on the path, before any test module imports megatron.
+
+    Runs in the controller and again in each xdist worker (the option is passed on; workers also
+    inherit PYTHONPATH). Refuses when megatron is already imported: the path would not take effect.
+    """
+    version = config.getoption("--megatron-core")
+    if not version:
+        return
+    from tests.support.releases import wheels
+
+    if version not in wheels.RELEASES.values():
+        raise pytest.UsageError(
+            f"--megatron-core {version}: not a release the tests know; known: {', '.join(wheels.RELEASES.values())}"
+        )
+    if "megatron" in sys.modules:
+        raise pytest.UsageError(f"--megatron-core {version}: megatron is already imported in this process")
+    path = str(wheels.release_dir(version))
+    if sys.path[:1] != [path]:
+        sys.path.insert(0, path)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != path]
+    os.environ["PYTHONPATH"] = os.pathsep.join([path, *parts])
+    importlib.invalidate_caches()
+    found = importlib.metadata.version("megatron-core")
+    if found != version:
+        raise pytest.UsageError(f"--megatron-core {version}: importlib.metadata still reports {found} from {path}")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The megatron-core release the run serves (installed, or given by ``--megatron-core``)."""
+    try:
+        found = importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        found = "not installed"
+    chosen = config.getoption("--megatron-core")
+    return f"megatron-core: {found}" + (" (--megatron-core: its wheel first on sys.path)" if chosen else "")
 
 
 def _weight(item: pytest.Item) -> int:
