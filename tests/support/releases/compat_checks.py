@@ -190,8 +190,13 @@ def api_report(version: str) -> dict:
 # --------------------------------------------------------------------------- differential
 
 
-def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dict:
-    """The differential harness over this release's configurations; mismatches as text."""
+def differential_report(plan: dict, hand_written: bool, max_configs: int, shard: int = 0, shards: int = 1) -> dict:
+    """The differential harness over this release's configurations; mismatches as text.
+
+    ``shard`` of ``shards``: every ``shards``-th configuration from the ``shard``-th, so that
+    several processes share one release's plan; the uninitialized state and the harness
+    self-check run in shard 0 only.
+    """
     import megatron.core.parallel_state as ref
     import torch.distributed as dist
 
@@ -206,7 +211,7 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
     # uninitialized: without a default group, then in a world
     if dist.is_initialized():
         dist.destroy_process_group()
-    for world, rank in ((None, None), (8, 3), (64, 63)):
+    for world, rank in ((None, None), (8, 3), (64, 63)) if shard == 0 else ():
         if world is not None:
             D.fake_world(rank, world)
         D.reset_mcore()
@@ -216,6 +221,7 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
             problems.append(f"uninitialized (world {world}, rank {rank}): " + D.describe(diffs, limit=6))
 
     configs = plans.all_configs({int(w): n for w, n in plan.items()}, hand_written=hand_written)[:max_configs]
+    configs = configs[shard::shards]
     features = {
         "gtp": lambda c: c.kwargs.get("gtp_remat_size", 1) != 1 or c.kwargs.get("expert_gtp_remat_size", 1) != 1,
         "sub_world": lambda c: "local_world_size" in c.kwargs or "rank_offset" in c.kwargs,
@@ -236,11 +242,16 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int) -> dic
         # the harness against itself: the release compared with itself shows no difference, on
         # the first configuration and the first valid one of each feature the release has (on its
         # first and last compared rank)
-        sample = configs[:1] + [
-            next((c for c in configs if is_feature(c) and not c.expected_invalid), None)
-            for name, is_feature in features.items()
-            if present[name]
-        ]
+        sample = (
+            []
+            if shard
+            else configs[:1]
+            + [
+                next((c for c in configs if is_feature(c) and not c.expected_invalid), None)
+                for name, is_feature in features.items()
+                if present[name]
+            ]
+        )
         for cfg in filter(None, sample):
             for rank in sorted({cfg.ranks()[0], cfg.ranks()[-1]}):  # e.g. an encoder rank and a decoder rank
                 first, second = (diff_run.run_side(ref, cfg, rank, Path(tmp)) for _ in range(2))
@@ -390,7 +401,9 @@ def bad_input_report() -> dict:
 # --------------------------------------------------------------------------- entry point
 
 
-def run(version: str, plan: dict, hand_written: bool = True, max_configs: int = 10_000) -> dict:
+def run(
+    version: str, plan: dict, hand_written: bool = True, max_configs: int = 10_000, shard: int = 0, shards: int = 1
+) -> dict:
     """All checks against the release this process is bound to; returns the JSON summary.
 
     Per section, what was checked (counts, so a silently empty run is visible) and the problems
@@ -411,15 +424,20 @@ def run(version: str, plan: dict, hand_written: bool = True, max_configs: int = 
     * ``bad_input``: the table of ``tests/compat/test_bad_input.py`` restricted to the release's
       parameters: compat raises at once naming the argument, stays untouched, accepts a good call
       next; where the release raises, compat's exception is an instance of the release's type.
+
+    ``shard`` of ``shards`` splits the differential (see :func:`differential_report`); the
+    ``api``, ``helpers`` and ``bad_input`` sections run in shard 0 only.
     """
     start = time.perf_counter()
     out: dict[str, Any] = {"version": version, "installed": importlib.metadata.version("megatron-core")}
     if out["installed"] != version:
         return {**out, "problems": [f"process is bound to {out['installed']}, not {version}"]}
-    _section("api", lambda: api_report(version), out)
-    _section("differential", lambda: differential_report(plan, hand_written, max_configs), out)
-    _section("helpers", helpers_report, out)
-    _section("bad_input", bad_input_report, out)
+    if shard == 0:
+        _section("api", lambda: api_report(version), out)
+    _section("differential", lambda: differential_report(plan, hand_written, max_configs, shard, shards), out)
+    if shard == 0:
+        _section("helpers", helpers_report, out)
+        _section("bad_input", bad_input_report, out)
     out["seconds"] = round(time.perf_counter() - start, 2)
     out["cpu_seconds"] = round(time.process_time(), 2)  # of the whole child, imports included
     return out
