@@ -18,10 +18,23 @@ import torch.distributed as dist
 
 from parallel_state_ng.groups import creation, liveness
 
-__all__ = ["ENV_CREATION_PATH", "CreationPath", "creation_path", "world_splits", "split_member", "pooled_split"]
+__all__ = [
+    "ENV_CREATION_PATH",
+    "ENV_SPLIT_SHARE",
+    "CreationPath",
+    "creation_path",
+    "split_share_enabled",
+    "world_splits",
+    "split_member",
+    "pooled_split",
+]
 
 #: Environment variable: ``auto`` (default), ``member`` or ``split``; the argument of a builder wins.
 ENV_CREATION_PATH = "PSNG_CREATION_PATH"
+#: Environment variable: ``1`` gives every split NCCL's ``split_share`` (the child communicators
+#: share the default group's resources: less GPU memory); ``0`` (default) does not. docs/gpus.md
+#: says when it is safe.
+ENV_SPLIT_SHARE = "PSNG_NCCL_SPLIT_SHARE"
 CreationPath = Literal["member", "split"]
 _CHOICES = ("auto", "member", "split")
 # Splits joined in the current world (names their arrival marks); reset with a new world.
@@ -69,6 +82,29 @@ def creation_path(requested: str | None = None) -> CreationPath:
     return value  # type: ignore[return-value]
 
 
+def split_share_enabled() -> bool:
+    """Whether splits ask NCCL to share the parent's resources (:data:`ENV_SPLIT_SHARE`).
+
+    Raises:
+        ValueError: the variable is neither ``0`` nor ``1``.
+    """
+    text = os.environ.get(ENV_SPLIT_SHARE, "0").strip() or "0"
+    if text not in ("0", "1"):
+        raise ValueError(f"environment variable {ENV_SPLIT_SHARE} must be 0 or 1, got {text!r}")
+    return text == "1"
+
+
+def _shared_options(pg_options: Any) -> Any:
+    """``pg_options`` with ``config.split_share = 1`` (new NCCL options when ``None``; ``None`` without NCCL)."""
+    if pg_options is None:
+        nccl = getattr(dist, "ProcessGroupNCCL", None)
+        if nccl is None:  # a torch without NCCL: nothing to share
+            return None
+        pg_options = nccl.Options()
+    pg_options.config.split_share = 1
+    return pg_options
+
+
 def split_member(
     ranks: Sequence[int] | None,
     *,
@@ -82,7 +118,9 @@ def split_member(
     its group's global ranks, a rank in no group of the kind passes ``None`` and gets ``None``.
     Each rank hands torch only its own group: O(group size), never the world's groups.
     ``backend`` (``None``: the parent's) and ``kwargs`` (``timeout``, ``pg_options``,
-    ``group_desc``) go to ``torch.distributed.split_group``. A group made is tracked for abort and destroy. A build
+    ``group_desc``) go to ``torch.distributed.split_group``; with :func:`split_share_enabled`
+    the options ask NCCL to share the parent's resources (``config.split_share = 1``, set on the
+    ``pg_options`` given, or on new NCCL options). A group made is tracked for abort and destroy. A build
     passes its :class:`~parallel_state_ng.groups.liveness.CreationContext` (``context``).
 
     With failure detection on, the split runs under the failure bound (as a gloo group's
@@ -102,6 +140,8 @@ def split_member(
         split_ranks = [list(ranks)]
     if backend is not None:
         kwargs["backend"] = backend
+    if split_share_enabled() and "gloo" not in str(backend or ""):
+        kwargs["pg_options"] = _shared_options(kwargs.get("pg_options"))
     name = f"psng-split-{_splits[0]}"  # every rank makes the same splits: the same names
     _splits[0] += 1
     group = liveness.guarded_create(
