@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from parallel_state_ng.layout.bounded_input import MAX_RANK
 from parallel_state_ng.layout.named_layout import _check_int
 from parallel_state_ng.layout.order import EmptyGroupError
 from parallel_state_ng.releases.facts import ReleaseFacts
@@ -84,6 +85,8 @@ def check_layout_arguments(layout: LayoutArguments) -> None:
     _check_int(layout.expert_gtp_remat_size, "expert_gtp_remat_size", minimum=1)
     if layout.local_world_size is not None:
         _check_int(layout.local_world_size, "local_world_size", minimum=1)
+    if layout.world_size > MAX_RANK:
+        raise ValueError(f"world_size {layout.world_size} is over the limit of {MAX_RANK} (2**62) ranks")
     end = layout.rank_offset + layout.layout_world_size
     if end > layout.world_size:
         # MCore would hand ranks >= world_size to new_group, which raises ValueError.
