@@ -165,7 +165,10 @@ def validate_topology(
     for i, spec in enumerate(modules):
         _check_module(spec, i)
     seen: set[str] = set()
-    repeated = sorted({spec.name for spec in modules if spec.name in seen or seen.add(spec.name)})
+    repeated_names: set[str] = set()
+    for spec in modules:
+        (repeated_names if spec.name in seen else seen).add(spec.name)
+    repeated = sorted(repeated_names)
     if repeated:
         raise TopologySpecError(f"module names must be unique; repeated: {repeated}")
     language = [spec.name for spec in modules if spec.language]

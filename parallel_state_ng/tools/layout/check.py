@@ -296,13 +296,14 @@ def _run_diff(args: argparse.Namespace, stdout: Any, build_layout: LayoutBuilder
             raise UsageError("--diff without snapshot files compares this configuration: give --world-size")
         if args.against is None and not args.against_set:
             raise UsageError("--diff without snapshot files needs --against RELEASE or --against-set KEY=VALUE")
-        if too_large(args.world_size):
-            raise UsageError(
-                f"{args.world_size} ranks is over the limit of {MAX_ENUMERATED_RANKS} ranks that --diff enumerates "
-                "group by group",
-                "--world-size",
-            )
         other, changed = _against_args(args)
+        for side, option in ((args, "--world-size"), (other, "--against-set")):
+            if too_large(side.world_size):
+                raise UsageError(
+                    f"{side.world_size} ranks is over the limit of {MAX_ENUMERATED_RANKS} ranks that --diff "
+                    "enumerates group by group",
+                    option,
+                )
         old = _side(args, "this side (--release)", build_layout)
         new = _side(
             other, f"the other side (--against {args.against})" if args.against else "--against-set", build_layout
