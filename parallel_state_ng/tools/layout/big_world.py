@@ -10,7 +10,7 @@ exit code 2. The limits: docs/reliability.md ("Input limits").
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from parallel_state_ng.layout.bounded_input import MAX_ENUMERATED_RANKS
@@ -90,10 +90,10 @@ def fitting_kinds(
     return [k for k in kinds if k not in over], over
 
 
-def rank_only_report(layout: MegatronLayout, rank: int, kinds: Sequence[str] | None) -> dict[str, Any]:
-    """``layout``'s sizes and ``rank``'s view (closed form) for a world past the enumeration limit."""
-    from parallel_state_ng.tools.layout.report import rank_view
-
+def rank_only_report(
+    layout: MegatronLayout, rank: int, kinds: Sequence[str] | None, rank_view: Callable[..., dict[str, Any]]
+) -> dict[str, Any]:
+    """``layout``'s sizes and ``rank``'s view (closed form, ``rank_view``) for a world past the enumeration limit."""
     shown, omitted = fitting_kinds(layout, list(kinds or layout.kinds()), kinds is not None, "--rank view")
     view = rank_view(layout, rank, shown, gpus_per_node=1)
     del view["node"]
@@ -116,11 +116,10 @@ def rank_only_report(layout: MegatronLayout, rank: int, kinds: Sequence[str] | N
     }
 
 
-def render_rank_only(report: dict[str, Any], fmt: str, full: bool) -> str:
-    """Text or JSON of a :func:`rank_only_report`."""
+def render_rank_only(report: dict[str, Any], fmt: str, full: bool, rank_view_lines: Callable[..., list[str]]) -> str:
+    """Text or JSON of a :func:`rank_only_report` (``rank_view_lines``: the view's text)."""
     if fmt == "json":
         return json.dumps(report) + "\n"
-    from parallel_state_ng.tools.layout.report import rank_view_lines
 
     cfg = report["config"]
     lines = [
@@ -136,8 +135,11 @@ def render_rank_only(report: dict[str, Any], fmt: str, full: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def layout_rank_only(args: Any, layout: MegatronLayout, nvlink: bool) -> str:
-    """The ``layout`` command's answer past the limit: ``--rank``'s view, or a :class:`UsageError`."""
+def layout_rank_only(args: Any, layout: MegatronLayout, nvlink: bool, views: tuple[Callable, Callable]) -> str:
+    """The ``layout`` command's answer past the limit: ``--rank``'s view, or a :class:`UsageError`.
+
+    ``views``: the report's ``(rank_view, rank_view_lines)``.
+    """
     if args.format == "svg" or args.share or nvlink:
         given = "--format svg" if args.format == "svg" else "--share" if args.share else "the NVLink-domain options"
         raise UsageError(
@@ -147,15 +149,18 @@ def layout_rank_only(args: Any, layout: MegatronLayout, nvlink: bool) -> str:
         )
     if args.rank is None:
         raise refuse_enumeration(args.world_size, "--world-size")
-    return render_rank_only(rank_only_report(layout, args.rank, args.kinds), args.format, args.full)
+    report = rank_only_report(layout, args.rank, args.kinds, views[0])
+    return render_rank_only(report, args.format, args.full, views[1])
 
 
-def topology_rank_only(args: Any, placements: Sequence[Any], own_kinds: Any, nvlink: bool) -> str:
+def topology_rank_only(
+    args: Any, placements: Sequence[Any], own_kinds: Any, nvlink: bool, view_fns: tuple[Callable, Callable]
+) -> str:
     """The ``topology`` command's answer past the limit: ``--rank``'s modules and groups, or a :class:`UsageError`.
 
-    ``own_kinds``: placement -> the kinds its module builds.
+    ``own_kinds``: placement -> the kinds its module builds; ``view_fns``: ``(rank_view, rank_view_lines)``.
     """
-    from parallel_state_ng.tools.layout.report import rank_view, rank_view_lines
+    rank_view, rank_view_lines = view_fns
 
     world_size = placements[0].layout.world_size
     if args.format == "svg" or nvlink:

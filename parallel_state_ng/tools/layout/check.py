@@ -23,7 +23,6 @@ from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.snapshot import SnapshotError, layout_of, load_snapshot, snapshot_of
 from parallel_state_ng.releases import SUPPORTED_SERIES
 from parallel_state_ng.tools.common import UsageError, format_ranks, int_list, plural, positive_int, write_output
-from parallel_state_ng.tools.layout.big_world import too_large
 
 __all__ = ["add_arguments", "wanted", "run", "read_snapshot", "render_diff", "AGAINST_KEYS", "diff_command"]
 
@@ -298,7 +297,7 @@ def _run_diff(args: argparse.Namespace, stdout: Any, build_layout: LayoutBuilder
             raise UsageError("--diff without snapshot files needs --against RELEASE or --against-set KEY=VALUE")
         other, changed = _against_args(args)
         for side, option in ((args, "--world-size"), (other, "--against-set")):
-            if too_large(side.world_size):
+            if side.world_size > MAX_ENUMERATED_RANKS:
                 raise UsageError(
                     f"{side.world_size} ranks is over the limit of {MAX_ENUMERATED_RANKS} ranks that --diff "
                     "enumerates group by group",

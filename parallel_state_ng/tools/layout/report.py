@@ -411,7 +411,7 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
     if args.rank is not None and args.rank >= args.world_size:
         raise UsageError(f"rank {args.rank} is out of range for --world-size {args.world_size}", "--rank")
     if big_world.too_large(args.world_size):
-        text = big_world.layout_rank_only(args, layout, domains is not None)
+        text = big_world.layout_rank_only(args, layout, domains is not None, (rank_view, rank_view_lines))
         write_output(text, args.output, stdout)
         return 0
 

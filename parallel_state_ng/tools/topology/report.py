@@ -348,7 +348,11 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
     keep_inside = nvlink.keep_inside_from_args(args)
     if big_world.too_large(world_size):
         write_output(
-            big_world.topology_rank_only(args, placements, module_kinds, domains is not None), args.output, stdout
+            big_world.topology_rank_only(
+                args, placements, module_kinds, domains is not None, (rank_view, rank_view_lines)
+            ),
+            args.output,
+            stdout,
         )
         return 0
     if args.format == "svg":
