@@ -22,6 +22,8 @@ from parallel_state_ng.releases import as_release
 from tests.fuzz.cli import run_cli
 from tests.fuzz.strategies import HOSTILE_INTS, fuzz_settings, hostile_ints, json_values
 
+pytestmark = pytest.mark.slow  # a time-boxed fuzz run: docs/testing.md
+
 _TORCH_FAILURES = ("DefaultCPUAllocator", "enforce fail", "Overflow when unpacking", "can't allocate")
 _LAYOUT_ERRORS = (ValueError, TypeError, AssertionError, RuntimeError, KeyError)
 

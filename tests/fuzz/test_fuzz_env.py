@@ -19,6 +19,8 @@ from parallel_state_ng.groups import agreement, creation, liveness, nvlink_check
 from parallel_state_ng.releases import select_release
 from tests.fuzz.strategies import env_values, fuzz_settings
 
+pytestmark = pytest.mark.slow  # a time-boxed fuzz run: docs/testing.md
+
 # variable -> the function that reads it
 READERS: dict[str, Callable[[], Any]] = {
     "PSNG_AGREEMENT_CHECK": agreement.agreement_check_settings,

@@ -12,6 +12,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,6 +22,8 @@ from parallel_state_ng.tools.common import UsageError
 from parallel_state_ng.tools.topology.report import parse_spec, place_modules
 from tests.fuzz.cli import run_cli
 from tests.fuzz.strategies import VALID_SNAPSHOTS, fuzz_settings, mutated_documents, snapshot_texts, spec_texts
+
+pytestmark = pytest.mark.slow  # a time-boxed fuzz run: docs/testing.md
 
 
 def _one_line(err: Exception, source: str) -> None:
