@@ -24,6 +24,7 @@ TEST_REQUIRES = [
     "einops",  # megatron's HyperCommGrid and hierarchical groups need it
     "pyyaml",  # nccl_communicator_config_path
     "numpy",
+    "hypothesis",  # tests/fuzz: the hostile-input harness
     # megatron-core 0.18+ import it from megatron/core/__init__.py: the training tests on those
     # releases' wheels (tests/integration/test_train_releases.py); no dependencies, CPU torch stays
     "triton",

@@ -10,6 +10,7 @@ See docs/reliability.md ("Fail fast while groups are created", with the limits f
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -76,9 +77,12 @@ def env_seconds(name: str, default: float) -> float:
     """
     text = os.environ.get(name, "").strip()
     try:
-        return float(text) if text else default
+        value = float(text) if text else default
     except ValueError:
-        raise ValueError(f"environment variable {name} must be a number of seconds, got {text!r}") from None
+        value = math.nan
+    if not math.isfinite(value):  # "nan", "inf" and "1e999" parse as floats but bound nothing
+        raise ValueError(f"environment variable {name} must be a finite number of seconds, got {text[:80]!r}")
+    return value
 
 
 def failure_timeout() -> float:

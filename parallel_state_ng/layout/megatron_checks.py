@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from parallel_state_ng.layout.bounded_input import MAX_RANK
 from parallel_state_ng.layout.named_layout import _check_int
 from parallel_state_ng.layout.order import EmptyGroupError
+from parallel_state_ng.layout.validate import _check_size
 from parallel_state_ng.releases.facts import ReleaseFacts
 
 __all__ = ["check_layout_arguments", "check_split_rank", "checked_embedding_ranks", "LayoutArguments"]
@@ -38,6 +40,12 @@ class LayoutArguments(Protocol):
     gtp_remat_size: int
     expert_gtp_remat_size: int
     encoder_tensor_model_parallel_size: int
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    context_parallel_size: int
+    expert_model_parallel_size: int
+    expert_tensor_parallel_size: int | None
+    num_distributed_optimizer_instances: int
     encoder_pipeline_model_parallel_size: int | None
     pipeline_model_parallel_split_rank: int | None
     get_embedding_ranks: Callable | None
@@ -78,12 +86,24 @@ def check_layout_arguments(layout: LayoutArguments) -> None:
             f"megatron-core {layout.release} has no gtp_remat_size / expert_gtp_remat_size (added in 0.19); "
             f"got gtp_remat_size={layout.gtp_remat_size!r}, expert_gtp_remat_size={layout.expert_gtp_remat_size!r}"
         )
+    for name in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "num_distributed_optimizer_instances",
+    ):  # a zero size is MCore's ZeroDivisionError, named here
+        _check_size(name, getattr(layout, name))
+    if layout.expert_tensor_parallel_size is not None:
+        _check_size("expert_tensor_parallel_size", layout.expert_tensor_parallel_size)
     _check_int(layout.world_size, "world_size", minimum=1)
     _check_int(layout.rank_offset, "rank_offset", minimum=0)
     _check_int(layout.gtp_remat_size, "gtp_remat_size", minimum=1)
     _check_int(layout.expert_gtp_remat_size, "expert_gtp_remat_size", minimum=1)
     if layout.local_world_size is not None:
         _check_int(layout.local_world_size, "local_world_size", minimum=1)
+    if layout.world_size > MAX_RANK:
+        raise ValueError(f"world_size {layout.world_size} is over the limit of {MAX_RANK} (2**62) ranks")
     end = layout.rank_offset + layout.layout_world_size
     if end > layout.world_size:
         # MCore would hand ranks >= world_size to new_group, which raises ValueError.

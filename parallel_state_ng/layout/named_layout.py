@@ -16,6 +16,8 @@ from typing import cast
 
 import torch
 
+from parallel_state_ng.layout.bounded_input import MAX_RANK
+
 DimsArg = str | Sequence[str]
 
 __all__ = ["Layout", "UnknownDimError", "validate_dims", "DimsArg"]
@@ -44,6 +46,11 @@ def _check_int(value: object, what: str, *, minimum: int) -> int:
     return value
 
 
+def _short_list(values: Sequence[int], shown: int = 8) -> str:
+    head = ", ".join(str(v) if v < 2**64 else f"~2**{v.bit_length() - 1}" for v in values[:shown])
+    return f"[{head}{', ...' if len(values) > shown else ''}]"
+
+
 def validate_dims(shape: Sequence[int], dim_names: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """Check a (shape, dim_names) pair and return them as tuples of ints and strs.
 
@@ -62,6 +69,14 @@ def validate_dims(shape: Sequence[int], dim_names: Sequence[str]) -> tuple[tuple
             f"len(shape) {len(shape)} != len(dim_names) {len(dim_names)}: shape={shape}, dim_names={dim_names}"
         )
     sizes = tuple(_check_int(s, f"shape[{i}] (dim {dim_names[i]!r})", minimum=1) for i, s in enumerate(shape))
+    ranks = 1
+    for i, size in enumerate(sizes):  # stops at the first size over the limit: no huge product
+        ranks *= size
+        if ranks > MAX_RANK:
+            raise ValueError(
+                f"shape {_short_list(sizes)} covers more than {MAX_RANK} (2**62) ranks, the limit of a layout "
+                f"(over it at shape[{i}])"
+            )
     for i, name in enumerate(dim_names):
         if not isinstance(name, str) or not name:
             raise ValueError(f"dim_names[{i}] must be a non-empty str, got {name!r}")
@@ -95,7 +110,10 @@ class Layout:
 
     def __init__(self, shape: Sequence[int], dim_names: Sequence[str], rank_offset: int = 0) -> None:
         sizes, names = validate_dims(shape, dim_names)
-        self._init(sizes, names, _check_int(rank_offset, "rank_offset", minimum=0))
+        offset = _check_int(rank_offset, "rank_offset", minimum=0)
+        if offset + math.prod(sizes) > MAX_RANK:
+            raise ValueError(f"rank_offset {offset} + {math.prod(sizes)} ranks is over the limit of {MAX_RANK} (2**62)")
+        self._init(sizes, names, offset)
         self._set_parent(None, (), ())
 
     def _set_parent(self, parent: Layout | None, merged: tuple[str, ...], parts: tuple[str, ...]) -> None:

@@ -23,11 +23,13 @@ facts, never restated. :func:`load_snapshot` validates a snapshot fully and rais
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from parallel_state_ng.layout.bounded_input import MAX_ENUMERATED_RANKS, load_json
 from parallel_state_ng.layout.kinds import GROUP_KINDS
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.releases import SUPPORTED_SERIES
@@ -70,6 +72,13 @@ _TOP_FIELDS = ("schema", "release", "config", "kinds")
 _IGNORED_FIELDS = ("report",)  # what a tool adds: not part of the snapshot
 _HCP = re.compile(r"^hcp(\d+)$")
 _RULES = ("init", "torch")
+_MAX_HCP_LEVELS = 32  # hierarchical context-parallel levels a snapshot may state
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a hostile value must not make a huge message)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class SnapshotError(ValueError):
@@ -165,20 +174,17 @@ def dumps_snapshot(snapshot: Mapping[str, Any], extra: Mapping[str, Any] | None 
 
 
 # --------------------------------------------------------------------------- reading
-def load_snapshot(text: str, source: str = "snapshot") -> dict[str, Any]:
+def load_snapshot(text: str | bytes, source: str = "snapshot") -> dict[str, Any]:
     """Parse and validate a snapshot's JSON text (see :func:`validate_snapshot`).
 
+    The text goes through :func:`~parallel_state_ng.layout.bounded_input.load_json` first
+    (size, nesting depth, UTF-8, duplicate keys: docs/reliability.md, "Input limits").
+
     Raises:
-        SnapshotError: not JSON (truncated, ...) or not a valid snapshot; the message starts
-            with ``source`` and names the field and the values.
+        SnapshotError: beyond a limit, not JSON (truncated, ...) or not a valid snapshot; one
+            line that starts with ``source`` and names the field and the values or the limit.
     """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        cut = " (truncated?)" if err.pos >= len(text.rstrip()) else ""
-        raise SnapshotError(
-            f"{source}: not valid JSON{cut}: {err.msg} at line {err.lineno} column {err.colno}"
-        ) from None
+    data = load_json(text, source, error=SnapshotError)
     return validate_snapshot(data, source)
 
 
@@ -198,48 +204,53 @@ def _check_config(config: Any, source: str) -> dict[str, Any]:
     for name, what in CONFIG_FIELDS.items():
         value = config[name]
         if what == "int":
-            ok = type(value) is int and value >= 1
+            ok = type(value) is int and 1 <= value <= MAX_ENUMERATED_RANKS
         elif what == "str":
             ok = isinstance(value, str) and bool(value)
         else:
             ok = value is None or (
-                isinstance(value, list) and bool(value) and all(type(v) is int and v >= 1 for v in value)
+                isinstance(value, list)
+                and 1 <= len(value) <= _MAX_HCP_LEVELS
+                and all(type(v) is int and 1 <= v <= MAX_ENUMERATED_RANKS for v in value)
             )
         if not ok:
-            expected = {"int": "an integer >= 1", "str": "a non-empty string"}.get(
-                what, "null or a non-empty list of integers >= 1"
-            )
-            raise _fail(source, f"config.{name}", f"must be {expected}, got {value!r}")
+            expected = {
+                "int": f"an integer from 1 to {MAX_ENUMERATED_RANKS} (the limit of ranks a snapshot holds)",
+                "str": "a non-empty string",
+            }.get(what, f"null or a list of 1 to {_MAX_HCP_LEVELS} integers from 1 to {MAX_ENUMERATED_RANKS}")
+            raise _fail(source, f"config.{name}", f"must be {expected}, got {_short(value)}")
     return config
 
 
 def _check_timeout(value: Any, source: str, field: str) -> None:
     if not isinstance(value, dict) or value.get("rule") not in _RULES:
         got = value.get("rule") if isinstance(value, dict) else value
-        raise _fail(source, field, f"the timeout rule must be one of {list(_RULES)}, got {got!r}")
+        raise _fail(source, field, f"the timeout rule must be one of {list(_RULES)}, got {_short(got)}")
     if not (value.get("flipped_by") is None or isinstance(value.get("flipped_by"), str)):
-        raise _fail(source, f"{field}.flipped_by", f"must be a string or null, got {value['flipped_by']!r}")
+        raise _fail(source, f"{field}.flipped_by", f"must be a string or null, got {_short(value['flipped_by'])}")
 
 
 def _check_kind(kind: str, entry: Any, world: int, source: str) -> None:
     field = f"kinds.{kind}"
     if (kind not in GROUP_KINDS and not _HCP.match(kind)) or kind == "hcp":
         known = ", ".join(k for k in GROUP_KINDS if k != "hcp")
-        raise _fail(source, field, f"unknown group kind {kind!r}; known kinds: {known}, hcp0, hcp1, ...")
+        raise _fail(source, field, f"unknown group kind {_short(kind)}; known kinds: {known}, hcp0, hcp1, ...")
     if not isinstance(entry, dict):
         raise _fail(source, field, f"must be an object, got {type(entry).__name__}")
     missing = [k for k in ("desc", "timeout", "gloo", "groups") if k not in entry]
     if missing:
         raise _fail(source, field, f"missing field(s) {missing}")
     if not isinstance(entry["desc"], str):
-        raise _fail(source, f"{field}.desc", f"must be a string, got {entry['desc']!r}")
+        raise _fail(source, f"{field}.desc", f"must be a string, got {_short(entry['desc'])}")
     _check_timeout(entry["timeout"], source, f"{field}.timeout")
     gloo = entry["gloo"]
     if gloo is not None:
         if not isinstance(gloo, dict) or not isinstance(gloo.get("desc"), str):
-            raise _fail(source, f"{field}.gloo", f"must be null or an object with a desc, got {gloo!r}")
+            raise _fail(source, f"{field}.gloo", f"must be null or an object with a desc, got {_short(gloo)}")
         if gloo.get("timeout") not in _RULES:
-            raise _fail(source, f"{field}.gloo.timeout", f"must be one of {list(_RULES)}, got {gloo.get('timeout')!r}")
+            raise _fail(
+                source, f"{field}.gloo.timeout", f"must be one of {list(_RULES)}, got {_short(gloo.get('timeout'))}"
+            )
     groups = entry["groups"]
     if not isinstance(groups, list):
         raise _fail(source, f"{field}.groups", f"must be a list of rank lists, got {type(groups).__name__}")
@@ -247,7 +258,7 @@ def _check_kind(kind: str, entry: Any, world: int, source: str) -> None:
     for i, group in enumerate(groups):
         where = f"{field}.groups[{i}]"
         if not isinstance(group, list) or not group or not all(type(r) is int for r in group):
-            raise _fail(source, where, f"must be a non-empty list of integer ranks, got {group!r}")
+            raise _fail(source, where, f"must be a non-empty list of integer ranks, got {_short(group)}")
         seen: set[int] = set()
         for rank in group:
             if not 0 <= rank < world:
@@ -255,20 +266,20 @@ def _check_kind(kind: str, entry: Any, world: int, source: str) -> None:
                     source, where, f"rank {rank} is out of range for config.world_size {world} (ranks 0..{world - 1})"
                 )
             if rank in seen:
-                raise _fail(source, where, f"rank {rank} appears twice in {group}")
+                raise _fail(source, where, f"rank {rank} appears twice in {_short(group)}")
             seen.add(rank)
             if rank in owner:
                 first = owner[rank]
                 raise _fail(
                     source,
                     field,
-                    f"rank {rank} is in groups[{first}] {groups[first]} and groups[{i}] {group}; "
+                    f"rank {rank} is in groups[{first}] {_short(groups[first])} and groups[{i}] {_short(group)}; "
                     "a rank is in at most one group of a kind",
                 )
             owner[rank] = i
     view = GROUP_KINDS[_table_kind(kind)].view
     if view in ("dense", "expert") and len(owner) != world:
-        lacking = sorted(set(range(world)) - set(owner))
+        lacking = list(itertools.islice((r for r in range(world) if r not in owner), 9))
         raise _fail(
             source,
             "config.world_size",
@@ -294,7 +305,9 @@ def validate_snapshot(data: Any, source: str = "snapshot") -> dict[str, Any]:
     if "schema" not in data:
         raise _fail(source, "schema", f"missing: not a layout snapshot (supported schemas: {list(SUPPORTED_SCHEMAS)})")
     if data["schema"] not in SUPPORTED_SCHEMAS:
-        raise _fail(source, "schema", f"{data['schema']!r} is not supported; supported: {list(SUPPORTED_SCHEMAS)}")
+        raise _fail(
+            source, "schema", f"{_short(data['schema'])} is not supported; supported: {list(SUPPORTED_SCHEMAS)}"
+        )
     unknown = sorted(set(data) - set(_TOP_FIELDS) - set(_IGNORED_FIELDS))
     if unknown:
         raise _fail(source, "snapshot", f"unknown field(s) {unknown}; the fields are {list(_TOP_FIELDS)}")
@@ -303,12 +316,14 @@ def validate_snapshot(data: Any, source: str = "snapshot") -> dict[str, Any]:
         raise _fail(source, "snapshot", f"missing field(s) {missing}")
     if data["release"] not in SUPPORTED_SERIES:
         raise _fail(
-            source, "release", f"{data['release']!r} is not a supported series; supported: {list(SUPPORTED_SERIES)}"
+            source,
+            "release",
+            f"{_short(data['release'])} is not a supported series; supported: {list(SUPPORTED_SERIES)}",
         )
     config = _check_config(data["config"], source)
     kinds = data["kinds"]
     if not isinstance(kinds, dict) or not kinds:
-        raise _fail(source, "kinds", f"must be a non-empty object of group kinds, got {kinds!r}")
+        raise _fail(source, "kinds", f"must be a non-empty object of group kinds, got {_short(kinds)}")
     for kind, entry in kinds.items():
         _check_kind(kind, entry, config["world_size"], source)
     return {name: data[name] for name in _TOP_FIELDS}

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from parallel_state_ng.layout.bounded_input import MAX_RANK
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.releases import Release, as_release
 
@@ -108,7 +109,9 @@ def _as_range(name: str, ranks: Any) -> range:
         raise TopologySpecError(
             f"module {name!r}: ranks must be a range or a (start, stop) pair of ints, got {ranks!r}"
         )
-    if out.start < 0 or len(out) == 0:
+    if out.stop > MAX_RANK:
+        raise TopologySpecError(f"module {name!r}: ranks end at {out.stop}, over the limit of {MAX_RANK} (2**62)")
+    if out.start < 0 or out.stop <= out.start:
         raise TopologySpecError(
             f"module {name!r}: ranks {out.start}..{out.stop - 1} must be a non-empty range from >= 0"
         )
@@ -155,14 +158,17 @@ def validate_topology(
     that divide each module's range (tp × cp × pp, and etp × ep × pp for experts) and every
     layout rule of ``initialize_model_parallel`` for the release.
     """
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise TopologySpecError(f"world_size must be an int >= 1, got {world_size!r}")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= MAX_RANK:
+        raise TopologySpecError(f"world_size must be an int from 1 to {MAX_RANK} (2**62), got {world_size!r}")
     if isinstance(modules, (str, bytes, Mapping)) or not isinstance(modules, Sequence) or not modules:
         raise TopologySpecError(f"modules must be a non-empty list of ModuleSpec, got {modules!r}")
     for i, spec in enumerate(modules):
         _check_module(spec, i)
-    names = [spec.name for spec in modules]
-    repeated = sorted({n for n in names if names.count(n) > 1})
+    seen: set[str] = set()
+    repeated_names: set[str] = set()
+    for spec in modules:
+        (repeated_names if spec.name in seen else seen).add(spec.name)
+    repeated = sorted(repeated_names)
     if repeated:
         raise TopologySpecError(f"module names must be unique; repeated: {repeated}")
     language = [spec.name for spec in modules if spec.language]
@@ -194,6 +200,9 @@ def validate_topology(
             f"every rank must run a module"
         )
     series = as_release(release).series
+    by_range: dict[range, list[str]] = {}
+    for name, r in ranges.items():  # colocated modules: one pass, not a scan per module
+        by_range.setdefault(r, []).append(name)
     placements = []
     for spec in modules:
         r = ranges[spec.name]
@@ -202,7 +211,7 @@ def validate_topology(
                 spec,
                 r,
                 _layout(spec, r, world_size, series),
-                tuple(n for n, o in ranges.items() if o == r and n != spec.name),
+                tuple(n for n in by_range[r] if n != spec.name),
             )
         )
     return placements

@@ -168,7 +168,11 @@ def select_release(requested: str | None = None) -> Release:
         return _supported(parse_release(requested), "requested")
     env = os.environ.get(ENV_VAR)
     if env:
-        return _supported(parse_release(env), f"from ${ENV_VAR}")
+        try:
+            parsed = parse_release(env)
+        except ValueError as err:
+            raise ValueError(f"environment variable {ENV_VAR}: {err}") from None
+        return _supported(parsed, f"from ${ENV_VAR}")
     installed = installed_megatron_version()
     if installed is not None:
         return _supported(parse_release(installed), "installed")

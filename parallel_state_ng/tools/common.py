@@ -65,7 +65,8 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
         except ValueError:
             value = None
         if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+            shown = text if len(text) <= 40 else text[:40] + "..."  # a hostile value must not fill the terminal
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {shown!r}")
         return value
 
     return parse

@@ -30,7 +30,7 @@ def test_bounds_are_read_as_seconds(monkeypatch):
 def test_a_bound_that_is_not_a_number_names_the_variable_and_value(monkeypatch, variable):
     monkeypatch.setenv(variable, "30s")
     read = liveness.failure_timeout if variable == liveness.ENV_FAILURE_TIMEOUT else creation._settle_timeout
-    with pytest.raises(ValueError, match=rf"{variable} must be a number of seconds, got '30s'"):
+    with pytest.raises(ValueError, match=rf"{variable} must be a finite number of seconds, got '30s'"):
         read()
 
 

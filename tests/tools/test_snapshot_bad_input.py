@@ -69,7 +69,9 @@ JSON_CASES: list[tuple[str, Callable[[dict], None], list[str]]] = [
     (
         "config field type",
         _set("config.tensor_model_parallel_size", "2"),
-        ["config.tensor_model_parallel_size: must be an integer >= 1, got '2'"],
+        [
+            "config.tensor_model_parallel_size: must be an integer from 1 to 262144 (the limit of ranks a snapshot holds), got '2'"
+        ],
     ),
     (
         "world size too large",

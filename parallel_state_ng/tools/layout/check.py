@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from parallel_state_ng.layout.bounded_input import MAX_ENUMERATED_RANKS, InputLimitError, read_bounded
 from parallel_state_ng.layout.layout_diff import KindChange, LayoutDiff, diff_snapshots
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.snapshot import SnapshotError, layout_of, load_snapshot, snapshot_of
@@ -109,18 +109,15 @@ def diff_command(old: str, new: str, config_options: str = "--world-size 8 --tp 
 
 # --------------------------------------------------------------------------- reading
 def read_snapshot(path: str, option: str) -> dict[str, Any]:
-    """Read and validate the snapshot at ``path`` (``-``: stdin); a bad one raises :class:`UsageError`."""
+    """Read and validate the snapshot at ``path`` (``-``: stdin); a bad one raises :class:`UsageError`.
+
+    Read through :func:`~parallel_state_ng.layout.bounded_input.read_bounded` (the size limit
+    before the whole file is read), then :func:`load_snapshot` (depth, schema, world-size limit).
+    """
+    source = f"snapshot {'<stdin>' if path == '-' else path}"
     try:
-        if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-    except OSError as err:
-        raise UsageError(f"cannot read snapshot {path!r}: {err.strerror}", option) from None
-    try:
-        return load_snapshot(text, f"snapshot {'<stdin>' if path == '-' else path}")
-    except SnapshotError as err:
+        return load_snapshot(read_bounded(path, source), source)
+    except (SnapshotError, InputLimitError) as err:
         raise UsageError(str(err), option) from None
 
 
@@ -299,6 +296,13 @@ def _run_diff(args: argparse.Namespace, stdout: Any, build_layout: LayoutBuilder
         if args.against is None and not args.against_set:
             raise UsageError("--diff without snapshot files needs --against RELEASE or --against-set KEY=VALUE")
         other, changed = _against_args(args)
+        for side, option in ((args, "--world-size"), (other, "--against-set")):
+            if side.world_size > MAX_ENUMERATED_RANKS:
+                raise UsageError(
+                    f"{side.world_size} ranks is over the limit of {MAX_ENUMERATED_RANKS} ranks that --diff "
+                    "enumerates group by group",
+                    option,
+                )
         old = _side(args, "this side (--release)", build_layout)
         new = _side(
             other, f"the other side (--against {args.against})" if args.against else "--against-set", build_layout

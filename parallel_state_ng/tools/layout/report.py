@@ -31,7 +31,7 @@ from parallel_state_ng.tools.common import (
     positive_int,
     write_output,
 )
-from parallel_state_ng.tools.layout import check
+from parallel_state_ng.tools.layout import big_world, check
 
 __all__ = [
     "add_arguments",
@@ -410,6 +410,10 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
             raise UsageError(f"unknown group kind(s) {unknown}; kinds of this layout: {','.join(known)}", "--kinds")
     if args.rank is not None and args.rank >= args.world_size:
         raise UsageError(f"rank {args.rank} is out of range for --world-size {args.world_size}", "--rank")
+    if big_world.too_large(args.world_size):
+        text = big_world.layout_rank_only(args, layout, domains is not None, (rank_view, rank_view_lines))
+        write_output(text, args.output, stdout)
+        return 0
 
     if args.format == "svg":
         from parallel_state_ng.tools.layout.svg import MAX_SVG_RANKS, render_svg

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
+from parallel_state_ng.layout.bounded_input import (
+    MAX_RANK,
+    MAX_TOPOLOGY_MODULES,
+    InputLimitError,
+    load_json,
+    read_bounded,
+)
 from parallel_state_ng.layout.topology_spec import (
     BUILD_OPTIONS,
     ModulePlacement,
@@ -106,14 +112,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------- spec
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
-    if repeated:
-        raise ValueError(f"duplicate key(s) {repeated} in one object")
-    return dict(pairs)
-
-
 def parse_spec(text: str, source: str = "SPEC") -> list[ModuleSpec]:
     """The modules of a JSON spec: a list of objects with the keys of :data:`SPEC_KEYS`.
 
@@ -126,20 +124,17 @@ def parse_spec(text: str, source: str = "SPEC") -> list[ModuleSpec]:
         UsageError: not JSON, not a list of objects, an unknown or duplicate key, a missing name
             or ranks, or an option JSON cannot express (``source`` names the file).
     """
-    try:
-        data = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{source}: not valid JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
-    except ValueError as err:
-        raise UsageError(f"{source}: {err}") from None
+    data = load_json(text, source, error=UsageError)
     if not isinstance(data, list) or not data:
         raise UsageError(f"{source}: a topology spec is a non-empty JSON list of modules, got {_json_type(data)}")
+    if len(data) > MAX_TOPOLOGY_MODULES:
+        raise UsageError(f"{source}: modules: {len(data)} modules is over the limit of {MAX_TOPOLOGY_MODULES}")
     modules = []
     for i, entry in enumerate(data):
         where = f"{source}: modules[{i}]"
         if not isinstance(entry, dict):
             raise UsageError(f"{where} must be an object with keys {list(SPEC_KEYS)}, got {_json_type(entry)}")
-        if "name" in entry:
+        if isinstance(entry.get("name"), str) and len(entry["name"]) <= _NAME_SHOWN:
             where = f"{source}: module {entry['name']!r} (modules[{i}])"
         unknown = sorted(set(entry) - set(SPEC_KEYS))
         if unknown:
@@ -149,7 +144,9 @@ def parse_spec(text: str, source: str = "SPEC") -> list[ModuleSpec]:
             raise UsageError(f"{where}: missing key(s) {missing}")
         ranks = entry["ranks"]
         if not (isinstance(ranks, list) and len(ranks) == 2 and all(_is_int(v) for v in ranks)):
-            raise UsageError(f"{where}: ranks must be [start, stop] (two integers, stop excluded), got {ranks!r}")
+            raise UsageError(f"{where}: ranks must be [start, stop] (two integers, stop excluded), got {_short(ranks)}")
+        if max(ranks) > MAX_RANK:
+            raise UsageError(f"{where}: ranks: {_short(ranks)} ends beyond the limit of rank {MAX_RANK} (2**62)")
         options = entry.get("options", {})
         if not isinstance(options, dict):
             raise UsageError(f"{where}: options must be an object, got {_json_type(options)}")
@@ -161,6 +158,14 @@ def parse_spec(text: str, source: str = "SPEC") -> list[ModuleSpec]:
         fields["ranks"] = (ranks[0], ranks[1])
         modules.append(ModuleSpec(**fields))
     return modules
+
+
+_NAME_SHOWN = 80  # longest module name quoted in a message
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_int(value: Any) -> bool:
@@ -175,16 +180,17 @@ def _json_type(value: Any) -> str:
 
 
 def read_spec(path: str) -> list[ModuleSpec]:
-    """The modules of the spec file at ``path`` (``"-"``: stdin); see :func:`parse_spec`."""
-    if path == "-":
-        return parse_spec(sys.stdin.read(), "<stdin>")
+    """The modules of the spec file at ``path`` (``"-"``: stdin); see :func:`parse_spec`.
+
+    Read through :func:`~parallel_state_ng.layout.bounded_input.read_bounded` (size limit
+    before the whole file is read).
+    """
+    source = "<stdin>" if path == "-" else path
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) else str(err)
-        raise UsageError(f"cannot read {path!r}: {reason}", "SPEC") from None
-    return parse_spec(text, path)
+        text = read_bounded(path, source)
+    except InputLimitError as err:
+        raise UsageError(str(err), "SPEC") from None
+    return parse_spec(text, source)
 
 
 def place_modules(
@@ -336,10 +342,19 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         unknown = [k for k in args.kinds if k not in known]
         if unknown:
             raise UsageError(f"unknown group kind(s) {unknown}; kinds of these modules: {','.join(known)}", "--kinds")
-    from parallel_state_ng.tools.layout import nvlink
+    from parallel_state_ng.tools.layout import big_world, nvlink
 
     domains = nvlink.domains_from_args(args, "--suggest-placement", args.suggest_placement)
     keep_inside = nvlink.keep_inside_from_args(args)
+    if big_world.too_large(world_size):
+        write_output(
+            big_world.topology_rank_only(
+                args, placements, module_kinds, domains is not None, (rank_view, rank_view_lines)
+            ),
+            args.output,
+            stdout,
+        )
+        return 0
     if args.format == "svg":
         from parallel_state_ng.tools.topology.svg import render_topology_svg
 
