@@ -19,8 +19,10 @@ import torch.distributed as dist
 
 from parallel_state_ng.groups.megatron_groups import add_group
 from parallel_state_ng.groups.pipeline import Prepared, build_layout_groups
+from parallel_state_ng.groups.torch_support import empty_group_error
 from parallel_state_ng.layout.kinds import GROUP_KINDS
 from parallel_state_ng.layout.megatron_layout import SHAPE_ARGUMENTS, MegatronLayout
+from parallel_state_ng.layout.order import EmptyGroupAssertionError, EmptyGroupError
 from parallel_state_ng.layout.plan import PlanOptions
 from parallel_state_ng.layout.validate import validate_initialize_args
 
@@ -115,13 +117,18 @@ def initialize_model_parallel(
     # Every rank must pass the same arguments: the pipeline compares them across the world
     # before anything else (a mismatch raises on every rank instead of hanging).
     args = dict(locals())
-    layout, state = build_layout_groups(
-        functools.partial(_prepare, args),
-        name="initialize_model_parallel",
-        agreement_fields=args,
-        agree_on="world",
-        empty_outside=True,  # a rank outside local_world_size gets a state with no group, as in MCore
-    )
+    try:
+        layout, state = build_layout_groups(
+            functools.partial(_prepare, args),
+            name="initialize_model_parallel",
+            agreement_fields=args,
+            agree_on="world",
+            empty_outside=True,  # a rank outside local_world_size gets a state with no group, as in MCore
+        )
+    except EmptyGroupError as err:  # MCore fails in torch's new_group([]): its exception type is torch's
+        if empty_group_error() is AssertionError and not isinstance(err, AssertionError):
+            raise EmptyGroupAssertionError(str(err)) from None
+        raise
     assert state is not None
     _scoping.set_active(state)
     if pipeline_model_parallel_split_rank is not None:  # 0.12-0.13; kept across destroy, as in MCore

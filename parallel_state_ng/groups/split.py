@@ -56,9 +56,10 @@ def world_splits() -> bool:
     if torchcomms is not None and torchcomms():
         return True
     default = c10d._get_default_group()
-    if getattr(default, "bound_device_id", None) is None:
+    split_source = getattr(c10d, "_get_split_source", None)  # torch internals; absent: no split path
+    if getattr(default, "bound_device_id", None) is None or split_source is None:
         return False
-    return c10d._get_split_source(default) is not None
+    return split_source(default) is not None
 
 
 def creation_path(requested: str | None = None) -> CreationPath:
@@ -128,6 +129,14 @@ def split_member(
     :class:`~parallel_state_ng.groups.liveness.RankFailureError` naming it; torch's NCCL honours
     the bound when it initializes communicators nonblocking (docs/gpus.md).
     """
+    if not hasattr(dist, "split_group"):
+        import torch
+
+        raise RuntimeError(
+            f"the split creation path needs torch.distributed.split_group (torch 2.6+, "
+            f"parallel_state_ng.groups.torch_support); torch {torch.__version__} has none: "
+            f"use the member path (creation path 'member', PSNG_CREATION_PATH=member)"
+        )
     if context is None:  # a build that passes its context synchronized the world when it started
         creation.sync_world()
     world = dist.get_world_size()

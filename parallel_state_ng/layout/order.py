@@ -22,6 +22,7 @@ __all__ = [
     "default_embedding_ranks",
     "default_position_embedding_ranks",
     "EmptyGroupError",
+    "EmptyGroupAssertionError",
     "quotient",
     "hierarchical_group",
     "read_order",
@@ -122,7 +123,16 @@ def hierarchical_group(cp_ranks: list[int], rank: int, sizes: list[int], level: 
 
 
 class EmptyGroupError(ValueError, TypeError):
-    """A user callable produced an empty group (MCore fails on it with ``TypeError``)."""
+    """A user callable produced an empty group (MCore fails on it with ``TypeError`` up to torch 2.13)."""
+
+
+class EmptyGroupAssertionError(EmptyGroupError, AssertionError):
+    """:class:`EmptyGroupError` where torch's ``new_group([])`` raises ``AssertionError`` (torch 2.14+).
+
+    compat raises it in place of :class:`EmptyGroupError` on such a torch, as MCore's
+    ``initialize_model_parallel`` then fails with ``AssertionError``
+    (``parallel_state_ng.groups.torch_support.TORCH_FACTS["empty_new_group_asserts"]``).
+    """
 
 
 def quotient(world_size: int, what: str = "world_size", **factors: int) -> int:

@@ -4,14 +4,28 @@ the worlds share).
 :func:`simulated_rank` (a context manager) and :func:`init_simulated_rank` make this process rank
 ``rank`` of a ``world_size``-rank world: no peers, no processes, any size. Groups are created as
 on a real rank and collectives do nothing. Public through :mod:`parallel_state_ng.testing.worlds`.
+
+The fake backend cannot create a gloo group (torch 2.13 fails an internal assert, 2.14 crashes
+the process), yet Megatron asks for gloo twins by default. A simulated world therefore gives
+every gloo group asked for on it (through ``torch.distributed.new_group``, by compat, by
+Megatron itself or by user code) a stand-in: a fake-backend group over the same ranks, with the
+same rank, size, rank list and name bookkeeping; ``get_backend`` says ``"fake"`` for it.
+:func:`install_gloo_stand_in` is that hook (docs/testing.md, "Simulated worlds").
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import math
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
+
+#: What a stand-in replaces: a gloo backend in a backend string ("gloo", "cpu:gloo,cuda:nccl").
+_GLOO = re.compile(r"\bgloo\b", flags=re.I)
+_STAND_IN_MARK = "_psng_gloo_stand_in"
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None, high_name: str = "") -> int:
@@ -65,6 +79,51 @@ def init_simulated_rank(rank: int, world_size: int, *, replace: bool = False) ->
             )
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    install_gloo_stand_in()
+
+
+def _on_fake_world(c10d: Any) -> bool:
+    default = c10d._world.default_pg
+    return default is not None and str(c10d._world.pg_map.get(default, ("",))[0]) == "fake"
+
+
+def _stand_in(original: Callable[..., Any], c10d: Any) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def helper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        backend = bound.arguments.get("backend")
+        if backend is not None and _GLOO.search(str(backend)) and _on_fake_world(c10d):
+            bound.arguments["backend"] = c10d.Backend(_GLOO.sub("fake", str(backend)))
+        return original(*bound.args, **bound.kwargs)
+
+    setattr(helper, _STAND_IN_MARK, True)
+    return helper
+
+
+def install_gloo_stand_in() -> bool:
+    """Make every gloo group created while the default group is a fake-backend one a stand-in.
+
+    Idempotent and process-wide (it wraps torch's group-creation helper, which every
+    ``new_group`` goes through); a world of another backend is untouched: a gloo group there is
+    torch's own. The stand-in is a fake-backend group over the same ranks (``"cpu:gloo"`` in a
+    backend string becomes ``"cpu:fake"``), so its collectives do nothing, as on the fake world.
+
+    Returns whether the stand-in is in place: false where this torch has no
+    ``_new_process_group_helper`` with a ``backend`` argument (every release from 2.4 to 2.14
+    has one; ``parallel_state_ng.groups.torch_support`` reports it). There a gloo group on a
+    fake world stays torch's own failure: pass ``create_gloo_process_groups=False``.
+    """
+    import torch.distributed.distributed_c10d as c10d
+
+    original = getattr(c10d, "_new_process_group_helper", None)
+    if original is not None and getattr(original, _STAND_IN_MARK, False):
+        return True
+    if original is None or "backend" not in inspect.signature(original).parameters:
+        return False
+    c10d._new_process_group_helper = _stand_in(original, c10d)
+    return True
 
 
 @contextlib.contextmanager

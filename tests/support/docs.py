@@ -261,11 +261,10 @@ def _run_in_child(block: Block) -> dict:
     """Body of one forked child: the fake world if asked, then the block."""
     os.chdir(ROOT)
     if block.world is not None:
-        import torch.distributed as dist
-        from torch.testing._internal.distributed.fake_pg import FakeStore
+        from parallel_state_ng.testing.worlds import init_simulated_rank
 
-        rank, size = block.world
-        dist.init_process_group("fake", rank=rank, world_size=size, store=FakeStore())
+        rank, size = block.world  # a simulated rank: gloo groups asked for get fake-backend stand-ins
+        init_simulated_rank(rank, size)
     checked = exec_block(block.code, block.page, block.line + 1)
     return {"checked": checked}
 

@@ -350,8 +350,9 @@ def _hand_written() -> list[Config]:
             pipeline_model_parallel_comm_backend="ucc",
             env={"CUDA_DEVICE_MAX_CONNECTIONS": "8", "UCX_TLS": "tcp"},
         ),
-        # (backend "gloo" is left out: the fake world cannot create a gloo group, so MCore fails in
-        # torch before its own backend assertion, which "bogus" reaches)
+        # backend "gloo": the simulated world's stand-in (parallel_state_ng.testing.simulated) creates
+        # it, so MCore reaches its own assertion (gloo is not supported for pipeline communication)
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="gloo"),
         bad(8, pipeline_model_parallel_comm_backend="bogus"),
         # NCCL communicator configs and high-priority streams
         c(8, yaml="other"),
@@ -361,11 +362,12 @@ def _hand_written() -> list[Config]:
         c(8, yaml="other", high_priority_stream_groups=["zz"]),
         bad(8, high_priority_stream_groups=["dp_cp"]),
         c(8, high_priority_stream_groups=[]),
-        # timeouts, all-gather group, gloo on the fake backend
+        # timeouts, all-gather group, Megatron's default gloo twins (on the simulated world's
+        # fake-backend stand-ins, parallel_state_ng.testing.simulated)
         c(8, distributed_timeout_minutes=1, create_all_gather_group=True, context_parallel_size=2),
         c(8, distributed_timeout_minutes=0, deliberate="rejects", deliberate_arg="distributed_timeout_minutes"),
         c(16, hybrid_context_parallel=True, distributed_timeout_minutes=7),
-        Config(8, {"tensor_model_parallel_size": 2}, tag="default-gloo", invalid=True, hand_written=True),
+        Config(8, {"tensor_model_parallel_size": 2}, tag="default-gloo", hand_written=True),
         c(8, create_all_gather_group=None),
         # release-specific families: 0.19 GTP, 0.17+ sub-world, 0.18+ all-gather groups; 0.12/0.13
         # encoder blocks and split ranks (tests/support/differential/release_configs.py)

@@ -1,0 +1,98 @@
+"""What differs between torch releases for this package, stated once, and the internals it reads.
+
+:data:`TORCH_FACTS` is the one table of behaviours that change with the torch at hand (first
+release with the behaviour, last or ``None`` for "still"); :func:`torch_has` reads it for the
+installed torch. :func:`report` lists the torch internals the package reads (``_world.pg_map``,
+``bound_device_id``, ``_get_split_source``, the fake backend and ``FakeStore``, DeviceMesh's
+``_flatten_mapping``, ``split_group`` and its signature, the group-creation helper the simulated
+worlds wrap) as present or missing: ``python -m scripts.matrix.torch_matrix`` prints it per
+version (docs/torch.md).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+import torch
+
+__all__ = ["TORCH_FACTS", "torch_release", "torch_has", "empty_group_error", "report"]
+
+#: fact -> (first torch release with it, last release with it or ``None``: still).
+TORCH_FACTS: dict[str, tuple[str, str | None]] = {
+    # torch.distributed.split_group(parent_pg, split_ranks, timeout, pg_options, group_desc):
+    # the split path (parallel_state_ng.groups.split) needs it; absent on 2.4.1 and 2.5.
+    "split_group": ("2.6", None),
+    # new_group([]) on a world of any size: _new_process_group_helper raises
+    # AssertionError("Group rank must be specified for group members"). Before, the empty list
+    # reached ProcessGroup's constructor with rank None: TypeError (read in 2.13.0 and 2.14.1's
+    # distributed_c10d.py). MCore hands an empty embedding-rank list to new_group.
+    "empty_new_group_asserts": ("2.14", None),
+}
+
+
+def torch_release(version: str | None = None) -> tuple[int, int]:
+    """``(major, minor)`` of ``version`` (default: the installed torch's ``__version__``)."""
+    found = re.match(r"(\d+)\.(\d+)", version if version is not None else torch.__version__)
+    if found is None:
+        raise ValueError(f"not a torch version: {version!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
+def torch_has(fact: str, version: str | None = None) -> bool:
+    """Whether the torch release ``version`` (default: installed) has ``fact`` of :data:`TORCH_FACTS`.
+
+    Raises:
+        KeyError: ``fact`` is not in :data:`TORCH_FACTS` (the message lists them).
+    """
+    if fact not in TORCH_FACTS:
+        raise KeyError(f"unknown torch fact {fact!r}; known: {sorted(TORCH_FACTS)}")
+    first, last = TORCH_FACTS[fact]
+    release = torch_release(version)
+    return torch_release(first) <= release and (last is None or release <= torch_release(last))
+
+
+def empty_group_error(version: str | None = None) -> type[Exception]:
+    """The exception type MCore's ``new_group([])`` raises on torch ``version`` (default: installed)."""
+    return AssertionError if torch_has("empty_new_group_asserts", version) else TypeError
+
+
+def _signature(obj: Any) -> str | None:
+    try:
+        return str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return None
+
+
+def report() -> dict[str, Any]:
+    """The installed torch's version, its facts, and each internal the package reads: present or not."""
+    import torch.distributed as dist
+
+    c10d: Any = dist.distributed_c10d
+    internals: dict[str, Any] = {
+        "_world.pg_map": hasattr(getattr(c10d, "_world", None), "pg_map"),
+        "ProcessGroup.bound_device_id": hasattr(dist.ProcessGroup, "bound_device_id"),
+        "_get_split_source": hasattr(c10d, "_get_split_source"),
+        "_new_process_group_helper(backend)": "backend"
+        in (_signature(getattr(c10d, "_new_process_group_helper", None)) or ""),
+        "_process_group_name": hasattr(c10d, "_process_group_name"),
+        "split_group": _signature(getattr(dist, "split_group", None)),
+    }
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401
+
+        internals["fake backend + FakeStore"] = "fake" in str(getattr(dist.Backend, "FAKE", ""))
+    except ImportError:
+        internals["fake backend + FakeStore"] = False
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        internals["DeviceMesh._flatten_mapping"] = "_flatten_mapping" in (inspect.getsource(DeviceMesh))
+    except (ImportError, OSError, TypeError):
+        internals["DeviceMesh._flatten_mapping"] = False
+    return {
+        "torch": torch.__version__,
+        "facts": {name: torch_has(name) for name in TORCH_FACTS},
+        "internals": internals,
+    }

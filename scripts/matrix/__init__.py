@@ -1,0 +1,1 @@
+"""The torch matrix (torch_matrix.py)."""
