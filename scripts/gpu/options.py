@@ -29,6 +29,7 @@ dp:
   is_high_priority_stream: true
 pp:
   min_ctas: 2
+  max_ctas: 24
 ep:
   cga_cluster_size: 4
   max_ctas: 32
