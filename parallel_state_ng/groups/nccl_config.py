@@ -87,7 +87,7 @@ def _min_without_max(cfg: Mapping[str, Any]) -> bool:
 
 def _min_over_max(cfg: Mapping[str, Any]) -> bool:
     low, high = cfg.get("min_ctas"), cfg.get("max_ctas")
-    return _is_int(low) and _is_int(high) and low > high
+    return isinstance(low, int) and isinstance(high, int) and low > high
 
 
 #: NCCL's rules, in the order they are checked (NCCL's own order).
