@@ -240,9 +240,11 @@ def compare_options(workdir: str, device: str, sizes: dict[str, Any] | None = No
     the destroy) and ``mcore_leaked`` (groups MCore's destroy left).
     """
     os.makedirs(workdir, exist_ok=True)
-    yaml_path = os.path.join(workdir, "nccl_comm.yaml")
-    with open(yaml_path, "w", encoding="utf-8") as stream:
+    yaml_path = os.path.join(workdir, "nccl_comm.yaml")  # the same path on every rank of a world
+    part = f"{yaml_path}.{os.getpid()}"
+    with open(part, "w", encoding="utf-8") as stream:
         stream.write(NCCL_YAML)
+    os.replace(part, yaml_path)  # atomic: another rank never reads a part-written file
     import megatron.core.parallel_state as mcore_ps
 
     import compat.parallel_state as compat_ps

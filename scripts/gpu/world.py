@@ -9,9 +9,10 @@ with ``device_id=cuda:0`` (``mode="bound"``: every new group is an ``ncclCommSpl
 without (``mode="lazy"``).
 
 ``backend="gloo"`` is the CPU dry run of the same bodies: gloo processes; in the bound mode the
-default group gets a bound CPU device (so torch, and the engine, see a world that splits) and
-``torch.distributed.split_group`` is the gloo stand-in of ``tests/support/worlds/split_stand_in.py``
-(collective over the world, as ``ncclCommSplit`` is).
+engine is told the world splits (``world_splits``: torch refuses a bound CPU device in
+``new_group``, so MCore's groups stay gloo's) and ``torch.distributed.split_group`` is the gloo
+stand-in of ``tests/support/worlds/split_stand_in.py`` (collective over the world, as
+``ncclCommSplit`` is).
 
 Limits (measured on one H100 80GB, NCCL 2.28.9, 2026-11-27): 8 and 16 ranks worked; 32 failed
 inside a split with "unhandled cuda error", most likely GPU memory (each rank's CUDA context and
@@ -98,11 +99,23 @@ class RankContext:
             kwargs["device_id"] = torch.device("cuda", 0)
         dist.init_process_group(self.backend, rank=rank, world_size=size, store=store, **kwargs)
         if self.backend == "gloo" and self.mode == "bound":
-            # a world that splits: a bound device (torch requires an index) and a split collective over the world
-            dist.distributed_c10d._get_default_group().bound_device_id = torch.device("cpu", 0)
-            from tests.support.worlds import split_stand_in
+            # a world that splits, to the engine (torch's own new_group refuses a bound CPU device,
+            # so MCore keeps gloo's groups); each split collective over the world, as ncclCommSplit is
+            import importlib
 
-            split_stand_in.install()
+            split: Any = importlib.import_module("parallel_state_ng.groups.split")
+            split.world_splits = lambda: True
+            stand_in: Any = importlib.import_module("tests.support.worlds.split_stand_in")
+            stand_in.install()
+        # every rank connected before any body runs (a rank that finishes early must not close
+        # a connection a slower rank's init still makes)
+        key = f"{name}/connected"
+        store.add(key, 1)
+        deadline = time.monotonic() + 600
+        while int(store.add(key, 0)) < size:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank {rank}: the other ranks did not connect in 600 s")
+            time.sleep(0.01)
 
 
 def _rank_main(
@@ -183,6 +196,8 @@ def run_world(
             try:
                 rank, ok, value = results.get(timeout=0.5)
                 (done if ok else errors)[rank] = value
+                if not ok:  # the others may wait for it forever: report soon
+                    deadline = min(deadline, time.monotonic() + 10)
                 continue
             except queue.Empty:
                 pass
@@ -225,7 +240,7 @@ def hello(ctx: RankContext) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from parallel_state_ng.groups.split import world_splits
+    from parallel_state_ng.groups import split
 
     value = torch.ones(1, device=ctx.device)
     dist.all_reduce(value)
@@ -234,7 +249,7 @@ def hello(ctx: RankContext) -> dict[str, Any]:
         "rank": ctx.rank,
         "sum": float(value),
         "bound": str(getattr(default, "bound_device_id", None)),
-        "splits": world_splits(),
+        "splits": split.world_splits(),
     }
 
 
