@@ -59,6 +59,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "default 8,16 on a GPU, none in the dry run; 0: none",
     )
     p.add_argument("--world-timeout", type=float, default=150.0, help="seconds for each N-rank world")
+    p.add_argument("--world-only", action="store_true", help="skip the world-size-1 modes (with --world)")
     args = p.parse_args(argv)
     text = args.world if args.world is not None else ("" if args.cpu_dry_run else "8,16")
     try:
@@ -259,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     title = "GPU check (CPU DRY RUN: gloo, stand-in NCCL options)" if args.cpu_dry_run else "GPU check"
     lines = [f"# {title}", *environment(device)]
     checks: list[tuple[str, bool, str]] = []
-    for mode in args.modes:
+    for mode in () if args.world_only else args.modes:
         lines += ["", f"## mode {mode}: init_process_group({'nccl' if device == 'cuda' else 'gloo'}"]
         lines[-1] += ", device_id=cuda:0)" if mode == "bound" else ")  (lazy)"
         start = time.monotonic()
