@@ -181,7 +181,8 @@ def touch_groups(before: set[Any], device: str) -> int:
     communicator then); the number of groups touched. Raises when a sum is wrong.
     """
     touched = 0
-    for group in set(dist.distributed_c10d._world.pg_map) - before:
+    # in creation order, which every member shares (a set's order differs between ranks: a hang)
+    for group in [g for g in dist.distributed_c10d._world.pg_map if g not in before]:
         on = device if dist.get_backend(group) == "nccl" else "cpu"
         value = torch.ones(1, device=on)
         dist.all_reduce(value, group=group)
