@@ -18,6 +18,7 @@ from typing import Any
 import torch.distributed as dist
 
 from parallel_state_ng.groups.megatron_groups import add_group
+from parallel_state_ng.groups.nccl_config import check_nccl_config
 from parallel_state_ng.groups.pipeline import Prepared, build_layout_groups
 from parallel_state_ng.groups.torch_support import empty_group_error
 from parallel_state_ng.layout.kinds import GROUP_KINDS
@@ -206,6 +207,7 @@ def _prepare(args: dict[str, Any]) -> Prepared:
         ),
         nccl_comm_cfgs=nccl_comm_cfgs,
         high_priority_stream_groups=args["high_priority_stream_groups"] or (),
+        nccl_config_source=f"nccl_communicator_config_path {args['nccl_communicator_config_path']!r}",
     )
 
 
@@ -278,6 +280,9 @@ def _all_gather_groups(state: Any, for_expert_parallelism: bool, timeout: Any, c
                 f"(megatron-core's own function reads the data-parallel size including the GTP axis)"
             )
         plans.append((GROUP_KINDS[kind], members))
+    check_nccl_config(
+        cfgs, source="create_all_gather_groups(nccl_comm_cfgs=...)", legacy_defaults=layout.facts.nccl_config_defaults
+    )
     results = {"dp_cp_ag": None, "ep_dp_ag": None}
     for kind_row, members in plans:  # members None: none on the member path, no colour on the split path
         results[kind_row.name] = add_group(

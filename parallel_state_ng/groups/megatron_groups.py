@@ -22,6 +22,7 @@ import torch.distributed as dist
 from parallel_state_ng.groups.creation import creation_round, destroy_groups, new_member_group, sync_world
 from parallel_state_ng.groups.handles import GroupHandle
 from parallel_state_ng.groups.liveness import CreationContext, InitWatch
+from parallel_state_ng.groups.nccl_config import LEGACY_NCCL_DEFAULTS
 from parallel_state_ng.groups.registry import Lease
 from parallel_state_ng.groups.sharing import GroupPool
 from parallel_state_ng.groups.split import CreationPath, pooled_split, split_member
@@ -133,10 +134,6 @@ def destroy_model_groups(state: ModelParallelGroups) -> int:
     return destroy_groups(state.created, lease=state.lease)
 
 
-#: 0.12's values for the config fields a configured group leaves out (``nccl_config_defaults``).
-_LEGACY_NCCL_DEFAULTS = {"cga_cluster_size": 4, "max_ctas": 32, "min_ctas": 1}
-
-
 def nccl_options_from_config(pg_name: str, nccl_comm_cfgs: dict[str, Any], *, legacy_defaults: bool = False) -> Any:
     """NCCL options for group ``pg_name`` from a parsed communicator config, or ``None``.
 
@@ -153,7 +150,7 @@ def nccl_options_from_config(pg_name: str, nccl_comm_cfgs: dict[str, Any], *, le
     options: Any
     if legacy_defaults:
         options = torch.distributed.ProcessGroupNCCL.Options()
-        cfg = {**_LEGACY_NCCL_DEFAULTS, **cfg}
+        cfg = {**LEGACY_NCCL_DEFAULTS, **cfg}
     else:
         options = torch.distributed.ProcessGroupNCCL.Options(
             is_high_priority_stream=cfg.get("is_high_priority_stream", False)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from parallel_state_ng.groups.agreement import AgreementResult, agreement_check_settings, check_agreement
 from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, create_model_groups, nccl_options_from_config
+from parallel_state_ng.groups.nccl_config import check_nccl_config
 from parallel_state_ng.groups.nvlink_check import CHECK_FIELD, Groups, check_domains, raise_if_invalid, round_arguments
 from parallel_state_ng.groups.sharing import group_sharing_mode
 from parallel_state_ng.groups.split import ENV_SPLIT_SHARE, creation_path, split_share_enabled
@@ -53,7 +54,8 @@ class Prepared:
     """What a caller's validation produced: the layout and how its groups are to be made.
 
     ``nccl_comm_cfgs`` is the parsed NCCL communicator config (group name -> options) and
-    ``high_priority_stream_groups`` the group names whose streams get high priority on top of it.
+    ``high_priority_stream_groups`` the group names whose streams get high priority on top of it;
+    ``nccl_config_source`` names where the config came from in errors (compat: the YAML's path).
     """
 
     layout: MegatronLayout
@@ -61,6 +63,7 @@ class Prepared:
     options: PlanOptions
     nccl_comm_cfgs: Mapping[str, Mapping[str, Any]]
     high_priority_stream_groups: Sequence[str] = ()
+    nccl_config_source: str = "nccl_comm_cfgs"
 
 
 def agree(
@@ -163,8 +166,10 @@ def build_layout_groups(
     a rank outside the layout stops here (with ``empty_outside`` it gets a
     :class:`ModelParallelGroups` holding no group, as compat's globals need); the agreement
     check over the layout's ranks when ``agree_on="layout"`` (``agreement_fields`` and the
-    layout's ``release``); the NCCL options; the creation of this rank's groups (atomic: a
-    failure leaves no group behind). ``name`` (the caller's function) appears in errors.
+    layout's ``release``); the NCCL options (values the installed NCCL refuses raise
+    :class:`~parallel_state_ng.groups.nccl_config.NcclConfigError` before any group exists);
+    the creation of this rank's groups (atomic: a failure leaves no group behind). ``name`` (the
+    caller's function) appears in errors.
 
     ``creation`` chooses the creation path (:func:`~parallel_state_ng.groups.split.creation_path`:
     ``None`` reads ``$PSNG_CREATION_PATH``, then the world). On the split path every rank of
@@ -179,6 +184,10 @@ def build_layout_groups(
         agreed = agree(agreement_fields, name=name, enabled=check_agreement, creation=path)
     prepared = prepare()
     layout = prepared.layout
+    # values the installed NCCL refuses: raised here, before any group exists
+    check_nccl_config(
+        prepared.nccl_comm_cfgs, source=prepared.nccl_config_source, legacy_defaults=layout.facts.nccl_config_defaults
+    )
     if rank is None:
         rank = dist.get_rank()
     inside = layout.contains(rank)

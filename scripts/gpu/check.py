@@ -52,7 +52,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pytest-workers", type=int, default=0, help="pytest -n N (pytest-xdist); 0: no -n")
     p.add_argument("--mode-timeout", type=float, default=150.0, help="seconds for each mode's process")
     p.add_argument("--tests-timeout", type=float, default=180.0, help="seconds for the test subset")
+    p.add_argument(
+        "--world",
+        default=None,
+        help="comma-separated world sizes of N ranks on one GPU, both modes each (scripts/gpu/world.py); "
+        "default 8,16 on a GPU, none in the dry run; 0: none",
+    )
+    p.add_argument("--world-timeout", type=float, default=150.0, help="seconds for each N-rank world")
+    p.add_argument("--world-only", action="store_true", help="skip the world-size-1 modes (with --world)")
     args = p.parse_args(argv)
+    text = args.world if args.world is not None else ("" if args.cpu_dry_run else "8,16")
+    try:
+        args.world = [int(n) for n in text.split(",") if n.strip() and int(n) != 0]
+    except ValueError:
+        p.error(f"--world takes comma-separated ints, got {text!r}")
+    if any(n < 2 for n in args.world):
+        p.error(f"--world sizes must be at least 2, got {args.world}")
     default = ("lazy",) if args.cpu_dry_run else MODES
     args.modes = tuple(m for m in args.modes.split(",") if m) if args.modes else default
     bad = [m for m in args.modes if m not in MODES]
@@ -245,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     title = "GPU check (CPU DRY RUN: gloo, stand-in NCCL options)" if args.cpu_dry_run else "GPU check"
     lines = [f"# {title}", *environment(device)]
     checks: list[tuple[str, bool, str]] = []
-    for mode in args.modes:
+    for mode in () if args.world_only else args.modes:
         lines += ["", f"## mode {mode}: init_process_group({'nccl' if device == 'cuda' else 'gloo'}"]
         lines[-1] += ", device_id=cuda:0)" if mode == "bound" else ")  (lazy)"
         start = time.monotonic()
@@ -258,6 +273,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines += mode_lines(mode, result)
         lines.append(f"mode wall time: {time.monotonic() - start:.1f} s")
         checks += mode_checks(mode, result, args.cpu_dry_run)
+    if args.world:
+        from scripts.gpu.world_report import world_section
+
+        backend = "gloo" if args.cpu_dry_run else "nccl"
+        lines += ["", f"## N ranks on one {'CPU (gloo dry run)' if args.cpu_dry_run else 'GPU'}: {args.world}"]
+        world_lines, world_checks = world_section(args.world, MODES, backend, args.world_timeout)
+        lines += world_lines
+        checks += world_checks
     if args.no_tests:
         lines += ["", "## fast tests: skipped (--no-tests)"]
     else:

@@ -29,6 +29,7 @@ dp:
   is_high_priority_stream: true
 pp:
   min_ctas: 2
+  max_ctas: 24
 ep:
   cga_cluster_size: 4
   max_ctas: 32
@@ -125,8 +126,43 @@ def registered_groups() -> int:
     return len(dist.distributed_c10d._world.pg_map)
 
 
-def _init_args(yaml_path: str) -> dict[str, Any]:
+#: Getters whose groups are compared between MCore and compat (a getter MCore leaves unset is skipped).
+GETTERS = (
+    "get_tensor_model_parallel_group",
+    "get_pipeline_model_parallel_group",
+    "get_data_parallel_group",
+    "get_context_parallel_group",
+    "get_model_parallel_group",
+    "get_tensor_and_data_parallel_group",
+    "get_embedding_group",
+    "get_position_embedding_group",
+    "get_expert_model_parallel_group",
+    "get_expert_tensor_parallel_group",
+    "get_expert_data_parallel_group",
+    "get_expert_tensor_and_model_parallel_group",
+    "get_expert_tensor_model_pipeline_parallel_group",
+    "get_data_parallel_group_gloo",
+)
+
+
+def memberships(ps: Any) -> dict[str, list[int] | None]:
+    """Each getter's group as its global ranks (``None``: the getter raised or returned no group)."""
+    out: dict[str, list[int] | None] = {}
+    for name in GETTERS:
+        getter = getattr(ps, name, None)
+        if getter is None:
+            continue
+        try:
+            group = getter()
+        except Exception:  # noqa: BLE001 - a group this release or layout leaves unset
+            group = None
+        out[name] = None if group is None else list(dist.get_process_group_ranks(group))
+    return out
+
+
+def _init_args(yaml_path: str, sizes: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
+        **(sizes or {}),
         "nccl_communicator_config_path": yaml_path,
         "high_priority_stream_groups": list(HIGH_PRIORITY),
         "distributed_timeout_minutes": 7,
@@ -145,7 +181,8 @@ def touch_groups(before: set[Any], device: str) -> int:
     communicator then); the number of groups touched. Raises when a sum is wrong.
     """
     touched = 0
-    for group in set(dist.distributed_c10d._world.pg_map) - before:
+    # in creation order, which every member shares (a set's order differs between ranks: a hang)
+    for group in [g for g in dist.distributed_c10d._world.pg_map if g not in before]:
         on = device if dist.get_backend(group) == "nccl" else "cpu"
         value = torch.ones(1, device=on)
         dist.all_reduce(value, group=group)
@@ -155,7 +192,9 @@ def touch_groups(before: set[Any], device: str) -> int:
     return touched
 
 
-def _run(ps: Any, yaml_path: str, real_options: bool, device: str | None = None) -> tuple[list[dict[str, Any]], dict]:
+def _run(
+    ps: Any, yaml_path: str, real_options: bool, device: str | None = None, sizes: dict[str, Any] | None = None
+) -> tuple[list[dict[str, Any]], dict]:
     """One implementation's init under the recorder, then its destroy; (calls, group counts).
 
     With ``device``, every group made is used once before the destroy and the counts include
@@ -166,8 +205,9 @@ def _run(ps: Any, yaml_path: str, real_options: bool, device: str | None = None)
     if device is not None:
         counts["free_mib_before"] = free_device_mib(device)
     with recording(real_options) as calls:
-        ps.initialize_model_parallel(**_init_args(yaml_path))
+        ps.initialize_model_parallel(**_init_args(yaml_path, sizes))
     counts["after_init"] = registered_groups()
+    counts["members"] = memberships(ps)
     if device is not None:
         counts["touched"] = touch_groups(before, device)
         counts["free_mib_after_init"] = free_device_mib(device)
@@ -190,26 +230,33 @@ def _key(call: dict[str, Any]) -> tuple[str, str, str]:
     return call["desc"], call["backend"], call["ranks"]
 
 
-def compare_options(workdir: str, device: str) -> dict[str, Any]:
+def compare_options(workdir: str, device: str, sizes: dict[str, Any] | None = None) -> dict[str, Any]:
     """MCore's and compat's group creation calls under the same options, side by side.
 
+    ``sizes``: more arguments of ``initialize_model_parallel`` (the parallel sizes; default
+    none: world size 1).
     Returns ``rows`` (desc, backend, ranks, MCore's options/timeout, compat's, whether they
     agree), ``mismatches``, the calls per side, compat's group counts (``before``,
     ``after_init``, ``after_destroy``; compat's groups are each used once on ``device`` before
     the destroy) and ``mcore_leaked`` (groups MCore's destroy left).
     """
-    yaml_path = os.path.join(workdir, "nccl_comm.yaml")
-    with open(yaml_path, "w", encoding="utf-8") as stream:
+    os.makedirs(workdir, exist_ok=True)
+    yaml_path = os.path.join(workdir, "nccl_comm.yaml")  # the same path on every rank of a world
+    part = f"{yaml_path}.{os.getpid()}"
+    with open(part, "w", encoding="utf-8") as stream:
         stream.write(NCCL_YAML)
+    os.replace(part, yaml_path)  # atomic: another rank never reads a part-written file
     import megatron.core.parallel_state as mcore_ps
 
     import compat.parallel_state as compat_ps
 
     with nccl_options_available() as real:
         before = set(dist.distributed_c10d._world.pg_map)
-        mcore_calls, _ = _run(mcore_ps, yaml_path, real)
+        mcore_calls, mcore_counts = _run(mcore_ps, yaml_path, real, sizes=sizes)
         mcore_leaked = _leftovers(before)
-        compat_calls, counts = _run(compat_ps, yaml_path, real, device)
+        compat_calls, counts = _run(compat_ps, yaml_path, real, device, sizes)
+    theirs, ours = mcore_counts["members"], counts.pop("members")
+    member_mismatches = {g: (theirs[g], ours.get(g)) for g in theirs if theirs[g] != ours.get(g)}
     mine: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for call in compat_calls:
         mine.setdefault(_key(call), []).append(call)
@@ -236,6 +283,8 @@ def compare_options(workdir: str, device: str) -> dict[str, Any]:
         "compat_calls_by_kind": dict(Counter(c["call"] for c in compat_calls)),
         "counts": counts,
         "mcore_leaked": mcore_leaked,
+        "getters_compared": len(theirs),
+        "member_mismatches": member_mismatches,
     }
 
 

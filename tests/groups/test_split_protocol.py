@@ -271,3 +271,22 @@ def test_abort_after_a_split_init_aborts_every_split_group(fake_world, monkeypat
         assert result.aborted == len(made) > 0
         ps.destroy_model_parallel()  # after an abort: nothing left to do
     assert len(dist.distributed_c10d._world.pg_map) == 1
+
+
+def test_a_forced_member_path_on_a_splitting_world_is_refused_before_any_group(monkeypatch, fake_world):
+    from parallel_state_ng.groups import split
+
+    fake_world(1, 8)
+    monkeypatch.setattr(split, "world_splits", lambda: True)  # a default group bound to a device
+    assert creation_path() == "split" and creation_path("split") == "split"
+    with pytest.raises(split.MemberPathRefusedError, match=r"creation_path='member': the default process group splits"):
+        creation_path("member")
+    monkeypatch.setenv(ENV_CREATION_PATH, "member")
+    before = set(dist.distributed_c10d._world.pg_map)
+    with pytest.raises(ValueError, match=r"PSNG_CREATION_PATH=member: .*would hang.* Use 'auto' or 'split'"):
+        ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+    with pytest.raises(split.MemberPathRefusedError):
+        build_megatron_groups(tensor_model_parallel_size=2)
+    with pytest.raises(split.MemberPathRefusedError):
+        HyperCommGrid([2, 4], ["tp", "dp"])
+    assert set(dist.distributed_c10d._world.pg_map) == before and not ps.model_parallel_is_initialized()

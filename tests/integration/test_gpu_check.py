@@ -57,6 +57,28 @@ def test_cpu_dry_run_passes_every_check(tmp_path):
     assert "summary: 6 passed, 0 failed" in text
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
+def test_cpu_dry_run_of_the_n_rank_checks_passes(tmp_path):
+    # the 8/16-rank GPU checks' bodies on 4 gloo ranks: lazy, bound (the split path through the
+    # gloo stand-in) and a rank's death in the split sequence
+    report = tmp_path / "report.txt"
+    proc = _check("--cpu-dry-run", "--no-tests", "--world-only", "--world", "4", "--output", str(report), timeout=600)
+    text = report.read_text()
+    assert proc.returncode == 0, text
+    checks = [line for line in text.splitlines() if re.match(r"^(PASS|FAIL)  ", line)]
+    assert checks and all(line.startswith("PASS") for line in checks), checks
+    names = {line.split(":")[0][6:] for line in checks}
+    for mode in ("lazy", "bound"):
+        for what in ("creation path", "membership equals MCore's", "NCCL options and timeouts equal MCore's"):
+            assert f"4 ranks gloo {mode} tp2 pp2" in names and any(what in line for line in checks)
+    assert "4 ranks gloo bound tp2 pp2: creation path: ['split'] (expected split)" in text
+    assert "4 ranks gloo lazy tp2 pp2: creation path: ['member'] (expected member)" in text
+    assert any("death of rank 3 at split 3" in line and "naming rank 3: True" in line for line in checks)
+    assert "## mode lazy" not in text  # --world-only
+
+
 @pytest.mark.multiprocess
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_without_a_gpu_it_exits_2_with_one_line():

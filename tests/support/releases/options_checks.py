@@ -173,7 +173,8 @@ def nccl_config(keys: list[str], shift: int = 0) -> dict[str, dict[str, Any]]:
     """A communicator config naming ``keys`` with different options each.
 
     Five shapes in turn (``shift`` rotates them): every field (and a high-priority stream),
-    ``cga_cluster_size`` only, ``net_name`` and ``min_ctas``, no field (``{}``), not named.
+    ``cga_cluster_size`` only, ``net_name`` and ``min_ctas`` (with the ``max_ctas`` NCCL needs
+    next to it), no field (``{}``), not named.
     """
     cfgs: dict[str, dict[str, Any]] = {}
     for i, key in enumerate(sorted(keys)):
@@ -191,7 +192,7 @@ def nccl_config(keys: list[str], shift: int = 0) -> dict[str, dict[str, Any]]:
         elif shape == 1:
             cfgs[key] = {"cga_cluster_size": i + 1}
         elif shape == 2:
-            cfgs[key] = {"net_name": "socket", "min_ctas": i}
+            cfgs[key] = {"net_name": "socket", "min_ctas": i + 1, "max_ctas": 32}
         else:
             cfgs[key] = {}
     return cfgs
