@@ -93,9 +93,11 @@ def recording(real_options: bool) -> Iterator[list[dict[str, Any]]]:
             if name == "new_group":
                 ranks = kwargs.get("ranks", args[0] if args else None)
             else:
-                split = kwargs.get("split_ranks", args[1] if len(args) > 1 else None)
-                ranks = split[0] if split else None  # this rank's colour: one list per split
+                split = kwargs.get("split_ranks", args[1] if len(args) > 1 else None) or []
+                here = dist.get_rank()
+                ranks = next((list(r) for r in split if here in r), split[0] if split else None)  # this rank's colour
             timeout = kwargs.get("timeout")
+            member = ranks is None or dist.get_rank() in list(ranks)
             calls.append(
                 {
                     "call": name,
@@ -104,6 +106,7 @@ def recording(real_options: bool) -> Iterator[list[dict[str, Any]]]:
                     "ranks": str(list(ranks) if ranks is not None else "world"),
                     "options": describe_options(kwargs.get("pg_options")),
                     "timeout": "-" if timeout is None else str(timeout),
+                    "member": member,
                 }
             )
             if not real_options:
@@ -262,6 +265,9 @@ def compare_options(workdir: str, device: str, sizes: dict[str, Any] | None = No
         mine.setdefault(_key(call), []).append(call)
     rows, mismatches = [], 0
     seen: Counter[tuple[str, str, str]] = Counter()
+    # MCore creates every group on every rank; compat only the rank's own: compare the calls for
+    # groups this rank is a member of.
+    mcore_calls = [call for call in mcore_calls if call["member"]]
     for call in mcore_calls:
         key = _key(call)
         ours = mine.get(key, [])

@@ -40,6 +40,15 @@ def _prepare(ctx: RankContext) -> None:
     use_megatron_path()
 
 
+def _row_text(row: dict[str, Any]) -> str:
+    """One mismatching creation call: MCore's options and timeout against compat's."""
+    other = row.get("compat") or {}
+    return (
+        f"{row['desc']} {row['backend']} {row['ranks']}: MCore {row['options']} / {row['timeout']}, "
+        f"compat {other.get('options', '(none)')} / {other.get('timeout', '-')}"
+    )
+
+
 def compat_vs_mcore(ctx: RankContext, sizes: dict[str, Any]) -> dict[str, Any]:
     """MCore vs compat on this rank (:func:`scripts.gpu.options.compare_options`), summarized."""
     _prepare(ctx)
@@ -53,6 +62,7 @@ def compat_vs_mcore(ctx: RankContext, sizes: dict[str, Any]) -> dict[str, Any]:
         "rank": ctx.rank,
         "creation_path": path,
         "mismatches": result["mismatches"],
+        "mismatch_samples": [_row_text(row) for row in result["rows"] if not row["same"]][:3],
         "mcore_calls": result["mcore_calls"],
         "compat_calls_by_kind": result["compat_calls_by_kind"],
         "counts": result["counts"],

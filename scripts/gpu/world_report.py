@@ -49,7 +49,10 @@ def _every_check_rows(tag: str, expected_path: str, results: list[dict[str, Any]
             (
                 f"{tag} {label}: NCCL options and timeouts equal MCore's",
                 mism == 0,
-                f"{mism} mismatch(es) over {sum(r['mcore_calls'] for r in per_rank)} MCore calls (all ranks)",
+                f"{mism} mismatch(es) over {sum(r['mcore_calls'] for r in per_rank)} MCore calls (all ranks)"
+                + "".join(
+                    f"; rank {r['rank']}: {text}" for r in per_rank[:1] for text in r.get("mismatch_samples", [])
+                ),
             )
         )
         used = all(r["counts"].get("touched", 0) == r["counts"]["after_init"] - r["counts"]["before"] for r in per_rank)
