@@ -1,4 +1,4 @@
-"""The served megatron-core release as tests see it: its init arguments, getters, NCCL.
+"""The served megatron-core release as tests see it: its init arguments, getters, collection.
 
 Tests run with whichever supported megatron-core is installed (``PYTHONPATH=<release dir>:.``
 makes an unzipped wheel the installed one). What a test expects of that release comes from the
@@ -13,20 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 
 from parallel_state_ng.releases import Release, current_release
 from parallel_state_ng.releases import parallel_state as api
 from parallel_state_ng.releases.facts import ReleaseFacts, release_facts
+from parallel_state_ng.releases.process_groups_config import COLLECTION_CLASS
 
 __all__ = [
     "served",
     "served_facts",
     "init_parameters",
+    "has_collection",
     "skip_unless",
     "init_call",
     "initialize",
-    "nccl_available",
 ]
 
 ALL_GATHER = "create_all_gather_group"
@@ -45,6 +45,11 @@ def served_facts() -> ReleaseFacts:
 def init_parameters() -> frozenset[str]:
     """The parameter names of the served release's ``initialize_model_parallel``."""
     return frozenset(name for name, _ in api.signature("initialize_model_parallel", served()) or ())
+
+
+def has_collection() -> bool:
+    """Whether the served release has Megatron's ``ProcessGroupCollection`` (0.15 on)."""
+    return COLLECTION_CLASS[served().series] is not None
 
 
 def skip_unless(condition: bool, why: str) -> None:
@@ -80,8 +85,3 @@ def initialize(ps: Any, kwargs: dict[str, Any], *, optional: tuple[str, ...] = (
     ps.initialize_model_parallel(**init_kwargs)
     if all_gather_after:
         ps.create_all_gather_groups()
-
-
-def nccl_available() -> bool:
-    """Whether the torch at hand has NCCL (a CUDA build; a GPU is not needed to have it)."""
-    return dist.is_available() and dist.is_nccl_available()
