@@ -27,9 +27,24 @@ from ._scoping import use_state
 
 __all__ = ["use_collection", "collection_state", "InconsistentCollectionError"]
 
-# Kinds no collection field holds whose globals are MCore's aliases of another kind's group
-# at GTP size 1 (0.19): their fallback in the kind table is what MCore publishes then.
-_GTP_ALIASES = ("gtp_remat_dp",)
+# The GTP data-parallel kinds (0.19), each with the layout's size of its GTP axis: at size 1
+# their globals are MCore's aliases of the plain data-parallel groups, and their fallbacks in
+# the kind table are what MCore publishes then. They are left unset, not taken from a field:
+# ``dp_cp_gtp_remat`` holds the dp x cp group then, and would stand in for the partial
+# (intra-instance) group MCore aliases to ``_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP``
+# (``expt_dp_gtp_remat`` likewise for the expert one).
+_GTP_ALIASES = {
+    "gtp_remat_dp": "gtp_remat_size",
+    "gtp_remat_dp_cp": "gtp_remat_size",
+    "ep_gtp_remat_dp": "expert_gtp_remat_size",
+}
+
+
+def _aliased(kind: str, layout: Any) -> bool:
+    """Whether ``kind`` is a GTP data-parallel kind whose axis has size 1 in ``layout``."""
+    return kind in _GTP_ALIASES and getattr(layout, _GTP_ALIASES[kind]) == 1
+
+
 _AGREEMENT_NAME = "compat.use_collection"
 
 
@@ -124,13 +139,15 @@ def _state(layout: Any, rank: int, fields: dict[str, Any], ranks: dict[str, list
     state = ModelParallelGroups(layout=layout, rank=rank)
     # Every kind starts unset (None, not missing): a kind the collection lacks takes no fallback.
     for kind in GROUP_KINDS:
-        if not (kind in _GTP_ALIASES and not layout.gtp_active):
+        if not _aliased(kind, layout):
             state.groups[kind] = None
     for name, value in fields.items():
         if name == "hcp":
             state.hierarchical_cp_groups = list(value)
             continue
         kind = FIELD_KINDS[name]
+        if _aliased(kind, layout):
+            continue
         state.groups[kind] = value
         state.ranks[kind] = ranks[name]
     seen: set[int] = set()

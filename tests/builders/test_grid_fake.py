@@ -8,6 +8,7 @@ Expected groups come from megatron's own ``HyperCommGrid.get_rank_enum``.
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 
 import pytest
@@ -159,11 +160,16 @@ def test_group_keys_are_normalized_like_megatron(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "120")
     shape, names = [2, 3, 4, 5], ["tp", "cp", "pp", "dp"]
     ours, theirs = HyperCommGrid(shape, names), MegatronGrid(shape, names)
+    # Megatron's private helper: _order_dims(dims) up to 0.18, _order_dims_for(dim_names, dims) on 0.19
+    if hasattr(theirs, "_order_dims"):
+        megatron_order = theirs._order_dims
+    else:
+        megatron_order = functools.partial(theirs._order_dims_for, theirs.dim_names)
     for k in range(1, len(names) + 1):
         for dims in itertools.permutations(names, k):
-            assert ours._order_dims(list(dims)) == theirs._order_dims(list(dims))
+            assert ours._order_dims(list(dims)) == megatron_order(list(dims))
     for name in names:
-        assert ours._order_dims(name) == theirs._order_dims(name)
+        assert ours._order_dims(name) == megatron_order(name)
 
 
 @pytest.mark.parametrize(

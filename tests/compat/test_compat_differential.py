@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.differential import helper_cases as H
 from tests.support.differential import library as D
-from tests.support.differential.configs import Config, emb_all
+from tests.support.differential.configs import Config, emb_all, has, has_function
 from tests.support.differential.plans import all_configs
 from tests.support.differential.run import Tally, compare_config, run_side
 from tests.support.differential.run import init_kwargs as _init_kwargs
@@ -195,12 +195,19 @@ UNINIT_CONFIGS = [
         16,
         {
             "context_parallel_size": 2,
-            "hybrid_context_parallel": True,
             "num_distributed_optimizer_instances": 2,
             "expert_model_parallel_size": 2,
-            "create_all_gather_group": True,
             "create_gloo_process_groups": False,
+            # the options the reference has: hybrid groups (0.16+), the all-gather group in init
+            # (0.16-0.17) or after it (0.18+)
+            **({"hybrid_context_parallel": True} if has("hybrid_context_parallel") else {}),
+            **({"create_all_gather_group": True} if has("create_all_gather_group") else {}),
         },
+        after_init=(
+            (D.Call("create_all_gather_groups", {"for_expert_parallelism": True}),)
+            if has_function("create_all_gather_groups")
+            else ()
+        ),
     ),
     Config(8, {"pipeline_model_parallel_size": 4, "get_embedding_ranks": emb_all, "create_gloo_process_groups": False}),
 ]
@@ -233,6 +240,8 @@ def _after_destroy(ps, cfg: Config, rank: int, tmp_path) -> dict[str, Any]:
     D.forget_recorded_groups()
     with D.recording():
         ps.initialize_model_parallel(**_kwargs(cfg, tmp_path))
+        for call in cfg.after_init:
+            getattr(ps, call.name)(**call.kwargs)
     ps.destroy_model_parallel()
     snap = D.snapshot_uninitialized(ps)
     D.forget_recorded_groups()

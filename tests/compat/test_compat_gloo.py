@@ -27,6 +27,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from parallel_state_ng.releases import parallel_state as api
+from tests.support import served
+
 # Worker processes import this module: keep megatron out of its module level.
 
 
@@ -110,6 +113,8 @@ CALLS = [
     ("get_expert_data_parallel_group_gloo", {"partial_expert_data_parallel": True}, "intra_edp", "gloo", _has_gloo),
     ("get_intra_distributed_optimizer_instance_group", {}, "intra_dist_opt", "main", _always),
     ("get_inter_distributed_optimizer_instance_group", {"check_initialized": False}, "inter_edp", "main", _always),
+    ("get_gtp_weight_remat_group", {}, "gtp", "main", _always),
+    ("get_expert_gtp_weight_remat_group", {}, "egtp", "main", _always),
 ]
 
 # Called once per hybrid group size, for configurations with hybrid_context_parallel.
@@ -117,7 +122,15 @@ HYBRID_CALL = "get_hybrid_data_context_parallel_groups"
 
 
 def _calls_for(kw: dict) -> list[tuple[str, dict, str, str]]:
-    calls = [(name, args, kind, flavor) for name, args, kind, flavor, applies in CALLS if applies(kw)]
+    """The getter calls of configuration ``kw`` that the served release has (0.19 adds the GTP
+    getters and drops ``get_data_modulo_expert_parallel_group``).
+    """
+    release = served.served()
+    calls = [
+        (name, args, kind, flavor)
+        for name, args, kind, flavor, applies in CALLS
+        if applies(kw) and api.has(name, release)
+    ]
     if kw.get("hybrid_context_parallel"):
         for size in _hybrid_sizes(kw["_world"], kw):
             calls.append((HYBRID_CALL, {"group_size": size}, f"hybrid{size}", "main"))
@@ -158,6 +171,8 @@ def _reduce_over_every_getter(configs: list[dict]) -> list[dict]:
         live_before = len(dist.distributed_c10d._world.pg_map)
         init_kw = {k: v for k, v in kw.items() if not k.startswith("_")}
         ps.initialize_model_parallel(**init_kw)
+        if kw.get("_all_gather_after_init"):  # 0.18+: destroy must free these too
+            ps.create_all_gather_groups(for_expert_parallelism=True)
         try:
             objects: list = []  # distinct group objects, in first-seen order
             results = []
@@ -263,6 +278,7 @@ def mcore_groups(world: int, kw: dict) -> dict[str, list[list[int]]]:
             g[f"hcp{level}"] = [sub for lv in levels for sub in lv[level]]
     embd = kw.get("get_embedding_ranks") or (lambda r: [r[0]] if len(r) == 1 else [r[0], r[-1]])
     pos = kw.get("get_position_embedding_ranks") or (lambda r: [r[0]])
+    g["gtp"] = g["egtp"] = [[r] for r in range(world)]  # 0.19's GTP axes, size 1 here
     g["embd"] = [embd(list(r)) for r in g["pp"]]
     g["pos_embd"] = [pos(list(r)) for r in g["pp"]]
     tep = g["tp_ep_pp"]
@@ -381,6 +397,14 @@ WORLD_8 = [
 ]
 
 
+def _served_config(kw: dict, world_size: int) -> dict:
+    """``kw`` as the served release takes it (without the hybrid groups before 0.16; the
+    all-gather groups in init on 0.16-0.17, after it on 0.18+, none before), tagged with the world.
+    """
+    init_kw, after = served.init_call(kw, optional=("hybrid_context_parallel", "create_all_gather_group"))
+    return dict(init_kw, _world=world_size, _all_gather_after_init=after)
+
+
 def test_call_table_covers_every_group_getter():
     """Every group getter of megatron-core's API is called above (a new one fails here)."""
     mcore_ps = pytest.importorskip("megatron.core.parallel_state")
@@ -403,7 +427,7 @@ def test_call_table_covers_every_group_getter():
 def test_every_getter_group_all_reduces_over_mcore_members(world_size, configs, gloo_world):
     pytest.importorskip("megatron.core.parallel_state")
     world = gloo_world(world_size)
-    tagged = [dict(kw, _world=world_size) for kw in configs]
+    tagged = [_served_config(kw, world_size) for kw in configs]
     out = world.run(_reduce_over_every_getter, tagged, timeout=300)
     checked = _check_world(world_size, tagged, out)
     # every rank checked at least the always-present kinds of every configuration

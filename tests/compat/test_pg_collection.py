@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from parallel_state_ng.layout.kinds import fills
 from tests.support.paths import ROOT
 
 # Worker processes import this module: no megatron at module level.
@@ -118,7 +119,8 @@ def test_required_pgs_and_errors(fake_world, monkeypatch):
         some = to_process_group_collection(required_pgs=["tp", "dp"])
         assert some.tp is compat_ps.get_tensor_model_parallel_group()
         assert some.dp is compat_ps.get_data_parallel_group()
-        assert not hasattr(some, "pp")  # unset, as MCore leaves fields not asked for
+        # unset, as MCore leaves fields not asked for (0.19's class reads an unset field as None)
+        assert "pp" not in vars(some) and getattr(some, "pp", None) is None
         with pytest.raises(ValueError, match="nope"):
             to_process_group_collection(required_pgs=["tp", "nope"])
 
@@ -145,29 +147,10 @@ def test_importing_pg_collection_does_not_import_megatron():
 
 
 # --------------------------------------------------------------------------- gloo world
-# Field -> the module global MCore's ProcessGroupCollection pairs it with.
-FIELD_GLOBALS = {
-    "tp": "_TENSOR_MODEL_PARALLEL_GROUP",
-    "pp": "_PIPELINE_MODEL_PARALLEL_GROUP",
-    "mp": "_MODEL_PARALLEL_GROUP",
-    "embd": "_EMBEDDING_GROUP",
-    "pos_embd": "_POSITION_EMBEDDING_GROUP",
-    "cp": "_CONTEXT_PARALLEL_GROUP",
-    "tp_cp": "_TENSOR_AND_CONTEXT_PARALLEL_GROUP",
-    "hcp": "_HIERARCHICAL_CONTEXT_PARALLEL_GROUPS",
-    "ep": "_EXPERT_MODEL_PARALLEL_GROUP",
-    "expt_tp": "_EXPERT_TENSOR_PARALLEL_GROUP",
-    "tp_ep": "_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
-    "tp_ep_pp": "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP",
-    "tp_dp_cp": "_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP",
-    "dp": "_DATA_PARALLEL_GROUP",
-    "dp_cp": "_DATA_PARALLEL_GROUP_WITH_CP",
-    "expt_dp": "_EXPERT_DATA_PARALLEL_GROUP",
-    "intra_dp_cp": "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP",
-    "intra_expt_dp": "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
-    "inter_dist_opt": "_INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP",
-    "intra_dist_opt": "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
-}
+# Field -> the module global MCore's ProcessGroupCollection pairs it with: the kind table's
+# pairing (0.19 adds the GTP fields). The all-gather fields (0.18+) have none: MCore's
+# use_mpu_process_groups() leaves them None.
+FIELD_GLOBALS = {fill.collection: fill.name for _kind, fill in fills() if fill.collection}
 
 
 def _export_on_gloo(configs):
@@ -181,7 +164,10 @@ def _export_on_gloo(configs):
         try:
             collection = to_process_group_collection()
             fields = [f.name for f in dataclasses.fields(collection)]
-            same = {name: getattr(collection, name) is getattr(ps, FIELD_GLOBALS[name]) for name in fields}
+            same = {
+                name: getattr(collection, name) is (getattr(ps, FIELD_GLOBALS[name]) if name in FIELD_GLOBALS else None)
+                for name in fields
+            }
             sums = {}
             for name in fields:
                 value = getattr(collection, name)

@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.support import served
+
 # Worker processes import this module: megatron (differential) is imported inside the tests.
 
 PAIRS = [
@@ -43,6 +45,13 @@ PAIRS = [
         {"pipeline_model_parallel_size": 4, "context_parallel_size": 2, "order": "tp-cp-ep-dp-pp"},
     ),
 ]
+
+
+def _init(ps, config: dict) -> None:
+    """Init ``config`` as the served release takes it: its all-gather group in init (0.16-0.17),
+    after init (0.18+) or none (before 0.16).
+    """
+    served.initialize(ps, config, optional=("create_all_gather_group",))
 
 
 def _live_groups() -> int:
@@ -72,15 +81,15 @@ def test_each_scope_sees_exactly_its_grid(world, config_a, config_b, fake_world)
         baseline = _live_groups()
         alone = {}
         for name, config in (("a", config_a), ("b", config_b)):
-            ps.initialize_model_parallel(**config)
+            _init(ps, config)
             alone[name] = _snap(D, ps)
             ps.destroy_model_parallel()
         empty = _snap(D, ps)
 
-        ps.initialize_model_parallel(**config_a)
+        _init(ps, config_a)
         a = ps.detach_state()
         _same(D, empty, _snap(D, ps), "after detach_state the module is uninitialized")
-        ps.initialize_model_parallel(**config_b)
+        _init(ps, config_b)
         b = ps.get_state()
         _same(D, alone["b"], _snap(D, ps), "grid b active")
 
@@ -119,30 +128,36 @@ def test_overrides_missing_groups_and_errors(fake_world):
         ps.destroy_state(None)
 
     # grid a: tp 2, pp 4 (rank 3 is a middle stage: no embedding), separate all-gather group
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=2,
-        pipeline_model_parallel_size=4,
-        create_all_gather_group=True,
-        create_gloo_process_groups=False,
+    # where the release has one (0.16-0.17 in init, read back through a getter; 0.18+ after init)
+    _init(
+        ps,
+        {
+            "tensor_model_parallel_size": 2,
+            "pipeline_model_parallel_size": 4,
+            "create_all_gather_group": True,
+            "create_gloo_process_groups": False,
+        },
     )
     a = ps.detach_state()
     # grid b: tp 1, pp 1 (every rank holds the embedding), no all-gather group
     ps.initialize_model_parallel(create_gloo_process_groups=False)
     b = ps.get_state()
+    all_gather_getter = hasattr(ps, "has_separate_all_gather_group")  # 0.16-0.17
 
     # a getter whose group the active grid lacks fails instead of answering for the other grid
     assert ps.get_embedding_group() is b.groups["embd"]
-    assert ps.has_separate_all_gather_group() is False
-    with pytest.raises(AssertionError, match="not initialized"):
-        ps.get_data_parallel_group(with_context_parallel=True, independent_all_gather=True)
+    if all_gather_getter:
+        assert ps.has_separate_all_gather_group() is False
+        with pytest.raises(AssertionError, match="not initialized"):
+            ps.get_data_parallel_group(with_context_parallel=True, independent_all_gather=True)
     with ps.use_state(a):
         assert ps.get_embedding_group(check_initialized=False) is None
         with pytest.raises(AssertionError, match="not initialized"):
             ps.get_embedding_group()
         assert not ps.is_rank_in_embedding_group()
-        assert (
-            ps.get_data_parallel_group(with_context_parallel=True, independent_all_gather=True) is a.groups["dp_cp_ag"]
-        )
+        if all_gather_getter:
+            group = ps.get_data_parallel_group(with_context_parallel=True, independent_all_gather=True)
+            assert group is a.groups["dp_cp_ag"]
         with pytest.raises(AssertionError, match="not initialized"):
             ps.get_data_parallel_group_gloo()  # neither grid has gloo twins
     with ps.use_state(None):
@@ -165,10 +180,11 @@ def test_overrides_missing_groups_and_errors(fake_world):
     ps.set_tensor_model_parallel_world_size(None)
     ps.set_data_parallel_rank(None)
 
-    # export of a grid that is not active leaves the active one alone
-    exported = to_process_group_collection(a)
-    assert exported.tp is a.groups["tp"] and exported.embd is None
-    assert ps.get_state() is b and ps.get_tensor_model_parallel_group() is b.groups["tp"]
+    # export of a grid that is not active leaves the active one alone (0.15+: a collection class)
+    if served.has_collection():
+        exported = to_process_group_collection(a)
+        assert exported.tp is a.groups["tp"] and exported.embd is None
+        assert ps.get_state() is b and ps.get_tensor_model_parallel_group() is b.groups["tp"]
 
     # a state an enclosing block restores cannot be destroyed inside it
     with ps.use_state(a):
@@ -227,10 +243,11 @@ def _two_grids_on_gloo():
                 v_again = observe()
             with ps.use_state(language):
                 lang = observe()
-                exported = to_process_group_collection()
-                lang["exported_tp"] = total(exported.tp)
+                if served.has_collection():  # 0.15+
+                    lang["exported_tp"] = total(to_process_group_collection().tp)
             out["rounds"].append({"vision": v, "nested": nested, "vision_again": v_again, "language": lang})
-        out["vision_export_tp"] = total(to_process_group_collection(vision).tp)
+        if served.has_collection():
+            out["vision_export_tp"] = total(to_process_group_collection(vision).tp)
         out["outside_initialized"] = ps.is_initialized()
     finally:
         ps.destroy_state(vision)
@@ -249,7 +266,8 @@ def test_gloo_all_reduce_inside_each_scope_hits_its_grid(gloo_world):
         for r in out["rounds"]:
             assert r["vision"] == vision and r["vision_again"] == vision, (rank, r)
             assert r["nested"] == language, (rank, r)
-            assert r["language"] == dict(language, exported_tp=6), (rank, r)
-        assert out["vision_export_tp"] == sum(tp2)
+            exported = {"exported_tp": 6} if served.has_collection() else {}
+            assert r["language"] == dict(language, **exported), (rank, r)
+        assert out.get("vision_export_tp") == (sum(tp2) if served.has_collection() else None)
         assert out["outside_initialized"] is False
         assert out["leaked"] == 0

@@ -177,7 +177,8 @@ def test_text_rank_view_and_kinds_filter(capsys):
     )
     assert code == 0
     assert "Rank 13 (node 1):" in out
-    assert "  dense coordinate:  tp=1 cp=1 ep=0 dp=1 pp=0" in out
+    gtp = " gtp_remat=0" if layout.facts.gtp_remat_axis else ""  # 0.19's GTP axis, size 1
+    assert f"  dense coordinate:  tp=1{gtp} cp=1 ep=0 dp=1 pp=0" in out
     assert "  pipeline: stage 0 of 2; first 13, last 45, next 45, prev 45" in out
     assert "  tp    position 1 of 4  [12, 13, 14, 15]" in out
     kinds_listed = [line.split(" - ")[0] for line in out.splitlines() if " - " in line and line[0] != " "]

@@ -23,6 +23,7 @@ from typing import Any
 import megatron.core.parallel_state as mcore_ps
 
 from parallel_state_ng.releases import Release, parse_release
+from tests.support import torch_at_hand
 from tests.support.differential import legacy_layout
 from tests.support.differential import library as D
 
@@ -98,8 +99,12 @@ class Config:
     cuda_stub: bool = False
     yaml: str | None = None  # key of YAMLS: written to tmp_path, passed as the config path
     tag: str = ""  # extra id text for hand-written configs
-    invalid: bool = False  # MCore is known to reject it on this CPU build
+    invalid: bool = False  # MCore is known to reject it (with the torch at hand: see needs_gpu)
     invalid_since: str | None = None  # ... from this release series on (e.g. "0.19")
+    # MCore rejects it only for want of NCCL and a GPU (an NCCL group, torch.cuda calls): with a
+    # torch that has both (tests/support/torch_at_hand.py) it is valid, unless invalid_since says
+    # otherwise for the release.
+    needs_gpu: bool = False
     hand_written: bool = False  # then ``invalid`` is checked against MCore
     # A documented deliberate difference (docs/differences.md): "rejects" — MCore
     # accepts it but compat refuses with a ValueError naming ``deliberate_arg``; "barrier-once"
@@ -110,8 +115,12 @@ class Config:
 
     @property
     def expected_invalid(self) -> bool:
-        """Whether the reference release is known to reject this configuration."""
-        return self.invalid or (self.invalid_since is not None and reference_release().at_least(self.invalid_since))
+        """Whether the reference release, with the torch at hand, is known to reject this configuration."""
+        if self.invalid_since is not None and reference_release().at_least(self.invalid_since):
+            return True
+        if self.needs_gpu:
+            return not torch_at_hand.nccl_usable()
+        return self.invalid
 
     @property
     def id(self) -> str:

@@ -164,6 +164,7 @@ def _hand_written() -> list[Config]:
         deliberate_arg="",
         after=(),
         invalid_since=None,
+        needs_gpu=False,
         **kw,
     ):
         return Config(
@@ -179,6 +180,7 @@ def _hand_written() -> list[Config]:
             deliberate_arg=deliberate_arg,
             after_init=after,
             invalid_since=invalid_since,
+            needs_gpu=needs_gpu,
         )
 
     def ag(**kw):
@@ -308,12 +310,14 @@ def _hand_written() -> list[Config]:
         # hierarchical sizes whose product is not cp (0.12 does not check: it builds the levels that fit)
         c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[2, 3], invalid_since="0.13"),
         c(16, context_parallel_size=4, hierarchical_context_parallel_sizes=[8], invalid_since="0.13"),
-        # SHARP: on a CPU build MCore's barrier needs torch.cuda; with the stub it runs
+        # SHARP: MCore's barrier needs torch.cuda (a GPU); with the stub it runs anywhere
         # (0.19 asserts its GTP-remat data-parallel group exists before creating it)
-        bad(8, use_sharp=True),
+        bad(8, use_sharp=True, needs_gpu=True, invalid_since="0.19"),
         c(8, use_sharp=True, cuda_stub=True, invalid_since="0.19"),
         c(8, use_sharp=True, sharp_enabled_group="dp", cuda_stub=True, invalid_since="0.19"),
-        bad(16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2),
+        bad(
+            16, use_sharp=True, sharp_enabled_group="dp_replica", num_distributed_optimizer_instances=2, needs_gpu=True
+        ),
         c(
             16,
             use_sharp=True,
@@ -335,8 +339,8 @@ def _hand_written() -> list[Config]:
         bad(8, use_sharp=True, sharp_enabled_group="tp"),  # invalid: unknown group
         bad(8, sharp_enabled_group="dp"),  # invalid: without use_sharp
         c(8, cuda_stub=True, env={"NCCL_COLLNET_ENABLE": "1"}),  # MCore clears it at init
-        # pipeline communication backend
-        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="nccl"),
+        # pipeline communication backend (an NCCL group needs NCCL and a GPU; no UCC anywhere here)
+        bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="nccl", needs_gpu=True),
         bad(8, pipeline_model_parallel_size=2, pipeline_model_parallel_comm_backend="ucc"),
         bad(
             8,
