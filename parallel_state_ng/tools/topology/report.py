@@ -11,6 +11,7 @@ O(module ranks) per kind. The tool: docs/tools.md#topology-tool.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -233,10 +234,35 @@ def _sizes(placement: ModulePlacement) -> dict[str, int | None]:
     }
 
 
-def _module_report(placement: ModulePlacement, kinds: Sequence[str] | None) -> dict[str, Any]:
+def _module_kinds(
+    placement: ModulePlacement, shown: Sequence[str], seen: dict[str, tuple[int, dict[str, Any]]]
+) -> dict[str, Any]:
+    """The groups of ``shown`` kinds of one module.
+
+    A module's groups are its spec's layout shifted to its first rank, so a module shaped like
+    one already reported (same spec but for its name and start) reuses that one's groups,
+    shifted: a spec of many equal modules costs one enumeration per shape plus linear copying.
+    """
+    shape = dataclasses.replace(placement.spec, name="", ranks=range(len(placement.ranks)))
+    key = repr((shape, tuple(shown)))
+    if key in seen:
+        start, kinds_out = seen[key]
+        delta = placement.ranks.start - start
+        return {
+            kind: {**entry, "groups": [[rank + delta for rank in group] for group in entry["groups"]]}
+            for kind, entry in kinds_out.items()
+        }
+    kinds_out = {kind: kind_entry(kind, placement.layout.enumerate(kind)) for kind in shown}
+    seen[key] = (placement.ranks.start, kinds_out)
+    return kinds_out
+
+
+def _module_report(
+    placement: ModulePlacement, kinds: Sequence[str] | None, seen: dict[str, tuple[int, dict[str, Any]]]
+) -> dict[str, Any]:
     own = module_kinds(placement)
     shown = own if kinds is None else [k for k in kinds if k in own]
-    kinds_out = {kind: kind_entry(kind, placement.layout.enumerate(kind)) for kind in shown}
+    kinds_out = _module_kinds(placement, shown, seen)
     return {
         "name": placement.name,
         "ranks": [placement.ranks.start, placement.ranks.stop],
@@ -271,6 +297,7 @@ def build_topology_report(
 ) -> dict[str, Any]:
     """The whole report as JSON-ready data (``kinds=None``: every kind each module builds)."""
     first = placements[0].layout
+    seen: dict[str, tuple[int, dict[str, Any]]] = {}  # module shape -> a reported module's start and groups
     spans: dict[tuple[int, int], list[str]] = {}
     for p in placements:
         spans.setdefault((p.ranks.start, p.ranks.stop), []).append(p.name)
@@ -279,7 +306,7 @@ def build_topology_report(
         "release": first.release,
         "language_module": next(p.name for p in placements if p.spec.language),
         "spans": [{"ranks": list(span), "modules": names} for span, names in sorted(spans.items())],
-        "modules": [_module_report(p, kinds) for p in placements],
+        "modules": [_module_report(p, kinds, seen) for p in placements],
         "rank": None if rank is None else rank_report(placements, rank, kinds),
     }
 
