@@ -33,6 +33,7 @@ from parallel_state_ng.groups.agreement_protocol import (
 )
 from parallel_state_ng.groups.agreement_protocol import run_round as _run_round
 from parallel_state_ng.groups.objects import all_gather_objects
+from parallel_state_ng.layout.bounded_input import shown
 
 __all__ = [
     "AgreementError",
@@ -66,7 +67,7 @@ _timeout_override: float | None = None
 
 def _check_timeout(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+        raise ValueError(f"{what} must be a finite number of seconds > 0, got {shown(value)}")
     return float(value)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from parallel_state_ng.groups.agreement_protocol import flush_deferred_deletes, read_present
+from parallel_state_ng.layout.bounded_input import shown
 
 __all__ = [
     "RankFailureError",
@@ -89,7 +90,7 @@ def failure_timeout() -> float:
     """The effective bound in seconds (0: off), from :data:`ENV_FAILURE_TIMEOUT`."""
     value = env_seconds(ENV_FAILURE_TIMEOUT, 30.0)
     if value < 0:
-        raise ValueError(f"environment variable {ENV_FAILURE_TIMEOUT} must be >= 0, got {value!r}")
+        raise ValueError(f"environment variable {ENV_FAILURE_TIMEOUT} must be >= 0, got {shown(value)}")
     return value
 
 

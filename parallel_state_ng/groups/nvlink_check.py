@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import torch
 
+from parallel_state_ng.layout.bounded_input import shown
 from parallel_state_ng.layout.megatron_layout import GROUP_KINDS
 from parallel_state_ng.layout.nvlink_domains import (
     LATENCY_CRITICAL_KINDS,
@@ -138,7 +139,7 @@ def _check_id(value: Any, source: str) -> DomainId | None:
     if isinstance(value, (tuple, list)) and value and all(atom(v) for v in value):
         return tuple(value)
     raise NvlinkDomainIdError(
-        f"{source}: an NVLink domain id is an int, a str or a non-empty tuple of them, got {value!r}"
+        f"{source}: an NVLink domain id is an int, a str or a non-empty tuple of them, got {shown(value)}"
     )
 
 

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_state_ng.groups import abort, creation
+from parallel_state_ng.layout.bounded_input import shown
 
 __all__ = [
     "ENV_RECOVERY",
@@ -109,7 +110,7 @@ def choose_recovery(
     else:
         value, where = requested, "method"
     if value not in _CHOICES:
-        raise ValueError(f"{where} must be one of {', '.join(_CHOICES)}, got {value!r}")
+        raise ValueError(f"{where} must be one of {', '.join(_CHOICES)}, got {shown(value)}")
     if value == "reinit":
         choice = RecoveryChoice("reinit", f"{where}=reinit")
     else:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from parallel_state_ng.groups import registry
 from parallel_state_ng.groups.creation import new_member_group
+from parallel_state_ng.layout.bounded_input import shown
 
 __all__ = [
     "ENV_SHARE",
@@ -57,7 +58,7 @@ def _as_mode(value: bool | str, where: str) -> SharingMode:
         return "build" if value else "off"
     if isinstance(value, str) and value.strip().lower() in _MODES:
         return _MODES[value.strip().lower()]
-    raise ValueError(f"{where} must be 0, 1 or process (or a bool), got {value!r}")
+    raise ValueError(f"{where} must be 0, 1 or process (or a bool), got {shown(value)}")
 
 
 def set_group_sharing(enabled: bool | str | None) -> bool | str | None:
@@ -93,7 +94,7 @@ def group_sharing_mode() -> SharingMode:
     try:
         return _as_mode(text, f"environment variable {ENV_SHARE}")
     except ValueError:
-        raise ValueError(f"environment variable {ENV_SHARE} must be 0, 1 or process, got {text!r}") from None
+        raise ValueError(f"environment variable {ENV_SHARE} must be 0, 1 or process, got {shown(text)}") from None
 
 
 def group_sharing_enabled() -> bool:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch.distributed as dist
 
 from parallel_state_ng.groups import creation, liveness
+from parallel_state_ng.layout.bounded_input import shown
 
 __all__ = [
     "ENV_CREATION_PATH",
@@ -85,7 +86,7 @@ def creation_path(requested: str | None = None) -> CreationPath:
     else:
         value, where = requested, "creation_path"
     if value not in _CHOICES:
-        raise ValueError(f"{where} must be one of {', '.join(_CHOICES)}, got {value!r}")
+        raise ValueError(f"{where} must be one of {', '.join(_CHOICES)}, got {shown(value)}")
     if value == "auto":
         return "split" if world_splits() else "member"
     if value == "member" and world_splits():
@@ -101,7 +102,7 @@ def split_share_enabled() -> bool:
     """
     text = os.environ.get(ENV_SPLIT_SHARE, "0").strip() or "0"
     if text not in ("0", "1"):
-        raise ValueError(f"environment variable {ENV_SPLIT_SHARE} must be 0 or 1, got {text!r}")
+        raise ValueError(f"environment variable {ENV_SPLIT_SHARE} must be 0 or 1, got {shown(text)}")
     return text == "1"
 
 

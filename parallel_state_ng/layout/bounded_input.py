@@ -32,6 +32,7 @@ __all__ = [
     "read_bounded",
     "check_enumerable",
     "check_rank_bound",
+    "shown",
 ]
 
 #: Largest file (bytes) a tool or loader reads: a snapshot of :data:`MAX_ENUMERATED_RANKS`
@@ -179,3 +180,18 @@ def check_rank_bound(value: int, what: str, error: type[Exception] = InputLimitE
     """Refuse a world size, rank or range end above :data:`MAX_RANK`."""
     if value > MAX_RANK:
         raise error(f"{what} {value} is over the limit of {MAX_RANK} (2**62)")
+
+
+#: The most characters of a value an error message repeats (:func:`shown`).
+MAX_SHOWN_CHARS = 80
+
+
+def shown(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters with the full length named.
+
+    An environment variable or argument may hold megabytes; its error stays one short line.
+    """
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
