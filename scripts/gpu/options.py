@@ -88,8 +88,12 @@ def recording(real_options: bool) -> Iterator[list[dict[str, Any]]]:
     calls: list[dict[str, Any]] = []
     saved = {name: getattr(dist, name) for name in ("new_group", "split_group") if hasattr(dist, name)}
 
+    depth = [0]  # a creation call made inside another (the CPU split stand-in's) is not the caller's
+
     def wrap(name: str, real: Any) -> Any:
         def recorder(*args: Any, **kwargs: Any) -> Any:
+            if depth[0]:
+                return real(*args, **kwargs)
             if name == "new_group":
                 ranks = kwargs.get("ranks", args[0] if args else None)
             else:
@@ -111,7 +115,11 @@ def recording(real_options: bool) -> Iterator[list[dict[str, Any]]]:
             )
             if not real_options:
                 kwargs.pop("pg_options", None)
-            return real(*args, **kwargs)
+            depth[0] += 1
+            try:
+                return real(*args, **kwargs)
+            finally:
+                depth[0] -= 1
 
         return recorder
 
@@ -261,6 +269,7 @@ def compare_options(workdir: str, device: str, sizes: dict[str, Any] | None = No
     theirs, ours = mcore_counts["members"], counts.pop("members")
     member_mismatches = {g: (theirs[g], ours.get(g)) for g in theirs if theirs[g] != ours.get(g)}
     mine: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    compat_calls = [call for call in compat_calls if call["member"]]  # a split this rank joins without a colour
     for call in compat_calls:
         mine.setdefault(_key(call), []).append(call)
     rows, mismatches = [], 0

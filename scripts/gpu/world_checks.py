@@ -18,6 +18,7 @@ import time
 import traceback
 from typing import Any
 
+from parallel_state_ng.groups.liveness import ENV_FAILURE_TIMEOUT
 from scripts.gpu.world import RankContext
 
 #: The layouts compared at 8 ranks (16: the same with dp doubled).
@@ -57,7 +58,18 @@ def compat_vs_mcore(ctx: RankContext, sizes: dict[str, Any]) -> dict[str, Any]:
 
     start = time.monotonic()
     path = creation_path()
-    result = compare_options(os.path.join(ctx.workdir, "options"), ctx.device.type, sizes)
+    # compat creates a gloo group with the short failure bound, then gives it the caller's
+    # timeout (groups/liveness.py, guarded_create); the calls are compared as MCore makes them,
+    # so the bound is off here (the death check runs with it).
+    saved = os.environ.get(ENV_FAILURE_TIMEOUT)
+    os.environ[ENV_FAILURE_TIMEOUT] = "0"
+    try:
+        result = compare_options(os.path.join(ctx.workdir, "options"), ctx.device.type, sizes)
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_FAILURE_TIMEOUT, None)
+        else:
+            os.environ[ENV_FAILURE_TIMEOUT] = saved
     return {
         "rank": ctx.rank,
         "creation_path": path,

@@ -51,7 +51,9 @@ def _every_check_rows(tag: str, expected_path: str, results: list[dict[str, Any]
                 mism == 0,
                 f"{mism} mismatch(es) over {sum(r['mcore_calls'] for r in per_rank)} MCore calls (all ranks)"
                 + "".join(
-                    f"; rank {r['rank']}: {text}" for r in per_rank[:1] for text in r.get("mismatch_samples", [])
+                    f"; rank {r['rank']}: {text}"
+                    for r in [x for x in per_rank if x.get("mismatch_samples")][:1]
+                    for text in r["mismatch_samples"]
                 ),
             )
         )

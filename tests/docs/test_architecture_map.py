@@ -76,7 +76,7 @@ def required_paths() -> set[str]:
                 if filename.endswith(".py") and has_code(path):
                     required.add(path.replace(os.sep, "/"))
     for filename in os.listdir(os.path.join(ROOT, "docs")):
-        required.add(f"docs/{filename}")
+        required.add(f"docs/{filename}" + ("/" if os.path.isdir(os.path.join(ROOT, "docs", filename)) else ""))
     for name in os.listdir(os.path.join(ROOT, "tests")):
         if os.path.isdir(os.path.join(ROOT, "tests", name)) and name != "__pycache__":
             required.add(f"tests/{name}/")
