@@ -16,6 +16,8 @@ import os
 import time
 from typing import Any
 
+from scripts.bench.world_init import parse_layout
+
 #: (getter, keyword arguments): the getters whose groups get their first collective.
 GETTERS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("get_tensor_model_parallel_group", {}),
@@ -35,29 +37,7 @@ GETTERS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("get_embedding_group", {}),
     ("get_position_embedding_group", {}),
 )
-ARG_OF = {
-    "tp": "tensor_model_parallel_size",
-    "pp": "pipeline_model_parallel_size",
-    "cp": "context_parallel_size",
-    "ep": "expert_model_parallel_size",
-    "etp": "expert_tensor_parallel_size",
-}
 IMPLS = ("mcore", "compat")
-
-
-def parse_layout(text: str) -> dict[str, int]:
-    """``"tp2-pp2-ep2"`` -> ``initialize_model_parallel`` keyword arguments.
-
-    Raises:
-        ValueError: a part is not one of tp, pp, cp, ep, etp followed by a size.
-    """
-    kwargs: dict[str, int] = {}
-    for part in text.split("-"):
-        name = part.rstrip("0123456789")
-        if name not in ARG_OF or name == part:
-            raise ValueError(f"layout part {part!r} of {text!r} must be tp, pp, cp, ep or etp and a size (tp2-pp2)")
-        kwargs[ARG_OF[name]] = int(part[len(name) :])
-    return kwargs
 
 
 class _Clock:
