@@ -15,8 +15,13 @@ import importlib.metadata
 import os
 import sys
 
-import pytest
-import torch.distributed as dist
+# One intra-op thread per process, set before torch is first imported here: the suite runs two
+# pytest workers, each starting worlds of up to 8 processes, on machines of 2 cores; torch's
+# default (a thread per core in every process) only oversubscribes them. Children inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 # The public fixtures (parallel_state_ng/testing/pytest_plugin.py), aliased below; pytester for
 # the plugin's own test.
@@ -68,14 +73,19 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--megatron-core {version}: importlib.metadata still reports {found} from {path}")
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """The megatron-core release the run serves (installed, or given by ``--megatron-core``)."""
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The megatron-core release the run serves (installed, or given by ``--megatron-core``), and
+    the part of the rotating plans this run covers (:mod:`tests.support.rotation`).
+    """
     try:
         found = importlib.metadata.version("megatron-core")
     except importlib.metadata.PackageNotFoundError:
         found = "not installed"
     chosen = config.getoption("--megatron-core")
-    return f"megatron-core: {found}" + (" (--megatron-core: its wheel first on sys.path)" if chosen else "")
+    from tests.support import rotation
+
+    release = f"megatron-core: {found}" + (" (--megatron-core: its wheel first on sys.path)" if chosen else "")
+    return [release, rotation.describe()]
 
 
 def _weight(item: pytest.Item) -> int:
@@ -86,16 +96,28 @@ def _weight(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that uses a gloo-world fixture ``multiprocess``; run costly modules first.
+    """Mark every test that uses a gloo-world fixture ``multiprocess``, skip ``rotating`` tests whose
+    part is not this run's (:mod:`tests.support.rotation`); run costly modules first.
 
     Modules stay whole and keep their own order; the modules with the most slow and
     multiprocess tests come first. Under ``pytest -n`` with ``--dist worksteal``
     (pyproject.toml) the long tests then start at once on every worker and the short ones fill
     in at the end, instead of one long test running alone at the end.
     """
+    from tests.support import rotation
+
     for item in items:
         if _PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.multiprocess)
+        rotating = item.get_closest_marker("rotating")
+        if rotating is not None and not rotation.runs_today(*rotating.args):
+            part, parts = rotating.args
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"rotating: part {part + 1} of {parts}, not this run's "
+                    f"({rotation.ENV_VAR}=all runs every part; tests/support/rotation.py)"
+                )
+            )
     cost: dict[str, int] = {}
     first: dict[str, int] = {}
     for index, item in enumerate(items):

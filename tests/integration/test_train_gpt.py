@@ -106,6 +106,7 @@ def test_four_ranks_compat_trains_exactly_like_mcore():
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.rotating(0, 3)  # training part 1 of 3 (docs/testing.md, "Rotating parts")
 def test_eight_ranks_compat_trains_exactly_like_mcore():
     # compat installed after megatron's import: on the first layout here (and on both 4-rank ones)
     results = _run_fresh(8, EIGHT_RANKS, timeout=900, first_only=("compat-after",))

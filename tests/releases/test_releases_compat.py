@@ -4,7 +4,8 @@ For each release (0.12.3, 0.13.1, 0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2
 (``tests.support.releases.wheels.run_in_release``) runs ``tests.support.releases.compat_checks.run``: compat must serve
 that release (picked from ``importlib.metadata``) and match its API both ways, its
 ``initialize_model_parallel`` on the differential configurations (every getter and global, on
-several ranks of worlds up to 1,024 ranks) and its rejections of bad input. The child returns
+several ranks of worlds up to 1,024 ranks; one sixth of the plan per run, rotating by the day,
+every part with ``PSNG_TEST_ROTATION=all``) and its rejections of bad input. The child returns
 counts and problem lists; this side asserts the counts reach the plan (a silently empty run
 fails) and the problem lists are empty.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from parallel_state_ng.releases import ENV_VAR, installed_megatron_version
+from tests.support import rotation
 from tests.support.differential import library as D
 from tests.support.releases import compat_checks, wheels
 
@@ -31,15 +33,18 @@ VERSIONS = list(wheels.RELEASES.values())
 INSTALLED = installed_megatron_version()
 # Differential configurations of the installed release's subprocess (the full plan runs in-process).
 INSTALLED_SAMPLE = 20
-# Each other release's plan runs in SHARDS processes (every SHARDS-th configuration each), so that
-# pytest's workers share the longest runs instead of one worker finishing them alone; the API,
-# helper and bad-input sections run in shard 0.
-SHARDS = 2
+# Each other release's differential plan is split in PARTS (every PARTS-th configuration from the
+# part's index): a default run covers the part of the day (tests/support/rotation.py), so that
+# consecutive CI runs cover the whole plan; PSNG_TEST_ROTATION=all runs every part, each as its own
+# test that pytest's workers share. The API, helper and bad-input sections run with every part of
+# the day, and with part 0 of a full run.
+PARTS = 6
 CASES = [
-    pytest.param(version, shard, id=f"{version}-{shard + 1}of{SHARDS}")
+    pytest.param(version, part, id=f"{version}-part{part + 1}of{PARTS}")
     for version in VERSIONS
-    for shard in (range(SHARDS) if version != INSTALLED else (0,))
-]
+    if version != INSTALLED
+    for part in rotation.parts_to_run(PARTS)
+] + [pytest.param(INSTALLED, 0, id=f"{INSTALLED}-installed-sample")]
 
 # Minimum counts per section; the plan gives more (the child reports what it ran). The smallest
 # release API is 0.14's (79 functions, 47 globals; 0.12: 86 and 47), the fewest bad inputs 0.14's
@@ -78,11 +83,12 @@ def _problems(result: dict, limit: int = 40) -> str:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.network
-@pytest.mark.parametrize(("version", "shard"), CASES)
-def test_compat_serves_release(version, shard):
-    """API (both directions), differential and bad input of compat against one release (one shard)."""
+@pytest.mark.parametrize(("version", "part"), CASES)
+def test_compat_serves_release(version, part):
+    """API (both directions), differential (one part) and bad input of compat against one release."""
     full = version != INSTALLED
-    shards = SHARDS if full else 1
+    shards = PARTS if full else 1
+    lead = not rotation.every_part() or part == 0
     start = time.perf_counter()
     result = wheels.run_in_release(
         version,
@@ -92,15 +98,16 @@ def test_compat_serves_release(version, shard):
         compat_checks.RELEASE_PLAN,
         True,
         10_000 if full else INSTALLED_SAMPLE,
-        shard,
+        part,
         shards,
+        lead,
         env={ENV_VAR: ""},  # compat must pick the release from importlib.metadata, not an override
     )
     wall = time.perf_counter() - start
     print("\n" + _summary(version, result, wall))
     assert "problems" not in result, result["problems"]  # bound to the wrong release
 
-    sections = ("api", "differential", "bad_input", "helpers") if shard == 0 else ("differential",)
+    sections = ("api", "differential", "bad_input", "helpers") if lead else ("differential",)
     assert all(key in result for key in sections), f"sections missing from the child's report: {sorted(result)}"
     api, diff, bad, helpers = (result.get(key, {}) for key in ("api", "differential", "bad_input", "helpers"))
     counts = []
@@ -118,7 +125,8 @@ def test_compat_serves_release(version, shard):
             counts += [
                 ("differential configs", diff["configs"], MIN_CONFIGS // shards),
                 ("differential runs", diff["runs"], MIN_RANKS_PER_CONFIG * MIN_CONFIGS // shards),
-                ("largest world", diff["max_world"], 1024),
+                # every part reaches a world of 64+ ranks; the whole plan one of 1,024
+                ("largest world", diff["max_world"], 1024 if shards == 1 else 64),
             ]
             for feature, present in diff["features"].items():
                 if present:

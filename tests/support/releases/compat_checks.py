@@ -190,13 +190,16 @@ def api_report(version: str) -> dict:
 # --------------------------------------------------------------------------- differential
 
 
-def differential_report(plan: dict, hand_written: bool, max_configs: int, shard: int = 0, shards: int = 1) -> dict:
+def differential_report(
+    plan: dict, hand_written: bool, max_configs: int, shard: int = 0, shards: int = 1, lead: bool | None = None
+) -> dict:
     """The differential harness over this release's configurations; mismatches as text.
 
     ``shard`` of ``shards``: every ``shards``-th configuration from the ``shard``-th, so that
-    several processes share one release's plan; the uninitialized state and the harness
-    self-check run in shard 0 only.
+    several processes share one release's plan (or a run covers one part of it); the
+    uninitialized state and the harness self-check run where ``lead`` (default: in shard 0).
     """
+    lead = shard == 0 if lead is None else lead
     import megatron.core.parallel_state as ref
     import torch.distributed as dist
 
@@ -211,7 +214,7 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int, shard:
     # uninitialized: without a default group, then in a world
     if dist.is_initialized():
         dist.destroy_process_group()
-    for world, rank in ((None, None), (8, 3), (64, 63)) if shard == 0 else ():
+    for world, rank in ((None, None), (8, 3), (64, 63)) if lead else ():
         if world is not None:
             D.fake_world(rank, world)
         D.reset_mcore()
@@ -244,7 +247,7 @@ def differential_report(plan: dict, hand_written: bool, max_configs: int, shard:
         # first and last compared rank)
         sample = (
             []
-            if shard
+            if not lead
             else configs[:1]
             + [
                 next((c for c in configs if is_feature(c) and not c.expected_invalid), None)
@@ -402,7 +405,13 @@ def bad_input_report() -> dict:
 
 
 def run(
-    version: str, plan: dict, hand_written: bool = True, max_configs: int = 10_000, shard: int = 0, shards: int = 1
+    version: str,
+    plan: dict,
+    hand_written: bool = True,
+    max_configs: int = 10_000,
+    shard: int = 0,
+    shards: int = 1,
+    lead: bool | None = None,
 ) -> dict:
     """All checks against the release this process is bound to; returns the JSON summary.
 
@@ -426,16 +435,17 @@ def run(
       next; where the release raises, compat's exception is an instance of the release's type.
 
     ``shard`` of ``shards`` splits the differential (see :func:`differential_report`); the
-    ``api``, ``helpers`` and ``bad_input`` sections run in shard 0 only.
+    ``api``, ``helpers`` and ``bad_input`` sections run where ``lead`` (default: in shard 0).
     """
+    lead = shard == 0 if lead is None else lead
     start = time.perf_counter()
     out: dict[str, Any] = {"version": version, "installed": importlib.metadata.version("megatron-core")}
     if out["installed"] != version:
         return {**out, "problems": [f"process is bound to {out['installed']}, not {version}"]}
-    if shard == 0:
+    if lead:
         _section("api", lambda: api_report(version), out)
-    _section("differential", lambda: differential_report(plan, hand_written, max_configs, shard, shards), out)
-    if shard == 0:
+    _section("differential", lambda: differential_report(plan, hand_written, max_configs, shard, shards, lead), out)
+    if lead:
         _section("helpers", helpers_report, out)
         _section("bad_input", bad_input_report, out)
     out["seconds"] = round(time.perf_counter() - start, 2)

@@ -133,8 +133,11 @@ def _build(ps: Any, kwargs: dict[str, Any], all_gather: bool):
     return build
 
 
-def run() -> dict[str, Any]:
+def run(part: int = 0, parts: int = 1) -> dict[str, Any]:
     """Every rank of every configuration the release takes, on both paths; the totals and problems.
+
+    ``part`` of ``parts``: every ``parts``-th configuration of :data:`CONFIGS` from the
+    ``part``-th (tests/support/rotation.py rotates the part by the day).
 
     Returns ``configs``, ``ranks`` (ranks played, each on both paths), ``splits`` (split calls
     recorded over all ranks), ``mismatches`` (configurations whose protocol check failed, plus
@@ -148,7 +151,7 @@ def run() -> dict[str, Any]:
     has_all_gather = hasattr(ps, "create_all_gather_groups")
     totals = {"release": str(ps.MEGATRON_VERSION), "configs": 0, "ranks": 0, "splits": 0, "mismatches": 0}
     problems: list[str] = []
-    for world, kwargs, all_gather in CONFIGS:
+    for world, kwargs, all_gather in CONFIGS[part::parts]:
         if not set(kwargs) <= params:
             continue
         what = f"world {world} {kwargs}" + (" + create_all_gather_groups" if all_gather and has_all_gather else "")
