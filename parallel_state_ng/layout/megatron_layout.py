@@ -10,6 +10,7 @@ and 0.12/0.13's encoder block (:mod:`parallel_state_ng.layout.encoder_layout`). 
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -253,6 +254,28 @@ class MegatronLayout:
         self.release = self.facts.series
         check_layout_arguments(self)
 
+    def shifted(self, rank_offset: int) -> MegatronLayout:
+        """This layout on the ranks from ``rank_offset``: equal, group for group, to one built there.
+
+        Every offset-dependent part moves (decoder, expert, the encoder block, the
+        partial-data-parallel and expert-share splits); the rest is shared. O(number of dims):
+        a multi-module topology builds one layout per module shape and shifts it. Raises as
+        the constructor does for an offset the release or the world does not allow.
+        """
+        out = copy.copy(self)
+        out.rank_offset = rank_offset
+        check_layout_arguments(out)
+        delta = rank_offset - self.rank_offset
+        out.decoder, out.expert = (lay.shifted(lay.rank_offset + delta) for lay in (self.decoder, self.expert))
+        if self.encoder_block is not None:
+            encoder = self.encoder_block.encoder
+            out.encoder_block = EncoderBlock(encoder.shifted(encoder.rank_offset + delta), out.decoder, out.expert)
+        for name in ("_intra_dp_cp", "_edp_split"):  # block name -> split layout
+            setattr(out, name, {k: s.shifted(s.rank_offset + delta) for k, s in getattr(self, name).items()})
+        out._kind_dims = out._token_kinds()
+        out._all_gather = {}
+        return out
+
     # ----------------------------------------------------------------- kinds
     @property
     def layout_world_size(self) -> int:
@@ -385,30 +408,15 @@ class MegatronLayout:
         if not self.facts.all_gather_groups_function:
             return None
         if kind not in self._all_gather:
-            axis = self.facts.gtp_remat_axis
-            if kind == "dp_cp_ag":
-                gtp = self.gtp_remat_size
-                sizes = {
-                    "tp": self.tensor_model_parallel_size,
-                    "pp": self.pipeline_model_parallel_size,
-                    "dp": self.data_parallel_size * gtp,
-                    "ep": 1,
-                    "cp": self.context_parallel_size,
-                }
-                after = "tp"
-            else:
-                gtp = self.expert_gtp_remat_size
-                sizes = {
-                    "tp": cast(int, self.expert_tensor_parallel_size),  # set by __post_init__
-                    "pp": self.pipeline_model_parallel_size,
-                    "dp": self.expert_data_parallel_size * gtp,
-                    "ep": self.expert_model_parallel_size,
-                    "cp": 1,
-                }
-                after = "ep"
+            axis, dense = self.facts.gtp_remat_axis, kind == "dp_cp_ag"
+            gtp = self.gtp_remat_size if dense else self.expert_gtp_remat_size
+            tp = self.tensor_model_parallel_size if dense else cast(int, self.expert_tensor_parallel_size)
+            dp = (self.data_parallel_size if dense else self.expert_data_parallel_size) * gtp
+            ep, cp = (1, self.context_parallel_size) if dense else (self.expert_model_parallel_size, 1)
+            sizes = {"tp": tp, "pp": self.pipeline_model_parallel_size, "dp": dp, "ep": ep, "cp": cp}
             if axis:
                 sizes[GTP_TOKEN] = gtp
-            tokens = read_order(DEFAULT_ORDER, sizes, after if axis else None)
+            tokens = read_order(DEFAULT_ORDER, sizes, ("tp" if dense else "ep") if axis else None)
             self._all_gather[kind] = Layout([sizes[t] for t in tokens], tokens)
         return self._all_gather[kind]
 
