@@ -194,9 +194,10 @@ class Layout:
         if offset + self.size > MAX_RANK:
             raise ValueError(f"rank_offset {offset} + {self.size} ranks is over the limit of {MAX_RANK} (2**62)")
         out = Layout.__new__(Layout)
-        out._init(self.sizes, self.names, offset)
-        parent = None if self._parent is None else self._parent.shifted(offset)
-        out._set_parent(parent, self._merged, self._parts)
+        out.__dict__.update(self.__dict__)  # sizes, names, strides, parts: shared (never changed)
+        out.rank_offset = offset
+        if self._parent is not None:
+            out._parent = self._parent.shifted(offset)
         return out
 
     def dims(self, dims: DimsArg, *, keep_order: bool = False) -> tuple[str, ...]:
