@@ -263,7 +263,7 @@ def _module_reports(
     A module's groups are its shape's (``ModulePlacement.shape``) shifted to its first rank:
     each shape's groups are enumerated once, then copied shifted (linear in the output). A
     module shaped like one reported before it (same shape and shown kinds) names that module
-    in ``shaped_like``; with ``alike_groups`` false its ``kinds`` is ``None``.
+    in ``shaped_like``; with ``alike_groups`` false its ``kinds`` is ``None`` unless it is colocated.
     """
     first_of: dict[tuple[int, bool, tuple[str, ...]], tuple[str, dict[str, Any]]] = {}
     out = []
@@ -277,7 +277,7 @@ def _module_reports(
             first_of[key] = (p.name, base)
             kinds_out: dict[str, Any] | None = _shifted_kinds(base, delta) if delta else base
         else:
-            kinds_out = _shifted_kinds(like[1], delta) if alike_groups else None
+            kinds_out = _shifted_kinds(like[1], delta) if alike_groups or p.colocated_with else None
         out.append(
             {
                 "name": p.name,
@@ -323,7 +323,7 @@ def build_topology_report(
     Each module names in ``shaped_like`` the first module before it of the same shape (same
     spec but for the name and first rank), whose groups shifted by the difference of their
     first ranks are its own (``None``: the first of its shape). ``alike_groups=False`` leaves
-    such a module's ``kinds`` out (``None``): the text report summarises it.
+    such a module's ``kinds`` out (``None``) unless it is colocated: the text report summarises it.
     """
     first = placements[0].shape
     spans: dict[tuple[int, int], list[str]] = {}
