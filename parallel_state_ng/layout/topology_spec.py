@@ -152,8 +152,8 @@ def _check_module(spec: Any, index: int) -> None:
         raise TopologySpecError(f"module {spec.name!r}: language must be a bool, got {spec.language!r}")
     if not isinstance(spec.options, Mapping):
         raise TopologySpecError(f"module {spec.name!r}: options must be a mapping, got {spec.options!r}")
-    unknown = sorted(set(spec.options) - BUILD_OPTIONS)
-    if unknown:
+    if not spec.options.keys() <= BUILD_OPTIONS:
+        unknown = sorted(set(spec.options) - BUILD_OPTIONS)
         raise TopologySpecError(
             f"module {spec.name!r}: unknown option(s) {unknown}; allowed: {sorted(BUILD_OPTIONS)} "
             f"(sizes and order are ModuleSpec fields)"

@@ -134,33 +134,49 @@ def parse_spec(text: str, source: str = "SPEC") -> list[ModuleSpec]:
         raise UsageError(f"{source}: modules: {len(data)} modules is over the limit of {MAX_TOPOLOGY_MODULES}")
     modules = []
     for i, entry in enumerate(data):
-        where = f"{source}: modules[{i}]"
         if not isinstance(entry, dict):
-            raise UsageError(f"{where} must be an object with keys {list(SPEC_KEYS)}, got {_json_type(entry)}")
-        if isinstance(entry.get("name"), str) and len(entry["name"]) <= _NAME_SHOWN:
-            where = f"{source}: module {entry['name']!r} (modules[{i}])"
-        unknown = sorted(set(entry) - set(SPEC_KEYS))
-        if unknown:
-            raise UsageError(f"{where}: unknown key(s) {unknown}; allowed: {list(SPEC_KEYS)}")
-        missing = [k for k in ("name", "ranks") if k not in entry]
-        if missing:
-            raise UsageError(f"{where}: missing key(s) {missing}")
+            raise UsageError(
+                f"{_where(source, i, entry)} must be an object with keys {list(SPEC_KEYS)}, got {_json_type(entry)}"
+            )
+        if not entry.keys() <= _SPEC_KEY_SET:
+            unknown = sorted(set(entry) - _SPEC_KEY_SET)
+            raise UsageError(f"{_where(source, i, entry)}: unknown key(s) {unknown}; allowed: {list(SPEC_KEYS)}")
+        if "name" not in entry or "ranks" not in entry:
+            missing = [k for k in ("name", "ranks") if k not in entry]
+            raise UsageError(f"{_where(source, i, entry)}: missing key(s) {missing}")
         ranks = entry["ranks"]
-        if not (isinstance(ranks, list) and len(ranks) == 2 and all(_is_int(v) for v in ranks)):
-            raise UsageError(f"{where}: ranks must be [start, stop] (two integers, stop excluded), got {_short(ranks)}")
+        if not (isinstance(ranks, list) and len(ranks) == 2 and _is_int(ranks[0]) and _is_int(ranks[1])):
+            raise UsageError(
+                f"{_where(source, i, entry)}: ranks must be [start, stop] (two integers, stop excluded), "
+                f"got {_short(ranks)}"
+            )
         if max(ranks) > MAX_RANK:
-            raise UsageError(f"{where}: ranks: {_short(ranks)} ends beyond the limit of rank {MAX_RANK} (2**62)")
+            raise UsageError(
+                f"{_where(source, i, entry)}: ranks: {_short(ranks)} ends beyond the limit of rank {MAX_RANK} (2**62)"
+            )
         options = entry.get("options", {})
         if not isinstance(options, dict):
-            raise UsageError(f"{where}: options must be an object, got {_json_type(options)}")
-        unknown = sorted(set(options) - JSON_OPTIONS)
-        if unknown:
-            allowed = sorted(JSON_OPTIONS)
-            raise UsageError(f"{where}: option(s) {unknown} cannot be set in a spec file; allowed: {allowed}")
+            raise UsageError(f"{_where(source, i, entry)}: options must be an object, got {_json_type(options)}")
+        if not options.keys() <= JSON_OPTIONS:
+            unknown, allowed = sorted(set(options) - JSON_OPTIONS), sorted(JSON_OPTIONS)
+            raise UsageError(
+                f"{_where(source, i, entry)}: option(s) {unknown} cannot be set in a spec file; allowed: {allowed}"
+            )
         fields = {SPEC_KEYS[k]: v for k, v in entry.items()}
         fields["ranks"] = (ranks[0], ranks[1])
         modules.append(ModuleSpec(**fields))
     return modules
+
+
+_SPEC_KEY_SET = frozenset(SPEC_KEYS)
+
+
+def _where(source: str, index: int, entry: Any) -> str:
+    """A module of the spec in a message: its name when it has a short one, always its index."""
+    name = entry.get("name") if isinstance(entry, dict) else None
+    if isinstance(name, str) and len(name) <= _NAME_SHOWN:
+        return f"{source}: module {name!r} (modules[{index}])"
+    return f"{source}: modules[{index}]"
 
 
 _NAME_SHOWN = 80  # longest module name quoted in a message
