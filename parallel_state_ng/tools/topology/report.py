@@ -4,8 +4,10 @@ The spec (a JSON list of modules, :func:`parse_spec`) is checked by
 :func:`~parallel_state_ng.layout.topology_spec.validate_topology`, as ``build_topology`` checks
 it; each module's groups come from its ``MegatronLayout`` (pure math: no processes, no GPUs).
 The report: which module runs where, each module's sizes, options and groups, and ``--rank R``'s
-modules and groups (closed form). Formats ``text``, ``json`` and ``svg`` (:mod:`.svg`). Work is
-O(module ranks) per kind. The tool: docs/tools.md#topology-tool.
+modules and groups (closed form). Formats ``text`` (:mod:`.text`), ``json`` and ``svg``
+(:mod:`.svg`). Work is O(module ranks) per kind, and one enumeration per module shape: modules
+of one shape share a layout and their groups are copies shifted to their ranks. The tool:
+docs/tools.md#topology-tool.
 """
 
 from __future__ import annotations
@@ -34,14 +36,13 @@ from parallel_state_ng.releases import known_release
 from parallel_state_ng.tools.common import (
     UsageError,
     kind_entry,
-    kind_lines,
     name_list,
     non_negative_int,
-    plural,
     positive_int,
     write_output,
 )
 from parallel_state_ng.tools.layout.report import rank_view, rank_view_lines
+from parallel_state_ng.tools.topology.text import render_topology_text
 
 __all__ = [
     "add_arguments",
@@ -73,8 +74,6 @@ SPEC_KEYS = {
 #: Module options a spec file may set: :data:`BUILD_OPTIONS` less the callables JSON cannot hold.
 JSON_OPTIONS = BUILD_OPTIONS - {"get_embedding_ranks", "get_position_embedding_ranks"}
 _EMBEDDING_KINDS = ("embd", "pos_embd")
-# More spans than this show their first and last few in the text report (unless --full).
-_SPANS_SHOWN_MAX, _SPANS_SHOWN_HEAD, _SPANS_SHOWN_TAIL = 8, 3, 2
 
 
 # --------------------------------------------------------------------------- arguments
@@ -353,104 +352,6 @@ def build_topology_report(
         "modules": _module_reports(placements, kinds, alike_groups),
         "rank": None if rank is None else rank_report(placements, rank, kinds),
     }
-
-
-# --------------------------------------------------------------------------- text
-def _span(ranks: Sequence[int]) -> str:
-    return f"{ranks[0]}..{ranks[1] - 1}"
-
-
-def _sizes_text(module: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in module["sizes"].items()) + f" order={module['order']}"
-
-
-def _module_lines(m: dict[str, Any], full: bool) -> list[str]:
-    note = "" if full else "; long lists abbreviated, --full prints all"
-    lines = [
-        "",
-        f"Module {m['name']}: ranks {_span(m['ranks'])} ({plural(m['num_ranks'], 'rank')})"
-        + (f", colocated with {', '.join(m['colocated_with'])}" if m["colocated_with"] else ""),
-        f"  sizes: {_sizes_text(m)}",
-        "  language module: yes (embedding groups)" if m["language"] else "  language module: no (no embedding groups)",
-    ]
-    if m["options"]:
-        lines.append("  options: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in m["options"].items()))
-    lines.append(f"  groups ({plural(len(m['kinds']), 'kind')}{note}):")
-    for kind, info in m["kinds"].items():
-        lines += kind_lines(kind, info, full, "    ", "      ")
-    return lines
-
-
-def _alike_line(run: Sequence[dict[str, Any]], like_start: int) -> str:
-    """One line for modules shaped like ``run[0]["shaped_like"]``, one after another on the ranks."""
-    first, last, like = run[0], run[-1], run[0]["shaped_like"]
-    if len(run) == 1:
-        shift = first["ranks"][0] - like_start
-        return (
-            f"Module {first['name']}: ranks {_span(first['ranks'])} ({plural(first['num_ranks'], 'rank')}): "
-            f"shaped like {like}, groups shifted by {shift:+d} (--full lists them)"
-        )
-    ranks = f"{first['ranks'][0]}..{last['ranks'][1] - 1}"
-    return (
-        f"Modules {first['name']} to {last['name']} ({len(run)} modules, ranks {ranks}, "
-        f"{plural(first['num_ranks'], 'rank')} each in turn): shaped like {like}, groups shifted by each "
-        f"module's first rank (--full lists them)"
-    )
-
-
-def _follows(before: dict[str, Any], after: dict[str, Any]) -> bool:
-    return (
-        after.get("shaped_like") == before["shaped_like"]
-        and not after["colocated_with"]
-        and after["ranks"][0] == before["ranks"][1]
-    )
-
-
-def render_topology_text(report: dict[str, Any], full: bool = False) -> str:
-    """The report for people (long lists abbreviated unless ``full``).
-
-    Unless ``full``: more than 8 spans show their first 3 and last 2; a module shaped like one
-    listed before it (``shaped_like``, not colocated) gets one line, and modules of that shape
-    one after another on the ranks share one line. Those modules' ``kinds`` are not read
-    (:func:`build_topology_report` with ``alike_groups=False`` leaves them out).
-    """
-    modules = report["modules"]
-    lines = [
-        f"Topology of {report['world_size']} ranks, {plural(len(modules), 'module')}, megatron-core "
-        f"{report['release']} (pure layout math: no processes, no GPUs)",
-        f"language module: {report['language_module']}",
-    ]
-    spans, hidden = report["spans"], 0
-    if not full and len(spans) > _SPANS_SHOWN_MAX:
-        hidden = len(spans) - _SPANS_SHOWN_HEAD - _SPANS_SHOWN_TAIL
-        spans = spans[:_SPANS_SHOWN_HEAD] + spans[-_SPANS_SHOWN_TAIL:]
-    width = max(len(_span(s["ranks"])) for s in spans)
-    for i, span in enumerate(spans):
-        if hidden and i == _SPANS_SHOWN_HEAD:
-            lines.append(f"  ... {hidden} more spans (each module's ranks: below, --full or --format json) ...")
-        together = " + ".join(span["modules"]) + (" (colocated)" if len(span["modules"]) > 1 else "")
-        lines.append(f"  ranks {_span(span['ranks']):<{width}}  {together}")
-    starts: dict[str, int] = {}
-    i = 0
-    while i < len(modules):
-        m = modules[i]
-        starts.setdefault(m["name"], m["ranks"][0])
-        if full or m.get("shaped_like") is None or m["colocated_with"]:
-            lines += _module_lines(m, full)
-            i += 1
-            continue
-        end = i + 1
-        while end < len(modules) and _follows(modules[end - 1], modules[end]):
-            end += 1
-        lines += ["", _alike_line(modules[i:end], starts[m["shaped_like"]])]
-        i = end
-    view = report["rank"]
-    if view is not None:
-        runs = f"{plural(len(view['modules']), 'module')}: {', '.join(view['modules'])}"
-        lines += ["", f"Rank {view['rank']} runs {runs}"]
-        for name, v in view["views"].items():
-            lines += [f"  {name}:", *rank_view_lines(v, full, "    ", position_width=18)]
-    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- command
