@@ -18,7 +18,13 @@ from parallel_state_ng.layout.order import EmptyGroupError
 from parallel_state_ng.layout.validate import _check_size
 from parallel_state_ng.releases.facts import ReleaseFacts
 
-__all__ = ["check_layout_arguments", "check_split_rank", "checked_embedding_ranks", "LayoutArguments"]
+__all__ = [
+    "check_layout_arguments",
+    "check_rank_offset",
+    "check_split_rank",
+    "checked_embedding_ranks",
+    "LayoutArguments",
+]
 
 
 class LayoutArguments(Protocol):
@@ -60,11 +66,7 @@ def check_layout_arguments(layout: LayoutArguments) -> None:
         TypeError: an argument the release lacks, or a split rank that is not an int.
         ValueError: the covered ranks end past ``world_size``; a size or offset out of range.
     """
-    if not layout.facts.rank_offset and (layout.rank_offset != 0 or layout.local_world_size is not None):
-        raise TypeError(
-            f"megatron-core {layout.release} has no rank_offset / local_world_size (added in 0.17); "
-            f"got rank_offset={layout.rank_offset!r}, local_world_size={layout.local_world_size!r}"
-        )
+    _check_no_offset(layout)
     legacy = (
         layout.encoder_tensor_model_parallel_size,
         layout.encoder_pipeline_model_parallel_size,
@@ -104,6 +106,29 @@ def check_layout_arguments(layout: LayoutArguments) -> None:
         _check_int(layout.local_world_size, "local_world_size", minimum=1)
     if layout.world_size > MAX_RANK:
         raise ValueError(f"world_size {layout.world_size} is over the limit of {MAX_RANK} (2**62) ranks")
+    _check_end(layout)
+
+
+def check_rank_offset(layout: LayoutArguments) -> None:
+    """The checks of :func:`check_layout_arguments` that read ``rank_offset``, in its order.
+
+    For a layout whose other arguments passed :func:`check_layout_arguments` and whose offset
+    then changed (``MegatronLayout.shifted``): same exceptions, same messages.
+    """
+    _check_no_offset(layout)
+    _check_int(layout.rank_offset, "rank_offset", minimum=0)
+    _check_end(layout)
+
+
+def _check_no_offset(layout: LayoutArguments) -> None:
+    if not layout.facts.rank_offset and (layout.rank_offset != 0 or layout.local_world_size is not None):
+        raise TypeError(
+            f"megatron-core {layout.release} has no rank_offset / local_world_size (added in 0.17); "
+            f"got rank_offset={layout.rank_offset!r}, local_world_size={layout.local_world_size!r}"
+        )
+
+
+def _check_end(layout: LayoutArguments) -> None:
     end = layout.rank_offset + layout.layout_world_size
     if end > layout.world_size:
         # MCore would hand ranks >= world_size to new_group, which raises ValueError.

@@ -18,7 +18,12 @@ from typing import cast
 
 from parallel_state_ng.layout.encoder_layout import EncoderBlock, encoder_data_parallel_size, resolve_encoder_sizes
 from parallel_state_ng.layout.kinds import ALL_GATHER_KINDS, GROUP_KINDS, token_kind_dims
-from parallel_state_ng.layout.megatron_checks import check_layout_arguments, check_split_rank, checked_embedding_ranks
+from parallel_state_ng.layout.megatron_checks import (
+    check_layout_arguments,
+    check_rank_offset,
+    check_split_rank,
+    checked_embedding_ranks,
+)
 from parallel_state_ng.layout.named_layout import Layout
 from parallel_state_ng.layout.order import (
     DEFAULT_ORDER,
@@ -63,8 +68,6 @@ SHAPE_ARGUMENTS = (
     "gtp_remat_size",
     "expert_gtp_remat_size",
 )
-
-_ALL_GATHER_KINDS = ALL_GATHER_KINDS
 
 
 @dataclass
@@ -253,6 +256,28 @@ class MegatronLayout:
         self.release = self.facts.series
         check_layout_arguments(self)
 
+    def shifted(self, rank_offset: int) -> MegatronLayout:
+        """This layout on the ranks from ``rank_offset``: equal, group for group, to one built there.
+
+        The offset-dependent parts move (decoder, expert, encoder block, partial-data-parallel and
+        expert-share splits); the rest is shared. O(number of dims). Raises as the constructor
+        does for an offset the release or the world does not allow.
+        """
+        out = type(self).__new__(type(self))
+        out.__dict__.update(self.__dict__)  # a shallow copy
+        out.rank_offset = rank_offset
+        check_rank_offset(out)
+        delta = rank_offset - self.rank_offset
+        out.decoder, out.expert = (lay.shifted(lay.rank_offset + delta) for lay in (self.decoder, self.expert))
+        if (enc := self.encoder_block) is not None:
+            out.encoder_block = EncoderBlock(
+                enc.encoder.shifted(enc.encoder.rank_offset + delta), out.decoder, out.expert
+            )
+        for name in ("_intra_dp_cp", "_edp_split"):  # block name -> split layout
+            setattr(out, name, {k: s.shifted(s.rank_offset + delta) for k, s in getattr(self, name).items()})
+        out._kind_dims, out._all_gather = out._token_kinds(), {}
+        return out
+
     # ----------------------------------------------------------------- kinds
     @property
     def layout_world_size(self) -> int:
@@ -299,7 +324,7 @@ class MegatronLayout:
         ``pos_embd`` on a rank that holds no embedding, and for an all-gather kind on a rank
         outside that kind's own generator (0.18+, see :meth:`all_gather_layout`).
         """
-        if kind in _ALL_GATHER_KINDS:
+        if kind in ALL_GATHER_KINDS:
             return self._all_gather_group(kind, rank)
         if not self.contains(rank):
             if kind in self._kind_dims or kind in self.kinds() or kind in GROUP_KINDS:
@@ -380,35 +405,20 @@ class MegatronLayout:
         the layout reproduces its ranks as they are. ``None`` before 0.18 (the
         ``dp_cp_ag`` group then has the ranks of ``dp_cp``).
         """
-        if kind not in _ALL_GATHER_KINDS:
-            raise KeyError(f"{kind!r} is not an all-gather kind; those are {list(_ALL_GATHER_KINDS)}")
+        if kind not in ALL_GATHER_KINDS:
+            raise KeyError(f"{kind!r} is not an all-gather kind; those are {list(ALL_GATHER_KINDS)}")
         if not self.facts.all_gather_groups_function:
             return None
         if kind not in self._all_gather:
-            axis = self.facts.gtp_remat_axis
-            if kind == "dp_cp_ag":
-                gtp = self.gtp_remat_size
-                sizes = {
-                    "tp": self.tensor_model_parallel_size,
-                    "pp": self.pipeline_model_parallel_size,
-                    "dp": self.data_parallel_size * gtp,
-                    "ep": 1,
-                    "cp": self.context_parallel_size,
-                }
-                after = "tp"
-            else:
-                gtp = self.expert_gtp_remat_size
-                sizes = {
-                    "tp": cast(int, self.expert_tensor_parallel_size),  # set by __post_init__
-                    "pp": self.pipeline_model_parallel_size,
-                    "dp": self.expert_data_parallel_size * gtp,
-                    "ep": self.expert_model_parallel_size,
-                    "cp": 1,
-                }
-                after = "ep"
+            axis, dense = self.facts.gtp_remat_axis, kind == "dp_cp_ag"
+            gtp = self.gtp_remat_size if dense else self.expert_gtp_remat_size
+            tp = self.tensor_model_parallel_size if dense else cast(int, self.expert_tensor_parallel_size)
+            dp = (self.data_parallel_size if dense else self.expert_data_parallel_size) * gtp
+            ep, cp = (1, self.context_parallel_size) if dense else (self.expert_model_parallel_size, 1)
+            sizes = {"tp": tp, "pp": self.pipeline_model_parallel_size, "dp": dp, "ep": ep, "cp": cp}
             if axis:
                 sizes[GTP_TOKEN] = gtp
-            tokens = read_order(DEFAULT_ORDER, sizes, after if axis else None)
+            tokens = read_order(DEFAULT_ORDER, sizes, ("tp" if dense else "ep") if axis else None)
             self._all_gather[kind] = Layout([sizes[t] for t in tokens], tokens)
         return self._all_gather[kind]
 
@@ -470,7 +480,7 @@ class MegatronLayout:
             return enc.encoder.rank_enum(dims) + lay.rank_enum(dims)
         if kind in ("embd", "pos_embd"):
             return [self.embedding_ranks(kind, g) for g in self.enumerate("pp")]
-        if kind in _ALL_GATHER_KINDS:
+        if kind in ALL_GATHER_KINDS:
             ag_layout = self.all_gather_layout(kind)
             if ag_layout is not None:
                 return ag_layout.rank_enum(("dp", "cp") if kind == "dp_cp_ag" else ("dp",))

@@ -184,6 +184,22 @@ class Layout:
     def __hash__(self) -> int:
         return hash((self.names, self.sizes, self.rank_offset, self._merged))
 
+    def shifted(self, rank_offset: int) -> Layout:
+        """This layout on the ranks from ``rank_offset``: equal to one built there.
+
+        A split layout moves with its parent. O(number of dims): only the new offset is checked
+        (``ValueError`` below 0 or past the rank limit).
+        """
+        offset = _check_int(rank_offset, "rank_offset", minimum=0)
+        if offset + self.size > MAX_RANK:
+            raise ValueError(f"rank_offset {offset} + {self.size} ranks is over the limit of {MAX_RANK} (2**62)")
+        out = Layout.__new__(Layout)
+        out.__dict__.update(self.__dict__)  # sizes, names, strides, parts: shared (never changed)
+        out.rank_offset = offset
+        if self._parent is not None:
+            out._parent = self._parent.shifted(offset)
+        return out
+
     def dims(self, dims: DimsArg, *, keep_order: bool = False) -> tuple[str, ...]:
         """Validate ``dims`` (a name or a sequence of names) and return them as a tuple.
 

@@ -8,6 +8,7 @@ See docs/engine.md ("Multi-module topologies in one call").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,19 +81,39 @@ class ModuleSpec:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ModulePlacement:
-    """A validated module: its spec, its ranks, its layout and the modules colocated with it."""
+    """A validated module: its spec, its ranks, its layout and the modules colocated with it.
+
+    ``shape`` is the layout of the module's shape (its spec but for the name and first rank),
+    built on the ranks of the first module of that shape; :attr:`layout` is it on this
+    module's ranks (``MegatronLayout.shifted``, made on first use): a report of many equal
+    modules reads one ``shape`` and shifts its groups. Given a layout on the module's own ranks
+    as ``shape``, :attr:`layout` is that layout.
+    """
 
     spec: ModuleSpec
     ranks: range
-    layout: MegatronLayout
+    shape: MegatronLayout
     colocated_with: tuple[str, ...]
 
     @property
     def name(self) -> str:
         """The module's name."""
         return self.spec.name
+
+    @functools.cached_property
+    def layout(self) -> MegatronLayout:
+        """The module's layout, on its ranks."""
+        return self.shape if self.shape.rank_offset == self.ranks.start else self.shape.shifted(self.ranks.start)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ModulePlacement):
+            return NotImplemented
+        mine, theirs = (self.spec, self.ranks, self.colocated_with), (other.spec, other.ranks, other.colocated_with)
+        return mine == theirs and self.layout == other.layout
+
+    __hash__ = None  # type: ignore[assignment]  # as a dataclass with eq: placements are not hashed
 
 
 def _as_range(name: str, ranks: Any) -> range:
@@ -131,8 +152,8 @@ def _check_module(spec: Any, index: int) -> None:
         raise TopologySpecError(f"module {spec.name!r}: language must be a bool, got {spec.language!r}")
     if not isinstance(spec.options, Mapping):
         raise TopologySpecError(f"module {spec.name!r}: options must be a mapping, got {spec.options!r}")
-    unknown = sorted(set(spec.options) - BUILD_OPTIONS)
-    if unknown:
+    if not spec.options.keys() <= BUILD_OPTIONS:
+        unknown = sorted(set(spec.options) - BUILD_OPTIONS)
         raise TopologySpecError(
             f"module {spec.name!r}: unknown option(s) {unknown}; allowed: {sorted(BUILD_OPTIONS)} "
             f"(sizes and order are ModuleSpec fields)"
@@ -204,20 +225,46 @@ def validate_topology(
     for name, r in ranges.items():  # colocated modules: one pass, not a scan per module
         by_range.setdefault(r, []).append(name)
     placements = []
+    shapes: dict[tuple, MegatronLayout] = {}  # one layout per module shape
     for spec in modules:
         r = ranges[spec.name]
         placements.append(
             ModulePlacement(
                 spec,
                 r,
-                _layout(spec, r, world_size, series),
+                _shape_layout(spec, r, world_size, series, shapes),
                 tuple(n for n in by_range[r] if n != spec.name),
             )
         )
     return placements
 
 
-def _layout(spec: ModuleSpec, ranks: range, world_size: int, series: str) -> MegatronLayout:
+def _shape_key(spec: ModuleSpec, ranks: range, extra: Mapping[str, Any]) -> tuple | None:
+    """What a module's layout depends on besides its first rank; ``None``: not comparable.
+
+    Option values are compared only when they are plain data (ints, strs, lists of ints); a
+    module with a callable option gets a layout of its own.
+    """
+    values = []
+    for key in sorted(extra):
+        value = extra[key]
+        if isinstance(value, (list, tuple)) and all(type(v) is int for v in value):
+            value = (type(value).__name__, *value)
+        elif value is not None and type(value) not in (int, str, bool):
+            return None
+        values.append((key, value))
+    return (len(ranks), tuple(spec.sizes().items()), tuple(values))
+
+
+def _shape_layout(
+    spec: ModuleSpec, ranks: range, world_size: int, series: str, shapes: dict[tuple, MegatronLayout]
+) -> MegatronLayout:
+    """The layout of the module's shape: built for the first module of a shape, shared after.
+
+    Every check it makes but the offset's depends on the shape alone, and the offset is checked
+    here for every module (its range lies in the world; a release without rank offsets fails
+    at the first module on part of the world).
+    """
     tp, cp, pp = spec.tensor_model_parallel_size, spec.context_parallel_size, spec.pipeline_model_parallel_size
     if len(ranks) % (tp * cp * pp):
         raise TopologySpecError(
@@ -234,8 +281,14 @@ def _layout(spec: ModuleSpec, ranks: range, world_size: int, series: str) -> Meg
     whole = ranks.start == 0 and ranks.stop == world_size
     place: dict[str, Any] = {} if whole else {"rank_offset": ranks.start, "local_world_size": len(ranks)}
     extra = {k: v for k, v in spec.options.items() if k in _LAYOUT_OPTIONS}
+    key = None if whole else _shape_key(spec, ranks, extra)
     try:
-        return MegatronLayout(world_size=world_size, release=series, **place, **spec.sizes(), **extra)
+        if key in shapes:
+            return shapes[key]
+        layout = MegatronLayout(world_size=world_size, release=series, **place, **spec.sizes(), **extra)
+        if key is not None:
+            shapes[key] = layout
+        return layout
     except TypeError as err:
         if "rank_offset" in str(err):
             raise TopologySpecError(

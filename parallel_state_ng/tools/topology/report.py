@@ -4,14 +4,16 @@ The spec (a JSON list of modules, :func:`parse_spec`) is checked by
 :func:`~parallel_state_ng.layout.topology_spec.validate_topology`, as ``build_topology`` checks
 it; each module's groups come from its ``MegatronLayout`` (pure math: no processes, no GPUs).
 The report: which module runs where, each module's sizes, options and groups, and ``--rank R``'s
-modules and groups (closed form). Formats ``text``, ``json`` and ``svg`` (:mod:`.svg`). Work is
-O(module ranks) per kind. The tool: docs/tools.md#topology-tool.
+modules and groups (closed form). Formats ``text`` (:mod:`.text`), ``json`` and ``svg``
+(:mod:`.svg`). Work is O(module ranks) per kind, and one enumeration per module shape: modules
+of one shape share a layout and their groups are copies shifted to their ranks. The tool:
+docs/tools.md#topology-tool.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import gc
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -34,14 +36,13 @@ from parallel_state_ng.releases import known_release
 from parallel_state_ng.tools.common import (
     UsageError,
     kind_entry,
-    kind_lines,
     name_list,
     non_negative_int,
-    plural,
     positive_int,
     write_output,
 )
 from parallel_state_ng.tools.layout.report import rank_view, rank_view_lines
+from parallel_state_ng.tools.topology.text import render_topology_text
 
 __all__ = [
     "add_arguments",
@@ -132,33 +133,49 @@ def parse_spec(text: str, source: str = "SPEC") -> list[ModuleSpec]:
         raise UsageError(f"{source}: modules: {len(data)} modules is over the limit of {MAX_TOPOLOGY_MODULES}")
     modules = []
     for i, entry in enumerate(data):
-        where = f"{source}: modules[{i}]"
         if not isinstance(entry, dict):
-            raise UsageError(f"{where} must be an object with keys {list(SPEC_KEYS)}, got {_json_type(entry)}")
-        if isinstance(entry.get("name"), str) and len(entry["name"]) <= _NAME_SHOWN:
-            where = f"{source}: module {entry['name']!r} (modules[{i}])"
-        unknown = sorted(set(entry) - set(SPEC_KEYS))
-        if unknown:
-            raise UsageError(f"{where}: unknown key(s) {unknown}; allowed: {list(SPEC_KEYS)}")
-        missing = [k for k in ("name", "ranks") if k not in entry]
-        if missing:
-            raise UsageError(f"{where}: missing key(s) {missing}")
+            raise UsageError(
+                f"{_where(source, i, entry)} must be an object with keys {list(SPEC_KEYS)}, got {_json_type(entry)}"
+            )
+        if not entry.keys() <= _SPEC_KEY_SET:
+            unknown = sorted(set(entry) - _SPEC_KEY_SET)
+            raise UsageError(f"{_where(source, i, entry)}: unknown key(s) {unknown}; allowed: {list(SPEC_KEYS)}")
+        if "name" not in entry or "ranks" not in entry:
+            missing = [k for k in ("name", "ranks") if k not in entry]
+            raise UsageError(f"{_where(source, i, entry)}: missing key(s) {missing}")
         ranks = entry["ranks"]
-        if not (isinstance(ranks, list) and len(ranks) == 2 and all(_is_int(v) for v in ranks)):
-            raise UsageError(f"{where}: ranks must be [start, stop] (two integers, stop excluded), got {_short(ranks)}")
+        if not (isinstance(ranks, list) and len(ranks) == 2 and _is_int(ranks[0]) and _is_int(ranks[1])):
+            raise UsageError(
+                f"{_where(source, i, entry)}: ranks must be [start, stop] (two integers, stop excluded), "
+                f"got {_short(ranks)}"
+            )
         if max(ranks) > MAX_RANK:
-            raise UsageError(f"{where}: ranks: {_short(ranks)} ends beyond the limit of rank {MAX_RANK} (2**62)")
+            raise UsageError(
+                f"{_where(source, i, entry)}: ranks: {_short(ranks)} ends beyond the limit of rank {MAX_RANK} (2**62)"
+            )
         options = entry.get("options", {})
         if not isinstance(options, dict):
-            raise UsageError(f"{where}: options must be an object, got {_json_type(options)}")
-        unknown = sorted(set(options) - JSON_OPTIONS)
-        if unknown:
-            allowed = sorted(JSON_OPTIONS)
-            raise UsageError(f"{where}: option(s) {unknown} cannot be set in a spec file; allowed: {allowed}")
+            raise UsageError(f"{_where(source, i, entry)}: options must be an object, got {_json_type(options)}")
+        if not options.keys() <= JSON_OPTIONS:
+            unknown, allowed = sorted(set(options) - JSON_OPTIONS), sorted(JSON_OPTIONS)
+            raise UsageError(
+                f"{_where(source, i, entry)}: option(s) {unknown} cannot be set in a spec file; allowed: {allowed}"
+            )
         fields = {SPEC_KEYS[k]: v for k, v in entry.items()}
         fields["ranks"] = (ranks[0], ranks[1])
         modules.append(ModuleSpec(**fields))
     return modules
+
+
+_SPEC_KEY_SET = frozenset(SPEC_KEYS)
+
+
+def _where(source: str, index: int, entry: Any) -> str:
+    """A module of the spec in a message: its name when it has a short one, always its index."""
+    name = entry.get("name") if isinstance(entry, dict) else None
+    if isinstance(name, str) and len(name) <= _NAME_SHOWN:
+        return f"{source}: module {name!r} (modules[{index}])"
+    return f"{source}: modules[{index}]"
 
 
 _NAME_SHOWN = 80  # longest module name quoted in a message
@@ -216,13 +233,25 @@ def place_modules(
 
 def module_kinds(placement: ModulePlacement) -> list[str]:
     """The group kinds ``build_topology`` builds for a module (embedding kinds: language module only)."""
-    kinds = placement.layout.kinds()
+    kinds = placement.shape.kinds()  # the kinds of a layout do not depend on its first rank
     return kinds if placement.spec.language else [k for k in kinds if k not in _EMBEDDING_KINDS]
+
+
+def _kinds_of(placements: Sequence[ModulePlacement]) -> list[list[str]]:
+    """:func:`module_kinds` of each placement, worked out once per module shape."""
+    known: dict[tuple[int, bool], list[str]] = {}
+    out = []
+    for p in placements:
+        key = (id(p.shape), p.spec.language)  # shapes live as long as the placements
+        if key not in known:
+            known[key] = module_kinds(p)
+        out.append(known[key])
+    return out
 
 
 # --------------------------------------------------------------------------- report
 def _sizes(placement: ModulePlacement) -> dict[str, int | None]:
-    lay = placement.layout
+    lay = placement.shape
     return {
         "tp": lay.tensor_model_parallel_size,
         "cp": lay.context_parallel_size,
@@ -234,46 +263,51 @@ def _sizes(placement: ModulePlacement) -> dict[str, int | None]:
     }
 
 
-def _module_kinds(
-    placement: ModulePlacement, shown: Sequence[str], seen: dict[str, tuple[int, dict[str, Any]]]
-) -> dict[str, Any]:
-    """The groups of ``shown`` kinds of one module.
-
-    A module's groups are its spec's layout shifted to its first rank, so a module shaped like
-    one already reported (same spec but for its name and start) reuses that one's groups,
-    shifted: a spec of many equal modules costs one enumeration per shape plus linear copying.
-    """
-    shape = dataclasses.replace(placement.spec, name="", ranks=range(len(placement.ranks)))
-    key = repr((shape, tuple(shown)))
-    if key in seen:
-        start, kinds_out = seen[key]
-        delta = placement.ranks.start - start
-        return {
-            kind: {**entry, "groups": [[rank + delta for rank in group] for group in entry["groups"]]}
-            for kind, entry in kinds_out.items()
-        }
-    kinds_out = {kind: kind_entry(kind, placement.layout.enumerate(kind)) for kind in shown}
-    seen[key] = (placement.ranks.start, kinds_out)
-    return kinds_out
-
-
-def _module_report(
-    placement: ModulePlacement, kinds: Sequence[str] | None, seen: dict[str, tuple[int, dict[str, Any]]]
-) -> dict[str, Any]:
-    own = module_kinds(placement)
-    shown = own if kinds is None else [k for k in kinds if k in own]
-    kinds_out = _module_kinds(placement, shown, seen)
+def _shifted_kinds(kinds_out: dict[str, Any], delta: int) -> dict[str, Any]:
     return {
-        "name": placement.name,
-        "ranks": [placement.ranks.start, placement.ranks.stop],
-        "num_ranks": len(placement.ranks),
-        "colocated_with": list(placement.colocated_with),
-        "language": placement.spec.language,
-        "sizes": _sizes(placement),
-        "order": placement.layout.order,
-        "options": dict(placement.spec.options),
-        "kinds": kinds_out,
+        kind: {**entry, "groups": [[rank + delta for rank in group] for group in entry["groups"]]}
+        for kind, entry in kinds_out.items()
     }
+
+
+def _module_reports(
+    placements: Sequence[ModulePlacement], kinds: Sequence[str] | None, alike_groups: bool
+) -> list[dict[str, Any]]:
+    """Each module's report: sizes, options and the groups of its shown kinds.
+
+    A module's groups are its shape's (``ModulePlacement.shape``) shifted to its first rank:
+    each shape's groups are enumerated once, then copied shifted (linear in the output). A
+    module shaped like one reported before it (same shape and shown kinds) names that module
+    in ``shaped_like``; with ``alike_groups`` false its ``kinds`` is ``None`` unless it is colocated.
+    """
+    first_of: dict[tuple[int, bool, tuple[str, ...]], tuple[str, dict[str, Any]]] = {}
+    out = []
+    for p, own in zip(placements, _kinds_of(placements), strict=True):
+        shown = own if kinds is None else [k for k in kinds if k in own]
+        key = (id(p.shape), p.spec.language, tuple(shown))
+        delta = p.ranks.start - p.shape.rank_offset
+        like = first_of.get(key)
+        if like is None:
+            base = {kind: kind_entry(kind, p.shape.enumerate(kind)) for kind in shown}
+            first_of[key] = (p.name, base)
+            kinds_out: dict[str, Any] | None = _shifted_kinds(base, delta) if delta else base
+        else:
+            kinds_out = _shifted_kinds(like[1], delta) if alike_groups or p.colocated_with else None
+        out.append(
+            {
+                "name": p.name,
+                "ranks": [p.ranks.start, p.ranks.stop],
+                "num_ranks": len(p.ranks),
+                "colocated_with": list(p.colocated_with),
+                "language": p.spec.language,
+                "sizes": _sizes(p),
+                "order": p.shape.order,
+                "options": dict(p.spec.options),
+                "shaped_like": None if like is None else like[0],
+                "kinds": kinds_out,
+            }
+        )
+    return out
 
 
 def rank_report(placements: Sequence[ModulePlacement], rank: int, kinds: Sequence[str] | None = None) -> dict[str, Any]:
@@ -293,11 +327,20 @@ def rank_report(placements: Sequence[ModulePlacement], rank: int, kinds: Sequenc
 
 
 def build_topology_report(
-    placements: Sequence[ModulePlacement], *, kinds: Sequence[str] | None = None, rank: int | None = None
+    placements: Sequence[ModulePlacement],
+    *,
+    kinds: Sequence[str] | None = None,
+    rank: int | None = None,
+    alike_groups: bool = True,
 ) -> dict[str, Any]:
-    """The whole report as JSON-ready data (``kinds=None``: every kind each module builds)."""
-    first = placements[0].layout
-    seen: dict[str, tuple[int, dict[str, Any]]] = {}  # module shape -> a reported module's start and groups
+    """The whole report as JSON-ready data (``kinds=None``: every kind each module builds).
+
+    Each module names in ``shaped_like`` the first module before it of the same shape (same
+    spec but for the name and first rank), whose groups shifted by the difference of their
+    first ranks are its own (``None``: the first of its shape). ``alike_groups=False`` leaves
+    such a module's ``kinds`` out (``None``) unless it is colocated: the text report summarises it.
+    """
+    first = placements[0].shape
     spans: dict[tuple[int, int], list[str]] = {}
     for p in placements:
         spans.setdefault((p.ranks.start, p.ranks.stop), []).append(p.name)
@@ -306,66 +349,35 @@ def build_topology_report(
         "release": first.release,
         "language_module": next(p.name for p in placements if p.spec.language),
         "spans": [{"ranks": list(span), "modules": names} for span, names in sorted(spans.items())],
-        "modules": [_module_report(p, kinds, seen) for p in placements],
+        "modules": _module_reports(placements, kinds, alike_groups),
         "rank": None if rank is None else rank_report(placements, rank, kinds),
     }
 
 
-# --------------------------------------------------------------------------- text
-def _span(ranks: Sequence[int]) -> str:
-    return f"{ranks[0]}..{ranks[1] - 1}"
-
-
-def _sizes_text(module: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in module["sizes"].items()) + f" order={module['order']}"
-
-
-def render_topology_text(report: dict[str, Any], full: bool = False) -> str:
-    """The report for people (long lists abbreviated unless ``full``)."""
-    modules = report["modules"]
-    lines = [
-        f"Topology of {report['world_size']} ranks, {plural(len(modules), 'module')}, megatron-core "
-        f"{report['release']} (pure layout math: no processes, no GPUs)",
-        f"language module: {report['language_module']}",
-    ]
-    width = max(len(_span(s["ranks"])) for s in report["spans"])
-    for span in report["spans"]:
-        together = " + ".join(span["modules"]) + (" (colocated)" if len(span["modules"]) > 1 else "")
-        lines.append(f"  ranks {_span(span['ranks']):<{width}}  {together}")
-    note = "" if full else "; long lists abbreviated, --full prints all"
-    for m in modules:
-        lines += [
-            "",
-            f"Module {m['name']}: ranks {_span(m['ranks'])} ({plural(m['num_ranks'], 'rank')})"
-            + (f", colocated with {', '.join(m['colocated_with'])}" if m["colocated_with"] else ""),
-            f"  sizes: {_sizes_text(m)}",
-            "  language module: yes (embedding groups)"
-            if m["language"]
-            else "  language module: no (no embedding groups)",
-        ]
-        if m["options"]:
-            lines.append("  options: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in m["options"].items()))
-        lines.append(f"  groups ({plural(len(m['kinds']), 'kind')}{note}):")
-        for kind, info in m["kinds"].items():
-            lines += kind_lines(kind, info, full, "    ", "      ")
-    view = report["rank"]
-    if view is not None:
-        runs = f"{plural(len(view['modules']), 'module')}: {', '.join(view['modules'])}"
-        lines += ["", f"Rank {view['rank']} runs {runs}"]
-        for name, v in view["views"].items():
-            lines += [f"  {name}:", *rank_view_lines(v, full, "    ", position_width=18)]
-    return "\n".join(lines) + "\n"
-
-
 # --------------------------------------------------------------------------- command
 def run(args: argparse.Namespace, stdout: Any) -> int:
-    """Run the ``topology`` command for parsed ``args``; returns the exit code."""
+    """Run the ``topology`` command for parsed ``args``; returns the exit code.
+
+    The cyclic garbage collector is paused meanwhile: a report of many modules is millions of
+    small containers and no cycles, which CPython's collector would walk again and again (more
+    than half of the CPU time at 20,000 modules).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(args, stdout)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _run(args: argparse.Namespace, stdout: Any) -> int:
     placements = place_modules(read_spec(args.spec), args.world_size, args.release)
     world_size = placements[0].layout.world_size
     if args.rank is not None and args.rank >= world_size:
         raise UsageError(f"rank {args.rank} is out of range for a world of {world_size} ranks", "--rank")
     if args.kinds is not None:
-        known = list(dict.fromkeys(k for p in placements for k in module_kinds(p)))
+        known = list(dict.fromkeys(k for own in _kinds_of(placements) for k in own))
         unknown = [k for k in args.kinds if k not in known]
         if unknown:
             raise UsageError(f"unknown group kind(s) {unknown}; kinds of these modules: {','.join(known)}", "--kinds")
@@ -388,11 +400,12 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
         per = None if domains is None else domains.ranks_per_domain
         text = render_topology_svg(placements, highlight_rank=args.rank, ranks_per_domain=per)
     else:
-        report = build_topology_report(placements, kinds=args.kinds, rank=args.rank)
+        alike_groups = args.format == "json" or args.full  # the text report summarises modules of one shape
+        report = build_topology_report(placements, kinds=args.kinds, rank=args.rank, alike_groups=alike_groups)
         if domains is not None:
             from parallel_state_ng.tools.topology.nvlink import render_topology_nvlink, topology_nvlink_section
 
-            own = {p.name: module_kinds(p) for p in placements}
+            own = {p.name: k for p, k in zip(placements, _kinds_of(placements), strict=True)}
             report["nvlink"] = topology_nvlink_section(
                 placements, domains, keep_inside, own, kinds=args.kinds, suggest=args.suggest_placement, top=args.top
             )
