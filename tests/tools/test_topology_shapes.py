@@ -137,3 +137,25 @@ def test_many_equal_modules(capsys, tmp_path):
     assert [m["shaped_like"] for m in report["modules"]] == [None, None] + ["m1"] * 298
     assert report["rank"]["modules"] == ["m299"]
     assert report["rank"]["views"]["m299"]["groups"]["tp"] == {"position": 1, "ranks": [598, 599]}
+
+
+def test_text_summary_answers_past_the_enumeration_limit(capsys, tmp_path, monkeypatch):
+    """A world over the limit: the summary lists only the first module of each shape, so it answers;
+    ``--full`` and JSON would list every group and are refused (the limit lowered to 500 ranks).
+    """
+    from parallel_state_ng.tools.layout import big_world
+
+    monkeypatch.setattr(big_world, "MAX_ENUMERATED_RANKS", 500)
+    spec = write_spec(tmp_path, two_rank_modules(300))  # 600 ranks; the summary enumerates m0 and m1: 4
+    code, out, err = run_cli(capsys, spec, "--release", "0.19")
+    assert code == 0, err
+    assert out.startswith("Topology of 600 ranks, 300 modules")
+    assert out.splitlines()[-1].startswith("Modules m2 to m299 (298 modules, ranks 4..599")
+    for extra in (["--full"], ["--format", "json"]):
+        code, out, err = run_cli(capsys, spec, "--release", "0.19", *extra)
+        assert code == 2 and "600 ranks is over the limit of" in err, (extra, err)
+    code, out, _ = run_cli(capsys, spec, "--release", "0.19", "--rank", "599")  # one rank's view, closed form
+    assert code == 0 and "m299" in out
+    monkeypatch.setattr(big_world, "MAX_ENUMERATED_RANKS", 3)  # the summary's 4 ranks are over it too
+    code, _, err = run_cli(capsys, spec, "--release", "0.19")
+    assert code == 2 and "600 ranks is over the limit of 3" in err

@@ -354,6 +354,22 @@ def build_topology_report(
     }
 
 
+def _summary_ranks(placements: Sequence[ModulePlacement]) -> int:
+    """Ranks whose groups the text summary enumerates: the first module of each shape, and colocated ones.
+
+    A module shaped like an earlier one gets a line, not its groups (``render_topology_text``),
+    so a world past the enumeration limit still has a text summary when these ranks are within it.
+    """
+    seen: set[tuple[int, bool]] = set()
+    total = 0
+    for p in placements:
+        key = (id(p.shape), p.spec.language)
+        if key not in seen or p.colocated_with:
+            seen.add(key)
+            total += len(p.ranks)
+    return total
+
+
 # --------------------------------------------------------------------------- command
 def run(args: argparse.Namespace, stdout: Any) -> int:
     """Run the ``topology`` command for parsed ``args``; returns the exit code.
@@ -385,7 +401,8 @@ def _run(args: argparse.Namespace, stdout: Any) -> int:
 
     domains = nvlink.domains_from_args(args, "--suggest-placement", args.suggest_placement)
     keep_inside = nvlink.keep_inside_from_args(args)
-    if big_world.too_large(world_size):
+    summary = args.format == "text" and not args.full and args.rank is None and domains is None
+    if big_world.too_large(world_size) and not (summary and not big_world.too_large(_summary_ranks(placements))):
         write_output(
             big_world.topology_rank_only(
                 args, placements, module_kinds, domains is not None, (rank_view, rank_view_lines)
