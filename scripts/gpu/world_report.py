@@ -187,7 +187,7 @@ def _failure_summary(err: WorldError, limit: int = 600) -> str:
         if "stack at the timeout" in head:
             found = [_innermost_frame(rest)]
             head = head.split(":")[0] + " stopped in"
-        parts.append(f"{head.rstrip(':')}: {found[0]}"[:240])
+        parts.append(f"{head.rstrip(':')}: {found[0]}"[:240] if found[0] else head.rstrip(":"))
     return "; ".join(parts)[:limit]
 
 
