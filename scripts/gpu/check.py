@@ -31,6 +31,8 @@ MODES = ("lazy", "bound")
 #: The creation path each mode must get on NCCL (docs/gpus.md).
 EXPECTED_PATH = {"lazy": "member", "bound": "split"}
 FAST_TESTS = ["-m", "not slow and not multiprocess and not network", "tests"]
+#: Seconds allowed for the check's own start (imports, the environment) in its worst case.
+START_S = 15.0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -130,7 +132,9 @@ def world_plan(args: argparse.Namespace) -> WorldPlan:
 
 def _parts(args: argparse.Namespace) -> list[tuple[str, float]]:
     """(part, its time limit in seconds) of everything the options run."""
-    parts = [] if args.world_only else [(f"mode {m}", args.mode_timeout + WORLD_SLACK_S) for m in args.modes]
+    parts = [("start", START_S)]
+    if not args.world_only:
+        parts += [(f"mode {m}", args.mode_timeout + WORLD_SLACK_S) for m in args.modes]
     backend = "gloo" if args.cpu_dry_run else "nccl"
     if args.world:
         parts += [(f"{n} {m} {what}", t + WORLD_SLACK_S) for n, m, what, t in world_plan(args).worlds(backend)]

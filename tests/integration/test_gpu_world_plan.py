@@ -40,12 +40,12 @@ def test_options_select_worlds_and_refuse_a_call_over_its_budget(capsys):
         ["--world", "8", "--world-only", "--no-tests", "--world-modes", "bound", "--world-checks", "training"]
     )
     assert check.world_plan(args).worlds("nccl") == [(8, "bound", "training", 300.0)]
-    assert check.worst_case(args) == 300 + WORLD_SLACK_S
+    assert check.worst_case(args) == check.START_S + 300 + WORLD_SLACK_S
     with pytest.raises(SystemExit):
         check.parse_args(
             ["--world", "8", "--world-only", "--no-tests", "--world-checks", "training", "--budget", "400"]
         )
-    assert "may take 630 s, over --budget 400 s: 8 lazy training 315 s, 8 bound training 315 s" in (
+    assert "may take 645 s, over --budget 400 s: start 15 s, 8 lazy training 315 s, 8 bound training 315 s" in (
         capsys.readouterr().err
     )
     for bad in (["--world-checks", "speed"], ["--world-modes", "eager"], ["--training-layouts", "vpp"]):
