@@ -150,8 +150,10 @@ def split_member(
 
     With failure detection on, the split runs under the failure bound (as a gloo group's
     creation does) and a rank that never joins makes the others raise
-    :class:`~parallel_state_ng.groups.liveness.RankFailureError` naming it; torch's NCCL honours
-    the bound when it initializes communicators nonblocking (docs/gpus.md).
+    :class:`~parallel_state_ng.groups.liveness.RankFailureError` naming it. The bound is the
+    split's ``timeout``; torch bounds its waits for a nonblocking NCCL communicator
+    (``TORCH_NCCL_USE_COMM_NONBLOCKING=1``) by ``TORCH_NCCL_NONBLOCKING_TIMEOUT`` instead
+    (docs/gpus.md, "A rank's death with nonblocking NCCL init": measured only with blocking init).
     """
     if not hasattr(dist, "split_group"):
         import torch

@@ -42,10 +42,11 @@ def register_stack_dump(directory: str, rank: int) -> IO[str] | None:
     return out
 
 
-def collect_stacks(directory: str, pids: dict[int, int]) -> dict[int, str]:
+def collect_stacks(directory: str, pids: dict[int, int], wait_s: float = STACK_WAIT_S) -> dict[int, str]:
     """Signal each live rank of ``pids`` (rank -> process id) and return what each dumped.
 
-    A rank that wrote nothing within :data:`STACK_WAIT_S` gets a line saying so.
+    A rank that wrote nothing within ``wait_s`` seconds (default :data:`STACK_WAIT_S`) gets a
+    line saying so.
     """
     if STACK_SIGNAL is None:
         return {rank: "(no stack: this platform has no SIGUSR1)" for rank in pids}
@@ -57,7 +58,7 @@ def collect_stacks(directory: str, pids: dict[int, int]) -> dict[int, str]:
             os.kill(pid, STACK_SIGNAL)
         except OSError:
             pass
-    deadline = time.monotonic() + STACK_WAIT_S
+    deadline = time.monotonic() + wait_s
     stacks: dict[int, str] = {}
     last: dict[int, int] = {}
     while len(stacks) < len(pids) and time.monotonic() < deadline:
@@ -71,7 +72,7 @@ def collect_stacks(directory: str, pids: dict[int, int]) -> dict[int, str]:
                     stacks[rank] = f.read().rstrip()
             last[rank] = size
     for rank in pids:
-        stacks.setdefault(rank, f"(no stack: the process wrote none within {STACK_WAIT_S} s of the signal)")
+        stacks.setdefault(rank, f"(no stack: the process wrote none within {wait_s} s of the signal)")
     return dict(sorted(stacks.items()))
 
 

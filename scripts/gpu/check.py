@@ -24,11 +24,15 @@ from typing import Any
 
 from parallel_state_ng.testing.megatron_cpu import MEGATRON_PATH_ENV, use_megatron_path
 from scripts.examples.gpt.processes import run_ranks
+from scripts.gpu.world_report import WORLD_CHECKS, WORLD_SLACK_S, WorldPlan
+from scripts.gpu.world_training import LAYOUT_NAMES
 
 MODES = ("lazy", "bound")
 #: The creation path each mode must get on NCCL (docs/gpus.md).
 EXPECTED_PATH = {"lazy": "member", "bound": "split"}
 FAST_TESTS = ["-m", "not slow and not multiprocess and not network", "tests"]
+#: Seconds allowed for the check's own start (imports, the environment) in its worst case.
+START_S = 15.0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -37,6 +41,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--cpu-dry-run",
+        "--dry-run",
         action="store_true",
         help="no GPU: gloo instead of NCCL, a stand-in for NCCL's options, training on the CPU; "
         "the lazy mode only (gloo binds no device)",
@@ -55,11 +60,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--world",
         default=None,
-        help="comma-separated world sizes of N ranks on one GPU, both modes each (scripts/gpu/world.py); "
+        help="comma-separated world sizes of N ranks on one GPU (scripts/gpu/world.py), each in --world-modes; "
         "default 8,16 on a GPU, none in the dry run; 0: none",
     )
-    p.add_argument("--world-timeout", type=float, default=150.0, help="seconds for each N-rank world")
+    p.add_argument("--world-timeout", type=float, default=150.0, help="seconds for each groups or death world")
     p.add_argument("--world-only", action="store_true", help="skip the world-size-1 modes (with --world)")
+    p.add_argument("--world-modes", default="lazy,bound", help="comma-separated modes of the N-rank worlds")
+    p.add_argument(
+        "--world-checks",
+        default=",".join(WORLD_CHECKS),
+        help=f"comma-separated N-rank checks, of {', '.join(WORLD_CHECKS)}: groups and builders share a world, "
+        "training has its own, death runs in the bound mode at the first size",
+    )
+    p.add_argument(
+        "--training-layouts",
+        default=",".join(LAYOUT_NAMES),
+        help="dense (tp2 pp2 dp rest), moe (tp1 pp2 ep2, 4 experts) or both; world sizes a multiple of 4",
+    )
+    p.add_argument("--training-timeout", type=float, default=300.0, help="seconds for each N-rank training world")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="refuse to start (exit 2) when the worst case of the selected parts exceeds this many seconds",
+    )
     args = p.parse_args(argv)
     text = args.world if args.world is not None else ("" if args.cpu_dry_run else "8,16")
     try:
@@ -75,7 +99,58 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--modes takes {', '.join(MODES)}, got {args.modes!r}")
     if args.cpu_dry_run and "bound" in args.modes:
         p.error("--cpu-dry-run cannot run the bound mode: init_process_group binds only an accelerator")
+    args.world_modes = _choices(p, "--world-modes", args.world_modes, MODES)
+    args.world_checks = _choices(p, "--world-checks", args.world_checks, WORLD_CHECKS)
+    args.training_layouts = _choices(p, "--training-layouts", args.training_layouts, LAYOUT_NAMES)
+    if "training" in args.world_checks and any(n % 4 for n in args.world):
+        p.error(f"--world-checks training needs world sizes that are multiples of 4, got {args.world}")
+    worst = worst_case(args)
+    if args.budget is not None and worst > args.budget:
+        p.error(f"the selected parts may take {worst:.0f} s, over --budget {args.budget:.0f} s: {budget_text(args)}")
     return args
+
+
+def _choices(p: argparse.ArgumentParser, flag: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [x for x in chosen if x not in allowed]
+    if bad or not chosen:
+        p.error(f"{flag} takes a comma-separated selection of {', '.join(allowed)}, got {text!r}")
+    return chosen
+
+
+def world_plan(args: argparse.Namespace) -> WorldPlan:
+    """The N-rank worlds the options select (:class:`scripts.gpu.world_report.WorldPlan`)."""
+    return WorldPlan(
+        tuple(args.world),
+        args.world_modes,
+        args.world_checks,
+        args.training_layouts,
+        args.world_timeout,
+        args.training_timeout,
+    )
+
+
+def _parts(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """(part, its time limit in seconds) of everything the options run."""
+    parts = [("start", START_S)]
+    if not args.world_only:
+        parts += [(f"mode {m}", args.mode_timeout + WORLD_SLACK_S) for m in args.modes]
+    backend = "gloo" if args.cpu_dry_run else "nccl"
+    if args.world:
+        parts += [(f"{n} {m} {what}", t + WORLD_SLACK_S) for n, m, what, t in world_plan(args).worlds(backend)]
+    if not args.no_tests:
+        parts.append(("fast tests", args.tests_timeout))
+    return parts
+
+
+def worst_case(args: argparse.Namespace) -> float:
+    """Seconds the run may take at most: every part's limit (plus starting and killing slack)."""
+    return sum(t for _, t in _parts(args))
+
+
+def budget_text(args: argparse.Namespace) -> str:
+    """Each part with its limit, for the report and for ``--budget``'s refusal."""
+    return ", ".join(f"{name} {t:.0f} s" for name, t in _parts(args))
 
 
 def environment(device: str) -> list[str]:
@@ -259,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[MEGATRON_PATH_ENV] = os.pathsep.join(dirs)  # the mode processes and the tests
     title = "GPU check (CPU DRY RUN: gloo, stand-in NCCL options)" if args.cpu_dry_run else "GPU check"
     lines = [f"# {title}", *environment(device)]
+    lines.append(f"worst case {worst_case(args):.0f} s: {budget_text(args)}")
     checks: list[tuple[str, bool, str]] = []
     for mode in () if args.world_only else args.modes:
         lines += ["", f"## mode {mode}: init_process_group({'nccl' if device == 'cuda' else 'gloo'}"]
@@ -278,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         backend = "gloo" if args.cpu_dry_run else "nccl"
         lines += ["", f"## N ranks on one {'CPU (gloo dry run)' if args.cpu_dry_run else 'GPU'}: {args.world}"]
-        world_lines, world_checks = world_section(args.world, MODES, backend, args.world_timeout)
+        world_lines, world_checks = world_section(world_plan(args), backend)
         lines += world_lines
         checks += world_checks
     if args.no_tests:

@@ -39,6 +39,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from parallel_state_ng.testing.world_failures import collect_stacks, register_stack_dump
+
 BACKENDS = ("nccl", "gloo")
 MODES = ("lazy", "bound")
 #: Environment every NCCL rank gets (its ``NCCL_HOSTID`` is added per rank).
@@ -50,6 +52,10 @@ NCCL_ENV = {
 }
 #: Most ranks known to fit one 80 GB GPU (32 did not).
 MEASURED_MAX_RANKS = 16
+#: Characters of each stack shown for a rank still running at the timeout.
+STACK_CHARS = 4000
+#: Seconds a rank still running at the timeout gets to write its stacks (a loaded machine is slow).
+STACK_WAIT_S = 10.0
 
 
 class WorldError(RuntimeError):
@@ -123,6 +129,7 @@ def _rank_main(
 ) -> None:
     """One spawned rank: environment, device, world, ``body``, teardown; reports ``(rank, ok, value)``."""
     backend, mode, workdir, env = spec
+    stacks = register_stack_dump(workdir, rank)  # noqa: F841 (open for the process's life)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(env)
     if backend == "nccl":
@@ -172,7 +179,9 @@ def run_world(
     Raises:
         ValueError: a bad argument.
         WorldError: a rank's body raised (its traceback, by rank), a rank died, or the world did
-            not finish in ``timeout`` seconds (the ranks that had not reported); every process
+            not finish in ``timeout`` seconds (the ranks that had not reported, and where each
+            one still running was: its threads' Python stacks, dumped by :mod:`faulthandler`
+            on ``SIGUSR1``, which also shows a thread blocked in NCCL or gloo); every process
             still alive is then killed.
     """
     if not isinstance(size, int) or size < 1:
@@ -214,6 +223,9 @@ def run_world(
             details = [f"--- rank {r}:\n{msg}" for r, msg in sorted(errors.items())]
             if missing:
                 details.append(f"--- rank(s) {missing}: no result in {timeout:.0f} s")
+                alive = {r: procs[r].pid for r in missing if procs[r].is_alive() and procs[r].pid is not None}
+                for r, text in collect_stacks(workdir, alive, wait_s=STACK_WAIT_S).items():
+                    details.append(f"--- rank {r}: stack at the timeout (most recent call first)\n{text[:STACK_CHARS]}")
             bad = sorted([*errors, *missing])
             raise WorldError(f"{len(bad)} rank(s) of {size} failed: {bad}\n" + "\n".join(details), bad)
         return [done.get(r) for r in range(size)]

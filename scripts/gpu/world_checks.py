@@ -8,6 +8,8 @@
 * :func:`death`: one rank dies inside the split sequence; the survivors must raise within the
   failure bound naming it, abort, and make a new world of the survivors in the same processes.
 
+The training body (MCore against compat, bit for bit) is :mod:`scripts.gpu.world_training`.
+
 Each returns a small picklable dict; the checks on it are made in :mod:`scripts.gpu.check`.
 """
 
@@ -168,9 +170,11 @@ def death(ctx: RankContext, victim: int, at_split: int) -> dict[str, Any] | None
     return out
 
 
-def every_check(ctx: RankContext, layouts: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """:func:`compat_vs_mcore` for each of ``layouts`` (label -> sizes), then :func:`builders`, in one world."""
+def every_check(ctx: RankContext, layouts: dict[str, dict[str, Any]], with_builders: bool = True) -> dict[str, Any]:
+    """:func:`compat_vs_mcore` for each of ``layouts`` (label -> sizes), then :func:`builders`
+    (``None`` without ``with_builders``), in one world.
+    """
     return {
         "layouts": {label: compat_vs_mcore(ctx, sizes) for label, sizes in layouts.items()},
-        "builders": builders(ctx),
+        "builders": builders(ctx) if with_builders else None,
     }

@@ -1,24 +1,68 @@
 """The GPU check's N-rank part: worlds of :mod:`scripts.gpu.world`, bodies of :mod:`scripts.gpu.world_checks`.
 
-:func:`world_section` runs, for each world size and mode, one world with every check (compat
-against MCore on each layout, the builders), then in the bound mode a rank's death inside the
-split sequence (first size only), with ``TORCH_NCCL_USE_COMM_NONBLOCKING=1`` and without; it returns report lines
-and ``(check, passed, detail)`` rows. On gloo (the CPU dry run) the same bodies run; the bound
-mode there splits through the gloo stand-in.
+:func:`world_section` runs what a :class:`WorldPlan` selects, for each world size and mode:
+``groups`` (compat against MCore on each layout) and ``builders`` in one world, ``training``
+(the tiny GPT under MCore then compat, :mod:`scripts.gpu.world_training`) in a world of its
+own, then in the bound mode ``death``, a rank's death inside the split sequence (first size
+only), with ``TORCH_NCCL_USE_COMM_NONBLOCKING=1`` and without. It returns report lines and
+``(check, passed, detail)`` rows. On gloo (the CPU dry run) the same bodies run; the bound mode
+there splits through the gloo stand-in. :func:`worst_case_s` bounds a plan's wall time.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from scripts.gpu import world_checks
+from scripts.gpu import world_checks, world_training
 from scripts.gpu.world import WorldError, run_world
 
 #: Seconds of the failure bound in the death runs (``PSNG_FAILURE_TIMEOUT``), and the slack allowed over it.
 DEATH_BOUND_S = 20.0
 DEATH_SLACK_S = 15.0
+#: Seconds allowed per world over its timeout (starting the ranks, killing them after a timeout).
+WORLD_SLACK_S = 15.0
+#: What an N-rank world can check (``--world-checks``).
+WORLD_CHECKS = ("groups", "builders", "training", "death")
+#: On NCCL, the training world's ranks need a cuBLAS workspace for deterministic algorithms.
+TRAINING_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 Check = tuple[str, bool, str]
+
+
+@dataclass(frozen=True)
+class WorldPlan:
+    """Which N-rank worlds to run: sizes, modes, checks, training layouts and time limits.
+
+    ``timeout`` bounds each groups/builders world and each death world, ``training_timeout``
+    each training world (seconds; a world past its limit fails as a whole, its ranks killed).
+    """
+
+    sizes: tuple[int, ...]
+    modes: tuple[str, ...] = ("lazy", "bound")
+    checks: tuple[str, ...] = WORLD_CHECKS
+    training_layouts: tuple[str, ...] = world_training.LAYOUT_NAMES
+    timeout: float = 150.0
+    training_timeout: float = 300.0
+
+    def worlds(self, backend: str) -> list[tuple[int, str, str, float]]:
+        """``(size, mode, what, timeout)`` of every world, in the order they run."""
+        out: list[tuple[int, str, str, float]] = []
+        for size in self.sizes:
+            for mode in self.modes:
+                if "groups" in self.checks or "builders" in self.checks:
+                    out.append((size, mode, "groups", self.timeout))
+                if "training" in self.checks:
+                    out.append((size, mode, "training", self.training_timeout))
+                if "death" in self.checks and mode == "bound" and size == self.sizes[0]:
+                    for how in ("nonblocking", "blocking") if backend == "nccl" else ("blocking",):
+                        out.append((size, mode, f"death ({how})", self.timeout))
+        return out
+
+
+def worst_case_s(plan: WorldPlan, backend: str) -> float:
+    """Seconds the plan's worlds may take at most: each world's timeout plus :data:`WORLD_SLACK_S`."""
+    return sum(timeout + WORLD_SLACK_S for *_, timeout in plan.worlds(backend))
 
 
 def _layouts(size: int) -> dict[str, dict[str, Any]]:
@@ -67,6 +111,8 @@ def _every_check_rows(tag: str, expected_path: str, results: list[dict[str, Any]
             f"slowest rank {max(r['seconds'] for r in per_rank)} s"
         )
         rows.append((f"{tag} {label}: every group all-reduced, destroy frees all", used and freed, detail))
+    if results[0].get("builders") is None:
+        return rows
     b = [r["builders"] for r in results]
     paths = sorted({r["creation_path"] for r in b})
     ok = paths == [expected_path] and all(r["megatron_sums_ok"] and r["grid_sums_ok"] and r["left"] == 0 for r in b)
@@ -97,7 +143,7 @@ def _death_rows(tag: str, size: int, backend: str, mode: str, nonblocking: bool,
             env=env,
         )
     except WorldError as err:
-        return [(name, False, f"{str(err).splitlines()[0]} after {time.monotonic() - start:.0f} s")]
+        return [(name, False, f"{_failure_summary(err)} after {time.monotonic() - start:.0f} s")]
     survivors = [r for r in results if r is not None]
     raised = all(r["raised"] and r.get("names_victim") for r in survivors)
     slowest = max(r["seconds"] for r in survivors)
@@ -116,32 +162,70 @@ def _death_rows(tag: str, size: int, backend: str, mode: str, nonblocking: bool,
     return [(name, raised and in_bound and usable, detail)]
 
 
-def world_section(
-    sizes: list[int], modes: tuple[str, ...], backend: str, timeout: float
-) -> tuple[list[str], list[Check]]:
-    """Report lines and check rows for every world size and mode (module docstring)."""
-    lines: list[str] = []
+def _innermost_frame(stacks: str) -> str:
+    """The most recent frame of the rank's main thread (the one running ``_rank_main``) in a
+    :mod:`faulthandler` dump of every thread; the dump's first line when none is found.
+    """
+    threads: list[list[str]] = []
+    for line in stacks.strip().splitlines():
+        if line.startswith(("Thread ", "Current thread ")) or not threads:
+            threads.append([])
+        threads[-1].append(line.strip())
+    main = next((t for t in threads if any("in _rank_main" in x for x in t)), threads[0] if threads else [""])
+    return next((x for x in main if x.startswith("File ")), main[0] if main else "")
+
+
+def _failure_summary(err: WorldError, limit: int = 600) -> str:
+    """The first line of a world's failure, then each failed rank's first line (what it raised,
+    or that it gave no result) and, for a rank stopped at the timeout, its innermost frame.
+    """
+    text = str(err)
+    parts = [text.splitlines()[0]]
+    for block in text.split("\n--- ")[1:]:
+        head, _, rest = block.partition("\n")
+        found = rest.strip().splitlines() or [""]
+        if "stack at the timeout" in head:
+            found = [_innermost_frame(rest)]
+            head = head.split(":")[0] + " stopped in"
+        parts.append(f"{head.rstrip(':')}: {found[0]}"[:240] if found[0] else head.rstrip(":"))
+    return "; ".join(parts)[:limit]
+
+
+def _run_world_rows(
+    tag: str, what: str, size: int, backend: str, mode: str, plan: WorldPlan, lines: list[str]
+) -> list[Check]:
+    """One groups/builders world or one training world; its rows (a failed world: one row)."""
+    if what == "training":
+        body: Any = world_training.training
+        args: tuple = (world_training.training_layouts(size, plan.training_layouts),)
+        timeout, env = plan.training_timeout, TRAINING_ENV if backend == "nccl" else {}
+    else:
+        body = world_checks.every_check
+        layouts = _layouts(size) if "groups" in plan.checks else {}
+        args, timeout, env = (layouts, "builders" in plan.checks), plan.timeout, {}
+    try:
+        results = run_world(size, body, args, backend=backend, mode=mode, timeout=timeout, env=env)
+    except WorldError as err:
+        lines.append(f"FAILED {tag} {what}: {err}"[:6000])
+        return [(f"{tag} {what}: the world", False, _failure_summary(err))]
+    if what == "training":
+        return world_training.training_rows(tag, results)
+    return _every_check_rows(tag, "split" if mode == "bound" else "member", results)
+
+
+def world_section(plan: WorldPlan, backend: str) -> tuple[list[str], list[Check]]:
+    """Report lines and check rows for every world of ``plan`` (module docstring)."""
+    lines: list[str] = [
+        f"worlds: {len(plan.worlds(backend))} ({', '.join(plan.checks)}; modes {', '.join(plan.modes)}); "
+        f"worst case {worst_case_s(plan, backend):.0f} s"
+    ]
     rows: list[Check] = []
-    for size in sizes:
-        for mode in modes:
-            tag = f"{size} ranks {backend} {mode}"
-            expected = "split" if mode == "bound" else "member"
-            start = time.monotonic()
-            try:
-                results = run_world(
-                    size, world_checks.every_check, (_layouts(size),), backend=backend, mode=mode, timeout=timeout
-                )
-                rows += _every_check_rows(tag, expected, results)
-            except WorldError as err:
-                rows.append((f"{tag}: the world", False, str(err).splitlines()[0]))
-                lines.append(f"FAILED {tag}: {err}"[:4000])
-            lines.append(f"{tag}: {time.monotonic() - start:.1f} s")
-            if mode == "bound" and size == sizes[0]:  # the death at the first size only (time)
-                for nonblocking in (True, False):
-                    start = time.monotonic()
-                    rows += _death_rows(tag, size, backend, mode, nonblocking, timeout)
-                    how = "nonblocking" if nonblocking else "blocking"
-                    lines.append(f"{tag} death ({how}): {time.monotonic() - start:.1f} s")
-                    if backend == "gloo":
-                        break  # the NCCL setting means nothing on gloo
+    for size, mode, what, _ in plan.worlds(backend):
+        tag = f"{size} ranks {backend} {mode}"
+        start = time.monotonic()
+        if what.startswith("death"):
+            rows += _death_rows(tag, size, backend, mode, what == "death (nonblocking)", plan.timeout)
+        else:
+            rows += _run_world_rows(tag, what, size, backend, mode, plan, lines)
+        lines.append(f"{tag} {what}: {time.monotonic() - start:.1f} s")
     return lines, rows

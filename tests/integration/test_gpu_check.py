@@ -64,7 +64,10 @@ def test_cpu_dry_run_of_the_n_rank_checks_passes(tmp_path):
     # the 8/16-rank GPU checks' bodies on 4 gloo ranks: lazy, bound (the split path through the
     # gloo stand-in) and a rank's death in the split sequence
     report = tmp_path / "report.txt"
-    proc = _check("--cpu-dry-run", "--no-tests", "--world-only", "--world", "4", "--output", str(report), timeout=600)
+    checks = ("--world-checks", "groups,builders,death")  # training: the test below
+    proc = _check(
+        "--cpu-dry-run", "--no-tests", "--world-only", "--world", "4", *checks, "--output", str(report), timeout=600
+    )
     text = report.read_text()
     assert proc.returncode == 0, text
     checks = [line for line in text.splitlines() if re.match(r"^(PASS|FAIL)  ", line)]
@@ -77,6 +80,29 @@ def test_cpu_dry_run_of_the_n_rank_checks_passes(tmp_path):
     assert "4 ranks gloo lazy tp2 pp2: creation path: ['member'] (expected member)" in text
     assert any("death of rank 3 at split 3" in line and "naming rank 3: True" in line for line in checks)
     assert "## mode lazy" not in text  # --world-only
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
+def test_cpu_dry_run_of_the_n_rank_training_passes(tmp_path):
+    # the 8-rank training check's body on 4 gloo ranks, bound mode (compat on the split path through
+    # the gloo stand-in): tp2 pp2 dp1 and tp1 pp2 dp2 ep2, MCore then compat in each rank, bit for bit.
+    # The 8-rank dry run is a documented command (docs/testing.md): it costs minutes of CPU here.
+    report = tmp_path / "report.txt"
+    options = ("--world-only", "--world", "4", "--world-modes", "bound", "--world-checks", "training")
+    proc = _check("--cpu-dry-run", "--no-tests", *options, "--output", str(report), timeout=600)
+    text = report.read_text()
+    assert proc.returncode == 0, text
+    checks = [line for line in text.splitlines() if re.match(r"^(PASS|FAIL)  ", line)]
+    assert len(checks) == 7 and all(line.startswith("PASS") for line in checks), checks
+    for label in ("tp2 pp2 dp1", "tp1 pp2 dp2 ep2 experts4 alltoall"):
+        tag = f"PASS  4 ranks gloo bound training {label}"
+        assert f"{tag}: bit-identical to MCore: 4 ranks on cpu (cpu), 3 steps;" in text
+        assert "each equal to MCore's: True" in text
+        assert f"{tag}: megatron's code used compat: " in text
+        assert f"{tag}: no group left after compat's destroy: compat left [0, 0, 0, 0]" in text
+    assert "worlds: 1 (training; modes bound)" in text
 
 
 @pytest.mark.multiprocess

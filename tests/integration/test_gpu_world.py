@@ -47,6 +47,23 @@ def test_a_rank_that_dies_is_named_unless_it_may():
     assert run_world(2, _rank_1_dies, backend="gloo", timeout=120, may_die=(1,)) == [0, None]
 
 
+def _waits_forever(ctx: RankContext) -> int:
+    import time
+
+    while True:
+        time.sleep(1)
+
+
+def test_a_rank_still_running_at_the_timeout_shows_where_it_is():
+    # faulthandler's dump on SIGUSR1 (registered first thing in each rank): where a rank stopped,
+    # which on NCCL tells a slow world from one blocked in a collective
+    with pytest.raises(WorldError, match=r"rank\(s\) \[0\]: no result in 30 s") as info:
+        run_world(1, _waits_forever, backend="gloo", timeout=30)
+    # the stack itself, or why there is none (a rank signalled before it registered the dump)
+    section = str(info.value).split("--- rank 0: stack at the timeout (most recent call first)\n")[1]
+    assert section.startswith(("Thread 0x", "Current thread 0x", "(no stack: ")), section
+
+
 def test_bad_arguments_start_nothing():
     with pytest.raises(ValueError, match=r"size must be an int >= 1, got 0"):
         run_world(0, hello, backend="gloo")

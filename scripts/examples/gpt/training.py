@@ -85,7 +85,7 @@ def _facts(ps) -> dict[str, str]:
     }
 
 
-def _train(cfg: TrainConfig) -> dict[str, Any]:
+def _train(cfg: TrainConfig, device: str = "cpu") -> dict[str, Any]:
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
@@ -108,6 +108,8 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
         chunks = build_model(cfg, tcfg)
         if cfg.init_from_names:
             set_weights_from_global_names(cfg, chunks)
+        if device != "cpu":
+            chunks = [chunk.to(device) for chunk in chunks]
         ddp_cfg = ddp_config(cfg)
         model = [
             DistributedDataParallel(tcfg, ddp_cfg, chunk, disable_bucketing=i > 0) for i, chunk in enumerate(chunks)
@@ -123,13 +125,23 @@ def _train(cfg: TrainConfig) -> dict[str, Any]:
         last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         dp_group, dp_rank = ps.get_data_parallel_group(), ps.get_data_parallel_rank()
         reporter = last_stage and ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0
-        losses, grad_norms = train_steps(cfg, model, optimizer, forward_backward, last_stage, dp_group, reporter)
+        losses, grad_norms = train_steps(
+            cfg,
+            model,
+            optimizer,
+            forward_backward,
+            last_stage,
+            dp_group,
+            reporter,
+            device=None if device == "cpu" else device,
+        )
         return {
             "rank": dist.get_rank(),
             "losses": losses if last_stage else None,
             "grad_norms": grad_norms,
             "digest": digest(chunks),
             "params": sum(p.numel() for c in chunks for p in c.parameters()),
+            "param_device": str(next(chunks[0].parameters()).device),
             "facts": _facts(ps),
             "seconds": {"setup": round(t1 - t0, 3), "steps": round(time.perf_counter() - t1, 3)},
         }
@@ -169,23 +181,32 @@ def parallel_state_impl(impl: str, install: str = "after") -> Iterator[None]:
         compat.uninstall()
 
 
-def run_once(cfg: TrainConfig) -> dict[str, Any]:
+def run_once(cfg: TrainConfig, device: str = "cpu") -> dict[str, Any]:
     """Train ``cfg`` with whatever parallel_state megatron currently uses (see
     :func:`parallel_state_impl`); the result of :func:`train_rank`.
+
+    ``device``: ``"cpu"`` (the CPU stand-ins for CUDA, gloo) or a CUDA device such as
+    ``"cuda:0"`` (Megatron as it is: parameters and microbatches moved there; the Megatron
+    globals path only, as the GPU check uses it: :mod:`scripts.gpu.world_training`).
     """
     if dist.get_world_size() != cfg.world_size:
         raise RuntimeError(f"world size {dist.get_world_size()} != tp * pp * dp = {cfg.world_size}")
     torch.set_num_threads(1)
     before = set(dist.distributed_c10d._world.pg_map)
-    with CpuShims() as shims:
-        shims.patch_megatron()
-        with shims.cuda_to_cpu():
-            if cfg.groups == "collection":
-                from scripts.examples.gpt.collection import train_collection
+    if device != "cpu":
+        if cfg.groups != "globals":
+            raise ValueError(f"training on {device} runs Megatron's globals only, not groups={cfg.groups!r}")
+        result = _train(cfg, device)
+    else:
+        with CpuShims() as shims:
+            shims.patch_megatron()
+            with shims.cuda_to_cpu():
+                if cfg.groups == "collection":
+                    from scripts.examples.gpt.collection import train_collection
 
-                result = train_collection(cfg)
-            else:
-                result = _train(cfg)
+                    result = train_collection(cfg)
+                else:
+                    result = _train(cfg)
     leaked = set(dist.distributed_c10d._world.pg_map) - before
     for group in leaked:
         dist.destroy_process_group(group)
