@@ -57,8 +57,8 @@ def _waits_forever(ctx: RankContext) -> int:
 def test_a_rank_still_running_at_the_timeout_shows_where_it_is():
     # faulthandler's dump on SIGUSR1 (registered first thing in each rank): where a rank stopped,
     # which on NCCL tells a slow world from one blocked in a collective
-    with pytest.raises(WorldError, match=r"rank\(s\) \[0\]: no result in 30 s") as info:
-        run_world(1, _waits_forever, backend="gloo", timeout=30)
+    with pytest.raises(WorldError, match=r"rank\(s\) \[0\]: no result in 6 s") as info:
+        run_world(1, _waits_forever, backend="gloo", timeout=6)
     # the stack itself, or why there is none (a rank signalled before it registered the dump)
     section = str(info.value).split("--- rank 0: stack at the timeout (most recent call first)\n")[1]
     assert section.startswith(("Thread 0x", "Current thread 0x", "(no stack: ")), section

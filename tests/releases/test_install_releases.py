@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import pytest
 
+from parallel_state_ng.releases import installed_megatron_version
+from tests.support import rotation
 from tests.support.releases import wheels
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.network]
@@ -116,7 +118,10 @@ def check_install(version: str) -> dict:
     return out
 
 
-@pytest.mark.parametrize("version", VERSIONS)
+# the installed release and 0.19.2 in every run, the others rotating in 3 parts (tests/support/rotation.py)
+@pytest.mark.parametrize(
+    "version", rotation.sample(VERSIONS, keep={installed_megatron_version(), wheels.RELEASES["0.19"]}, parts=3)
+)
 def test_install_on_release(version):
     out = wheels.run_in_release(version, "tests.releases.test_install_releases", "check_install", version)
     assert out["served"] == version

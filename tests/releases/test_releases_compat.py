@@ -4,7 +4,7 @@ For each release (0.12.3, 0.13.1, 0.14.0, 0.15.3, 0.16.1, 0.17.1, 0.18.2, 0.19.2
 (``tests.support.releases.wheels.run_in_release``) runs ``tests.support.releases.compat_checks.run``: compat must serve
 that release (picked from ``importlib.metadata``) and match its API both ways, its
 ``initialize_model_parallel`` on the differential configurations (every getter and global, on
-several ranks of worlds up to 1,024 ranks; one sixth of the plan per run, rotating by the day,
+several ranks of worlds up to 1,024 ranks; one tenth of the plan per run, rotating by the day,
 every part with ``PSNG_TEST_ROTATION=all``) and its rejections of bad input. The child returns
 counts and problem lists; this side asserts the counts reach the plan (a silently empty run
 fails) and the problem lists are empty.
@@ -38,7 +38,7 @@ INSTALLED_SAMPLE = 20
 # consecutive CI runs cover the whole plan; PSNG_TEST_ROTATION=all runs every part, each as its own
 # test that pytest's workers share. The API, helper and bad-input sections run with every part of
 # the day, and with part 0 of a full run.
-PARTS = 6
+PARTS = 10
 CASES = [
     pytest.param(version, part, id=f"{version}-part{part + 1}of{PARTS}")
     for version in VERSIONS

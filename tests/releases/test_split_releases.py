@@ -17,7 +17,7 @@ import pytest
 from tests.support import rotation
 from tests.support.releases import wheels
 
-PARTS = 2
+PARTS = 3
 
 
 @pytest.mark.slow
