@@ -113,6 +113,26 @@ def _torch_in(python: Path) -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
+def _points_here(python: Path) -> bool:
+    """Whether ``python`` imports parallel_state_ng and compat from this checkout (an editable
+    install made from another checkout would test that one's code in the subprocesses).
+    """
+    done = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import compat, parallel_state_ng; print(parallel_state_ng.__file__); print(compat.__file__)",
+        ],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+        env=_clean_env(),
+    )
+    files = done.stdout.split()
+    return done.returncode == 0 and len(files) == 2 and all(Path(f).resolve().is_relative_to(ROOT) for f in files)
+
+
 def _constraint_file(venv: Path, version: str) -> Path:
     """A constraints file pinning torch, plus the machine's own constraints (pip's -c replaces them)."""
     lines = [f"torch=={version}"]
@@ -130,21 +150,27 @@ def install(version: str, cache: Path, log: Path) -> VersionResult:
     venv = cache / f"torch-{version}"
     python = venv / "bin" / "python"
     marker = venv / "matrix-installed.json"
-    if marker.is_file() and _torch_in(python).split("+")[0] == version:
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    env = _clean_env()
+    has_torch = _torch_in(python).split("+")[0] == version
+    if marker.is_file() and has_torch:
         saved = json.loads(marker.read_text())
         result.installed, result.install_note = saved["installed"], saved["note"] + " (reused)"
+        if not _points_here(python) and _run([*pip, "--no-deps", "-e", "."], log=log, env=env) != 0:
+            result.error = "pip install --no-deps -e . (this checkout) failed"
+        elif not _points_here(python):
+            result.error = f"the venv's parallel_state_ng is not this checkout's ({ROOT})"
         return result
     start = time.perf_counter()
-    if venv.exists():
-        shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    if _run([sys.executable, "-m", "venv", str(venv)], log=log) != 0:
-        result.error = "python -m venv failed"
-        return result
-    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    if not has_torch:  # a venv with the torch asked for but an unfinished project install is kept
+        if venv.exists():
+            shutil.rmtree(venv)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        if _run([sys.executable, "-m", "venv", str(venv)], log=log) != 0:
+            result.error = "python -m venv failed"
+            return result
     constraint = _constraint_file(venv, version)
-    env = _clean_env()
-    if _run([*pip, f"torch=={version}", "-c", str(constraint)], log=log, env=env) != 0:
+    if not has_torch and _run([*pip, f"torch=={version}", "-c", str(constraint)], log=log, env=env) != 0:
         result.error = f"pip install torch=={version} failed"
         return result
     note = "test extra"
@@ -162,6 +188,9 @@ def install(version: str, cache: Path, log: Path) -> VersionResult:
     result.installed = _torch_in(python)
     if result.installed.split("+")[0] != version:
         result.error = f"pip swapped torch: asked for {version}, the venv has {result.installed or 'none'}"
+        return result
+    if not _points_here(python):
+        result.error = f"the venv's parallel_state_ng is not this checkout's ({ROOT})"
         return result
     result.install_note = note
     result.install_seconds = time.perf_counter() - start
