@@ -103,6 +103,8 @@ def _clean_env() -> dict[str, str]:
 
 
 def _torch_in(python: Path) -> str:
+    if not python.is_file():
+        return ""
     done = subprocess.run(
         [str(python), "-c", "import torch; print(torch.__version__)"],
         capture_output=True,
