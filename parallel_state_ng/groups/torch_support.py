@@ -29,6 +29,18 @@ TORCH_FACTS: dict[str, tuple[str, str | None]] = {
     # reached ProcessGroup's constructor with rank None: TypeError (read in 2.13.0 and 2.14.1's
     # distributed_c10d.py). MCore hands an empty embedding-rank list to new_group.
     "empty_new_group_asserts": ("2.14", None),
+    # torch.distributed.distributed_c10d._abort_process_group(group): absent on 2.4.1; the engine's
+    # abort (parallel_state_ng.groups.abort) then unregisters the group itself.
+    "abort_process_group": ("2.6", None),
+    # torch.distributed.shrink_group(ranks_to_exclude, group, shrink_flags, pg_options): recovery
+    # in place (parallel_state_ng.groups.recovery) needs it; without it the survivors
+    # re-initialize. Absent on 2.9.1, present on 2.10.0 (read in the wheels' distributed_c10d.py).
+    "shrink_group": ("2.10", None),
+    # The fake backend (simulated worlds) is registered with extended_api and hands a group's
+    # pg_options to FakeProcessGroup, which takes only its own options: ProcessGroupNCCL.Options
+    # (MCore's NCCL communicator config, high-priority streams) raise TypeError there. Before, it
+    # ignored pg_options (read in 2.8.0 and 2.9.1's fake_pg.py).
+    "fake_backend_takes_options": ("2.9", None),
 }
 
 
@@ -78,6 +90,8 @@ def report() -> dict[str, Any]:
         in (_signature(getattr(c10d, "_new_process_group_helper", None)) or ""),
         "_process_group_name": hasattr(c10d, "_process_group_name"),
         "split_group": _signature(getattr(dist, "split_group", None)),
+        "_abort_process_group": hasattr(c10d, "_abort_process_group"),
+        "shrink_group": hasattr(dist, "shrink_group"),
     }
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401

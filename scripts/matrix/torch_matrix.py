@@ -147,24 +147,21 @@ def _constraint_file(venv: Path, version: str) -> Path:
 
 
 def install(version: str, cache: Path, log: Path) -> VersionResult:
-    """Create (or reuse) the venv of ``version`` with torch and the project's test extra."""
+    """Create (or reuse) the venv of ``version`` with torch and the project's test extra.
+
+    A venv that already holds the torch asked for is kept; the project's install (editable, from
+    this checkout, with the test extra) runs every time, so that a venv made from another
+    checkout or before a test requirement was added tests this checkout with all of them.
+    """
     result = VersionResult(version)
     venv = cache / f"torch-{version}"
     python = venv / "bin" / "python"
     marker = venv / "matrix-installed.json"
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     env = _clean_env()
-    has_torch = _torch_in(python).split("+")[0] == version
-    if marker.is_file() and has_torch:
-        saved = json.loads(marker.read_text())
-        result.installed, result.install_note = saved["installed"], saved["note"] + " (reused)"
-        if not _points_here(python) and _run([*pip, "--no-deps", "-e", "."], log=log, env=env) != 0:
-            result.error = "pip install --no-deps -e . (this checkout) failed"
-        elif not _points_here(python):
-            result.error = f"the venv's parallel_state_ng is not this checkout's ({ROOT})"
-        return result
     start = time.perf_counter()
-    if not has_torch:  # a venv with the torch asked for but an unfinished project install is kept
+    reused = _torch_in(python).split("+")[0] == version
+    if not reused:
         if venv.exists():
             shutil.rmtree(venv)
         venv.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +169,7 @@ def install(version: str, cache: Path, log: Path) -> VersionResult:
             result.error = "python -m venv failed"
             return result
     constraint = _constraint_file(venv, version)
-    if not has_torch and _run([*pip, f"torch=={version}", "-c", str(constraint)], log=log, env=env) != 0:
+    if not reused and _run([*pip, f"torch=={version}", "-c", str(constraint)], log=log, env=env) != 0:
         result.error = f"pip install torch=={version} failed"
         return result
     note = "test extra"
@@ -194,7 +191,7 @@ def install(version: str, cache: Path, log: Path) -> VersionResult:
     if not _points_here(python):
         result.error = f"the venv's parallel_state_ng is not this checkout's ({ROOT})"
         return result
-    result.install_note = note
+    result.install_note = note + (" (venv reused)" if reused else "")
     result.install_seconds = time.perf_counter() - start
     marker.write_text(json.dumps({"installed": result.installed, "note": note}), encoding="utf-8")
     return result

@@ -18,6 +18,23 @@ def test_facts_by_version(version, split, empty):
     assert T.empty_group_error(version) is empty
 
 
+def test_facts_of_a_torch_attribute_match_the_torch_at_hand():
+    """Each fact that is an attribute of torch agrees with the installed torch (the matrix runs it on each)."""
+    import inspect
+
+    import torch.distributed as dist
+    from torch.testing._internal.distributed import fake_pg
+
+    present = {
+        "split_group": hasattr(dist, "split_group"),
+        "abort_process_group": hasattr(dist.distributed_c10d, "_abort_process_group"),
+        "shrink_group": hasattr(dist, "shrink_group"),
+        # the extended API's creator takes (common_opts, backend_opts); the old one four arguments
+        "fake_backend_takes_options": len(inspect.signature(fake_pg._create_fake_pg).parameters) == 2,
+    }
+    assert {fact: T.torch_has(fact) for fact in present} == present
+
+
 def test_bad_fact_and_version():
     with pytest.raises(KeyError, match="unknown torch fact 'nope'.*split_group"):
         T.torch_has("nope")
