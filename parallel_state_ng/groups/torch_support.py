@@ -22,8 +22,9 @@ __all__ = ["TORCH_FACTS", "torch_release", "torch_has", "empty_group_error", "re
 #: fact -> (first torch release with it, last release with it or ``None``: still).
 TORCH_FACTS: dict[str, tuple[str, str | None]] = {
     # torch.distributed.split_group(parent_pg, split_ranks, timeout, pg_options, group_desc):
-    # the split path (parallel_state_ng.groups.split) needs it; absent on 2.4.1 and 2.5.
-    "split_group": ("2.6", None),
+    # the split path (parallel_state_ng.groups.split) needs it; absent on 2.4.1, present with
+    # that signature on 2.5.1 (read in its distributed_c10d.py) and every release after.
+    "split_group": ("2.5", None),
     # new_group([]) on a world of any size: _new_process_group_helper raises
     # AssertionError("Group rank must be specified for group members"). Before, the empty list
     # reached ProcessGroup's constructor with rank None: TypeError (read in 2.13.0 and 2.14.1's

@@ -35,7 +35,8 @@ DEFAULT_CACHE = Path.home() / ".cache" / "parallel_state_ng" / "torch-matrix"
 VERSIONS: dict[str, str] = {
     "2.14.1": "the newest pip gives here (/etc/xdg/pip caps torch at 2.14.1)",
     "2.4.1": "the claimed floor (setup.py: torch>=2.4)",
-    "2.6.0": "the first release with torch.distributed.split_group",
+    "2.5.1": "the first release with torch.distributed.split_group (TORCH_FACTS)",
+    "2.6.0": "megatron-core 0.15+ declare torch>=2.6",
     "2.11.0": "the GPU machine's torch",
     "2.13.0": "the CPU build CI installs (README)",
 }

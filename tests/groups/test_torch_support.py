@@ -10,7 +10,7 @@ from parallel_state_ng.layout.order import EmptyGroupAssertionError, EmptyGroupE
 
 @pytest.mark.parametrize(
     "version,split,empty",
-    [("2.4.1", False, TypeError), ("2.6.0", True, TypeError), ("2.13.0+cpu", True, TypeError),
+    [("2.4.1", False, TypeError), ("2.5.1", True, TypeError), ("2.6.0", True, TypeError), ("2.13.0+cpu", True, TypeError),
      ("2.14.1+cu130", True, AssertionError), ("2.15.0", True, AssertionError)],
 )  # fmt: skip
 def test_facts_by_version(version, split, empty):
