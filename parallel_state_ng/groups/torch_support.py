@@ -42,6 +42,15 @@ TORCH_FACTS: dict[str, tuple[str, str | None]] = {
     # (MCore's NCCL communicator config, high-priority streams) raise TypeError there. Before, it
     # ignored pg_options (read in 2.8.0 and 2.9.1's fake_pg.py).
     "fake_backend_takes_options": ("2.9", None),
+    # DeviceMesh keeps its flattened dims (mesh[...]._flatten(name)) in its own _flatten_mapping;
+    # before, in _mesh_resources.root_to_flatten_mapping under the root mesh (read in 2.6.0 to
+    # 2.9.1; 2.4.1 has no _flatten). verify_groups reads either (builders/verify_sources.py).
+    "device_mesh_flatten_mapping": ("2.10", None),
+    # dist.get_backend of a group no longer registered raises ValueError; before, TypeError
+    # ("Invariant encountered"), which torch's exception logger raises in place of the error of a
+    # collective on such a group (a destroyed one: the engine's RuntimeError). Read in 2.7.1 and
+    # 2.8.0's distributed_c10d.py.
+    "unregistered_group_backend_valueerror": ("2.8", None),
 }
 
 
@@ -103,7 +112,7 @@ def report() -> dict[str, Any]:
     try:
         from torch.distributed.device_mesh import DeviceMesh
 
-        internals["DeviceMesh._flatten_mapping"] = "_flatten_mapping" in (inspect.getsource(DeviceMesh))
+        internals["DeviceMesh._flatten_mapping"] = "self._flatten_mapping" in inspect.getsource(DeviceMesh)
     except (ImportError, OSError, TypeError):
         internals["DeviceMesh._flatten_mapping"] = False
     return {

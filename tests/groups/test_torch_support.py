@@ -23,6 +23,7 @@ def test_facts_of_a_torch_attribute_match_the_torch_at_hand():
     import inspect
 
     import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.testing._internal.distributed import fake_pg
 
     present = {
@@ -31,6 +32,9 @@ def test_facts_of_a_torch_attribute_match_the_torch_at_hand():
         "shrink_group": hasattr(dist, "shrink_group"),
         # the extended API's creator takes (common_opts, backend_opts); the old one four arguments
         "fake_backend_takes_options": len(inspect.signature(fake_pg._create_fake_pg).parameters) == 2,
+        "device_mesh_flatten_mapping": "self._flatten_mapping" in inspect.getsource(DeviceMesh),
+        "unregistered_group_backend_valueerror": "is not initialized in the world group map"
+        in inspect.getsource(dist.get_backend),
     }
     assert {fact: T.torch_has(fact) for fact in present} == present
 
