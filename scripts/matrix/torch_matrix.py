@@ -1,11 +1,12 @@
 """The torch matrix: the test suite and the demo on each torch release, one virtual environment each.
 
 For every version asked for, a virtual environment under ``--cache`` (reused when it already holds
-that torch) gets ``torch==VERSION`` first, then the project with its test extra, installed under a
-constraint that pins torch, so pip can never swap the torch under test (checked after the install:
-the run stops when ``torch.__version__`` is not the one asked for). megatron-core 0.15+ declare
-``torch>=2.6``; on an older torch the test extra is installed without megatron-core and
-megatron-core (the test extra's pin) with ``--no-deps``, which the table says.
+that torch) gets ``torch==VERSION`` first, then the project with its test extra (editable, from
+this checkout, on every call: also in a reused venv), installed under a constraint that pins
+torch, so pip can never swap the torch under test (checked after the install: the run stops when
+``torch.__version__`` is not the one asked for, or the venv imports the package from elsewhere).
+megatron-core 0.15+ declare ``torch>=2.6``; on an older torch the test extra is installed without
+megatron-core and megatron-core (the test extra's pin) with ``--no-deps``, which the table says.
 
 Then, in that environment, from the repository root: the fast subset, the multiprocess subset, the
 demo, and the torch internals the package reads (``parallel_state_ng.groups.torch_support``). A
@@ -34,7 +35,7 @@ DEFAULT_CACHE = Path.home() / ".cache" / "parallel_state_ng" / "torch-matrix"
 #: The versions covered, and why each. Order = the order they run in.
 VERSIONS: dict[str, str] = {
     "2.14.1": "the newest pip gives here (/etc/xdg/pip caps torch at 2.14.1)",
-    "2.4.1": "the claimed floor (setup.py: torch>=2.4)",
+    "2.4.1": "the floor setup.py claimed before this matrix (torch>=2.4; now torch>=2.6)",
     "2.5.1": "the first release with torch.distributed.split_group (TORCH_FACTS)",
     "2.6.0": "megatron-core 0.15+ declare torch>=2.6",
     "2.11.0": "the GPU machine's torch",
