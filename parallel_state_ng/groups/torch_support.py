@@ -33,6 +33,10 @@ TORCH_FACTS: dict[str, tuple[str, str | None]] = {
     # torch.distributed.distributed_c10d._abort_process_group(group): absent on 2.4.1; the engine's
     # abort (parallel_state_ng.groups.abort) then unregisters the group itself.
     "abort_process_group": ("2.6", None),
+    # _abort_process_group(group) aborts and unregisters a group of any backend; on 2.6 it is a
+    # no-op (a warning) for a group without an NCCL backend, which stays registered: the engine
+    # then unregisters it itself (read in 2.6.0 and 2.7.1's distributed_c10d.py).
+    "abort_process_group_any_backend": ("2.7", None),
     # torch.distributed.shrink_group(ranks_to_exclude, group, shrink_flags, pg_options): recovery
     # in place (parallel_state_ng.groups.recovery) needs it; without it the survivors
     # re-initialize. Absent on 2.9.1, present on 2.10.0 (read in the wheels' distributed_c10d.py).

@@ -30,6 +30,9 @@ def test_facts_of_a_torch_attribute_match_the_torch_at_hand():
         "split_group": hasattr(dist, "split_group"),
         "abort_process_group": hasattr(dist.distributed_c10d, "_abort_process_group"),
         "shrink_group": hasattr(dist, "shrink_group"),
+        "abort_process_group_any_backend": hasattr(dist.distributed_c10d, "_abort_process_group")
+        and "only has implementation for ProcessGroupNCCL"
+        not in inspect.getsource(dist.distributed_c10d._abort_process_group),
         # the extended API's creator takes (common_opts, backend_opts); the old one four arguments
         "fake_backend_takes_options": len(inspect.signature(fake_pg._create_fake_pg).parameters) == 2,
         "device_mesh_flatten_mapping": "self._flatten_mapping" in inspect.getsource(DeviceMesh),
