@@ -213,12 +213,31 @@ def _from_mesh(mesh: Any, release: Release, dim_kinds: dict[str, str]) -> Source
             f"{tuple(mesh.mesh.shape)}): create it with mesh_dim_names=('pp', 'dp', 'tp', ...) so each "
             f"dim's group kind is known"
         )
-    flattened = list(getattr(mesh, "_flatten_mapping", None) or {})
+    flattened = _flattened_dims(mesh)
     entries = []
     for name in [*names, *[f for f in flattened if f not in names]]:
         kind = kind_of_dims(name, _tokens(name), release, dim_kinds)
         entries.append(Entry(name, f"mesh dim {name!r}", kind, "", mesh.get_group(name)))
     return Source("DeviceMesh", entries)
+
+
+def _flattened_dims(mesh: Any) -> list[str]:
+    """The names of a DeviceMesh's flattened dims (``mesh["dp", "cp"]._flatten("dp_cp")``).
+
+    Where torch keeps them differs by release (``TORCH_FACTS["device_mesh_flatten_mapping"]``):
+    on the mesh (``_flatten_mapping``), or, before, in the mesh environment's
+    ``root_to_flatten_mapping`` under the root mesh. A torch with neither (2.4.1: no
+    ``_flatten``) has no flattened dims.
+    """
+    mapping = getattr(mesh, "_flatten_mapping", None)
+    if mapping is None:
+        try:
+            from torch.distributed.device_mesh import _mesh_resources
+
+            mapping = getattr(_mesh_resources, "root_to_flatten_mapping", {}).get(_mesh_resources.get_root_mesh(mesh))
+        except Exception:  # noqa: BLE001 - a torch that keeps no such mapping
+            mapping = None
+    return list(mapping or {})
 
 
 def _tokens(name: str) -> list[str]:

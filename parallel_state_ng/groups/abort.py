@@ -47,6 +47,8 @@ def abort_group(group: Any) -> bool:
         dist.distributed_c10d._abort_process_group(group)
     except Exception:  # noqa: BLE001 - a backend without abort, or one already broken: unregister anyway
         _unregister(group, world, tag)
+    if group in world.pg_map:  # torch 2.6 aborts only NCCL groups (TORCH_FACTS "abort_process_group_any_backend")
+        _unregister(group, world, tag)
     if tag and tag.startswith("ptd:") and not world.tags_to_pg.get(tag, True):
         del world.tags_to_pg[tag]
     return True
@@ -101,6 +103,8 @@ def abort_groups(*, world: bool = False) -> AbortResult:
     if world and dist.is_available() and dist.is_initialized():
         try:
             dist.distributed_c10d._abort_process_group()
+            if dist.is_initialized():  # torch 2.6 aborts only NCCL (TORCH_FACTS "abort_process_group_any_backend")
+                dist.destroy_process_group()
             world_aborted = True
         except Exception as exc:  # noqa: BLE001 - fall back to torch's destroy (no wait for gloo)
             errors.append(f"{type(exc).__name__}: {exc}")

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_state_ng.groups import abort, creation
+from parallel_state_ng.groups.torch_support import TORCH_FACTS
 from parallel_state_ng.layout.bounded_input import shown
 
 __all__ = [
@@ -73,11 +74,12 @@ class Rejoined:
 def shrink_support() -> str | None:
     """Why the default group cannot be shrunk here (``None``: it can).
 
-    Needs ``torch.distributed.shrink_group`` (torch 2.11+) and a default-group backend that
+    Needs ``torch.distributed.shrink_group`` (TORCH_FACTS) and a default-group backend that
     says it supports shrinking (NCCL's ``ncclCommShrink``; gloo does not).
     """
     if not hasattr(dist, "shrink_group"):
-        return f"torch {torch.__version__} has no torch.distributed.shrink_group (added in 2.11)"
+        added = TORCH_FACTS["shrink_group"][0]
+        return f"torch {torch.__version__} has no torch.distributed.shrink_group (added in {added})"
     if not dist.is_initialized():
         return "torch.distributed is not initialized"
     default: Any = dist.distributed_c10d._get_default_group()

@@ -158,9 +158,12 @@ def split_member(
     if not hasattr(dist, "split_group"):
         import torch
 
+        from parallel_state_ng.groups.torch_support import TORCH_FACTS
+
         raise RuntimeError(
-            f"the split creation path needs torch.distributed.split_group (torch 2.6+, "
-            f"parallel_state_ng.groups.torch_support); torch {torch.__version__} has none: "
+            f"the split creation path needs torch.distributed.split_group (torch "
+            f"{TORCH_FACTS['split_group'][0]}+, parallel_state_ng.groups.torch_support); "
+            f"torch {torch.__version__} has none: "
             f"use the member path (creation path 'member', PSNG_CREATION_PATH=member)"
         )
     if context is None:  # a build that passes its context synchronized the world when it started

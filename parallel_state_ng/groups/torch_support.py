@@ -22,13 +22,39 @@ __all__ = ["TORCH_FACTS", "torch_release", "torch_has", "empty_group_error", "re
 #: fact -> (first torch release with it, last release with it or ``None``: still).
 TORCH_FACTS: dict[str, tuple[str, str | None]] = {
     # torch.distributed.split_group(parent_pg, split_ranks, timeout, pg_options, group_desc):
-    # the split path (parallel_state_ng.groups.split) needs it; absent on 2.4.1 and 2.5.
-    "split_group": ("2.6", None),
+    # the split path (parallel_state_ng.groups.split) needs it; absent on 2.4.1, present with
+    # that signature on 2.5.1 (read in its distributed_c10d.py) and every release after.
+    "split_group": ("2.5", None),
     # new_group([]) on a world of any size: _new_process_group_helper raises
     # AssertionError("Group rank must be specified for group members"). Before, the empty list
     # reached ProcessGroup's constructor with rank None: TypeError (read in 2.13.0 and 2.14.1's
     # distributed_c10d.py). MCore hands an empty embedding-rank list to new_group.
     "empty_new_group_asserts": ("2.14", None),
+    # torch.distributed.distributed_c10d._abort_process_group(group): absent on 2.4.1; the engine's
+    # abort (parallel_state_ng.groups.abort) then unregisters the group itself.
+    "abort_process_group": ("2.6", None),
+    # _abort_process_group(group) aborts and unregisters a group of any backend; on 2.6 it is a
+    # no-op (a warning) for a group without an NCCL backend, which stays registered: the engine
+    # then unregisters it itself (read in 2.6.0 and 2.7.1's distributed_c10d.py).
+    "abort_process_group_any_backend": ("2.7", None),
+    # torch.distributed.shrink_group(ranks_to_exclude, group, shrink_flags, pg_options): recovery
+    # in place (parallel_state_ng.groups.recovery) needs it; without it the survivors
+    # re-initialize. Absent on 2.9.1, present on 2.10.0 (read in the wheels' distributed_c10d.py).
+    "shrink_group": ("2.10", None),
+    # The fake backend (simulated worlds) is registered with extended_api and hands a group's
+    # pg_options to FakeProcessGroup, which takes only its own options: ProcessGroupNCCL.Options
+    # (MCore's NCCL communicator config, high-priority streams) raise TypeError there. Before, it
+    # ignored pg_options (read in 2.8.0 and 2.9.1's fake_pg.py).
+    "fake_backend_takes_options": ("2.9", None),
+    # DeviceMesh keeps its flattened dims (mesh[...]._flatten(name)) in its own _flatten_mapping;
+    # before, in _mesh_resources.root_to_flatten_mapping under the root mesh (read in 2.6.0 to
+    # 2.9.1; 2.4.1 has no _flatten). verify_groups reads either (builders/verify_sources.py).
+    "device_mesh_flatten_mapping": ("2.10", None),
+    # dist.get_backend of a group no longer registered raises ValueError; before, TypeError
+    # ("Invariant encountered"), which torch's exception logger raises in place of the error of a
+    # collective on such a group (a destroyed one: the engine's RuntimeError). Read in 2.7.1 and
+    # 2.8.0's distributed_c10d.py.
+    "unregistered_group_backend_valueerror": ("2.8", None),
 }
 
 
@@ -78,6 +104,8 @@ def report() -> dict[str, Any]:
         in (_signature(getattr(c10d, "_new_process_group_helper", None)) or ""),
         "_process_group_name": hasattr(c10d, "_process_group_name"),
         "split_group": _signature(getattr(dist, "split_group", None)),
+        "_abort_process_group": hasattr(c10d, "_abort_process_group"),
+        "shrink_group": hasattr(dist, "shrink_group"),
     }
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401
@@ -88,7 +116,7 @@ def report() -> dict[str, Any]:
     try:
         from torch.distributed.device_mesh import DeviceMesh
 
-        internals["DeviceMesh._flatten_mapping"] = "_flatten_mapping" in (inspect.getsource(DeviceMesh))
+        internals["DeviceMesh._flatten_mapping"] = "self._flatten_mapping" in inspect.getsource(DeviceMesh)
     except (ImportError, OSError, TypeError):
         internals["DeviceMesh._flatten_mapping"] = False
     return {

@@ -1,11 +1,12 @@
 """The torch matrix: the test suite and the demo on each torch release, one virtual environment each.
 
 For every version asked for, a virtual environment under ``--cache`` (reused when it already holds
-that torch) gets ``torch==VERSION`` first, then the project with its test extra, installed under a
-constraint that pins torch, so pip can never swap the torch under test (checked after the install:
-the run stops when ``torch.__version__`` is not the one asked for). megatron-core 0.15+ declare
-``torch>=2.6``; on an older torch the test extra is installed without megatron-core and
-megatron-core (the test extra's pin) with ``--no-deps``, which the table says.
+that torch) gets ``torch==VERSION`` first, then the project with its test extra (editable, from
+this checkout, on every call: also in a reused venv), installed under a constraint that pins
+torch, so pip can never swap the torch under test (checked after the install: the run stops when
+``torch.__version__`` is not the one asked for, or the venv imports the package from elsewhere).
+megatron-core 0.15+ declare ``torch>=2.6``; on an older torch the test extra is installed without
+megatron-core and megatron-core (the test extra's pin) with ``--no-deps``, which the table says.
 
 Then, in that environment, from the repository root: the fast subset, the multiprocess subset, the
 demo, and the torch internals the package reads (``parallel_state_ng.groups.torch_support``). A
@@ -34,8 +35,9 @@ DEFAULT_CACHE = Path.home() / ".cache" / "parallel_state_ng" / "torch-matrix"
 #: The versions covered, and why each. Order = the order they run in.
 VERSIONS: dict[str, str] = {
     "2.14.1": "the newest pip gives here (/etc/xdg/pip caps torch at 2.14.1)",
-    "2.4.1": "the claimed floor (setup.py: torch>=2.4)",
-    "2.6.0": "the first release with torch.distributed.split_group",
+    "2.4.1": "the floor setup.py claimed before this matrix (torch>=2.4; now torch>=2.6)",
+    "2.5.1": "the first release with torch.distributed.split_group (TORCH_FACTS)",
+    "2.6.0": "megatron-core 0.15+ declare torch>=2.6",
     "2.11.0": "the GPU machine's torch",
     "2.13.0": "the CPU build CI installs (README)",
 }
@@ -103,6 +105,8 @@ def _clean_env() -> dict[str, str]:
 
 
 def _torch_in(python: Path) -> str:
+    if not python.is_file():
+        return ""
     done = subprocess.run(
         [str(python), "-c", "import torch; print(torch.__version__)"],
         capture_output=True,
@@ -111,6 +115,26 @@ def _torch_in(python: Path) -> str:
         env=_clean_env(),
     )
     return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _points_here(python: Path) -> bool:
+    """Whether ``python`` imports parallel_state_ng and compat from this checkout (an editable
+    install made from another checkout would test that one's code in the subprocesses).
+    """
+    done = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import compat, parallel_state_ng; print(parallel_state_ng.__file__); print(compat.__file__)",
+        ],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+        env=_clean_env(),
+    )
+    files = done.stdout.split()
+    return done.returncode == 0 and len(files) == 2 and all(Path(f).resolve().is_relative_to(ROOT) for f in files)
 
 
 def _constraint_file(venv: Path, version: str) -> Path:
@@ -125,26 +149,29 @@ def _constraint_file(venv: Path, version: str) -> Path:
 
 
 def install(version: str, cache: Path, log: Path) -> VersionResult:
-    """Create (or reuse) the venv of ``version`` with torch and the project's test extra."""
+    """Create (or reuse) the venv of ``version`` with torch and the project's test extra.
+
+    A venv that already holds the torch asked for is kept; the project's install (editable, from
+    this checkout, with the test extra) runs every time, so that a venv made from another
+    checkout or before a test requirement was added tests this checkout with all of them.
+    """
     result = VersionResult(version)
     venv = cache / f"torch-{version}"
     python = venv / "bin" / "python"
     marker = venv / "matrix-installed.json"
-    if marker.is_file() and _torch_in(python).split("+")[0] == version:
-        saved = json.loads(marker.read_text())
-        result.installed, result.install_note = saved["installed"], saved["note"] + " (reused)"
-        return result
-    start = time.perf_counter()
-    if venv.exists():
-        shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    if _run([sys.executable, "-m", "venv", str(venv)], log=log) != 0:
-        result.error = "python -m venv failed"
-        return result
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    constraint = _constraint_file(venv, version)
     env = _clean_env()
-    if _run([*pip, f"torch=={version}", "-c", str(constraint)], log=log, env=env) != 0:
+    start = time.perf_counter()
+    reused = _torch_in(python).split("+")[0] == version
+    if not reused:
+        if venv.exists():
+            shutil.rmtree(venv)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        if _run([sys.executable, "-m", "venv", str(venv)], log=log) != 0:
+            result.error = "python -m venv failed"
+            return result
+    constraint = _constraint_file(venv, version)
+    if not reused and _run([*pip, f"torch=={version}", "-c", str(constraint)], log=log, env=env) != 0:
         result.error = f"pip install torch=={version} failed"
         return result
     note = "test extra"
@@ -163,7 +190,10 @@ def install(version: str, cache: Path, log: Path) -> VersionResult:
     if result.installed.split("+")[0] != version:
         result.error = f"pip swapped torch: asked for {version}, the venv has {result.installed or 'none'}"
         return result
-    result.install_note = note
+    if not _points_here(python):
+        result.error = f"the venv's parallel_state_ng is not this checkout's ({ROOT})"
+        return result
+    result.install_note = note + (" (venv reused)" if reused else "")
     result.install_seconds = time.perf_counter() - start
     marker.write_text(json.dumps({"installed": result.installed, "note": note}), encoding="utf-8")
     return result

@@ -10,12 +10,36 @@ from parallel_state_ng.layout.order import EmptyGroupAssertionError, EmptyGroupE
 
 @pytest.mark.parametrize(
     "version,split,empty",
-    [("2.4.1", False, TypeError), ("2.6.0", True, TypeError), ("2.13.0+cpu", True, TypeError),
+    [("2.4.1", False, TypeError), ("2.5.1", True, TypeError), ("2.6.0", True, TypeError), ("2.13.0+cpu", True, TypeError),
      ("2.14.1+cu130", True, AssertionError), ("2.15.0", True, AssertionError)],
 )  # fmt: skip
 def test_facts_by_version(version, split, empty):
     assert T.torch_has("split_group", version) is split
     assert T.empty_group_error(version) is empty
+
+
+def test_facts_of_a_torch_attribute_match_the_torch_at_hand():
+    """Each fact that is an attribute of torch agrees with the installed torch (the matrix runs it on each)."""
+    import inspect
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.testing._internal.distributed import fake_pg
+
+    present = {
+        "split_group": hasattr(dist, "split_group"),
+        "abort_process_group": hasattr(dist.distributed_c10d, "_abort_process_group"),
+        "shrink_group": hasattr(dist, "shrink_group"),
+        "abort_process_group_any_backend": hasattr(dist.distributed_c10d, "_abort_process_group")
+        and "only has implementation for ProcessGroupNCCL"
+        not in inspect.getsource(dist.distributed_c10d._abort_process_group),
+        # the extended API's creator takes (common_opts, backend_opts); the old one four arguments
+        "fake_backend_takes_options": len(inspect.signature(fake_pg._create_fake_pg).parameters) == 2,
+        "device_mesh_flatten_mapping": "self._flatten_mapping" in inspect.getsource(DeviceMesh),
+        "unregistered_group_backend_valueerror": "is not initialized in the world group map"
+        in inspect.getsource(dist.get_backend),
+    }
+    assert {fact: T.torch_has(fact) for fact in present} == present
 
 
 def test_bad_fact_and_version():

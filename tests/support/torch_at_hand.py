@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["nccl_built", "cuda_device", "nccl_usable", "describe"]
+__all__ = ["nccl_built", "cuda_device", "nccl_usable", "fake_group_takes_nccl_options", "describe"]
 
 
 def nccl_built() -> bool:
@@ -26,6 +26,20 @@ def cuda_device() -> bool:
 def nccl_usable() -> bool:
     """Whether NCCL groups can be created and CUDA calls made here: NCCL built in and a GPU."""
     return nccl_built() and cuda_device()
+
+
+def fake_group_takes_nccl_options() -> bool:
+    """Whether a simulated world's group (fake backend) can be made with ``ProcessGroupNCCL.Options``.
+
+    MCore hands NCCL options to ``new_group`` for an NCCL communicator config or a high-priority
+    stream group. On the fake backend that works only with a torch built with NCCL (a CPU build
+    has no ``ProcessGroupNCCL``: AttributeError) whose fake backend ignores ``pg_options``; from
+    ``TORCH_FACTS["fake_backend_takes_options"]`` on, it hands them to ``FakeProcessGroup``, which
+    takes only its own options (TypeError).
+    """
+    from parallel_state_ng.groups.torch_support import torch_has
+
+    return nccl_built() and not torch_has("fake_backend_takes_options")
 
 
 def describe() -> str:

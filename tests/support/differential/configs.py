@@ -105,6 +105,9 @@ class Config:
     # torch that has both (tests/support/torch_at_hand.py) it is valid, unless invalid_since says
     # otherwise for the release.
     needs_gpu: bool = False
+    # MCore rejects it on a simulated world where a fake-backend group cannot take NCCL options
+    # (tests/support/torch_at_hand.py: a CPU build, or the fake backend of a newer torch).
+    needs_nccl_options: bool = False
     hand_written: bool = False  # then ``invalid`` is checked against MCore
     # A documented deliberate difference (docs/differences.md): "rejects" — MCore
     # accepts it but compat refuses with a ValueError naming ``deliberate_arg``; "barrier-once"
@@ -120,6 +123,8 @@ class Config:
             return True
         if self.needs_gpu:
             return not torch_at_hand.nccl_usable()
+        if self.needs_nccl_options:
+            return not torch_at_hand.fake_group_takes_nccl_options()
         return self.invalid
 
     @property

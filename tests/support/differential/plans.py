@@ -165,6 +165,7 @@ def _hand_written() -> list[Config]:
         after=(),
         invalid_since=None,
         needs_gpu=False,
+        needs_nccl_options=False,
         **kw,
     ):
         return Config(
@@ -181,6 +182,7 @@ def _hand_written() -> list[Config]:
             after_init=after,
             invalid_since=invalid_since,
             needs_gpu=needs_gpu,
+            needs_nccl_options=needs_nccl_options,
         )
 
     def ag(**kw):
@@ -360,11 +362,11 @@ def _hand_written() -> list[Config]:
         bad(8, pipeline_model_parallel_comm_backend="bogus"),
         # NCCL communicator configs and high-priority streams
         c(8, yaml="other"),
-        bad(8, yaml="tp"),
+        bad(8, yaml="tp", needs_nccl_options=True),
         bad(8, yaml="empty"),
         bad(8, yaml="absent"),
         c(8, yaml="other", high_priority_stream_groups=["zz"]),
-        bad(8, high_priority_stream_groups=["dp_cp"]),
+        bad(8, high_priority_stream_groups=["dp_cp"], needs_nccl_options=True),
         c(8, high_priority_stream_groups=[]),
         # timeouts, all-gather group, Megatron's default gloo twins (on the simulated world's
         # fake-backend stand-ins, parallel_state_ng.testing.simulated)

@@ -57,13 +57,22 @@ def creation_env(path: str) -> Iterator[None]:
 
 @contextmanager
 def recording(recorder: SplitRecorder) -> Iterator[SplitRecorder]:
-    """``torch.distributed.split_group`` is ``recorder`` for the duration."""
-    original = dist.split_group
+    """``torch.distributed.split_group`` is ``recorder`` for the duration.
+
+    The recorder replaces torch's function entirely, so the split path's protocol is checked on
+    any torch: before 2.6 (no ``split_group``, TORCH_FACTS) the attribute is added for the
+    duration and removed after, and the engine then takes the recorder for torch's.
+    """
+    missing = object()
+    original = getattr(dist, "split_group", missing)
     dist.split_group = recorder  # type: ignore[assignment]
     try:
         yield recorder
     finally:
-        dist.split_group = original  # type: ignore[assignment]
+        if original is missing:
+            del dist.split_group
+        else:
+            dist.split_group = original  # type: ignore[assignment]
 
 
 def play_world(world: int, build: Callable[[], Any]) -> tuple[dict[int, list], dict[int, dict]]:
