@@ -224,6 +224,7 @@ def differential_report(
             problems.append(f"uninitialized (world {world}, rank {rank}): " + D.describe(diffs, limit=6))
 
     configs = plans.all_configs({int(w): n for w, n in plan.items()}, hand_written=hand_written)[:max_configs]
+    whole_plan = configs
     configs = configs[shard::shards]
     features = {
         "gtp": lambda c: c.kwargs.get("gtp_remat_size", 1) != 1 or c.kwargs.get("expert_gtp_remat_size", 1) != 1,
@@ -276,6 +277,8 @@ def differential_report(
         "getter_calls": len(D.getter_calls(8)),
         "features": present,
         **{f"with_{name}": sum(1 for c in configs if is_feature(c)) for name, is_feature in features.items()},
+        # the same counts over the whole plan (every part), so a part's run checks the plan it is part of
+        **{f"plan_with_{name}": sum(1 for c in whole_plan if is_feature(c)) for name, is_feature in features.items()},
         "mismatching_configs": len(tally.mismatches),
         "problems": problems,
     }
