@@ -57,6 +57,17 @@ def test_cpu_dry_run_passes_every_check(tmp_path):
     assert "summary: 6 passed, 0 failed" in text
 
 
+def _world_dry_run(tmp_path, *options: str) -> tuple[str, list[str]]:
+    """The N-rank checks' dry run on 4 gloo ranks (exit 0 asserted): the report and its PASS/FAIL lines."""
+    report = tmp_path / "report.txt"
+    proc = _check(
+        "--cpu-dry-run", "--no-tests", "--world-only", "--world", "4", *options, "--output", str(report), timeout=600
+    )
+    text = report.read_text()
+    assert proc.returncode == 0, text
+    return text, [line for line in text.splitlines() if re.match(r"^(PASS|FAIL)  ", line)]
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
@@ -64,14 +75,7 @@ def test_cpu_dry_run_passes_every_check(tmp_path):
 def test_cpu_dry_run_of_the_n_rank_checks_passes(tmp_path):
     # the 8/16-rank GPU checks' bodies on 4 gloo ranks: lazy, bound (the split path through the
     # gloo stand-in) and a rank's death in the split sequence
-    report = tmp_path / "report.txt"
-    checks = ("--world-checks", "groups,builders,death")  # training: the test below
-    proc = _check(
-        "--cpu-dry-run", "--no-tests", "--world-only", "--world", "4", *checks, "--output", str(report), timeout=600
-    )
-    text = report.read_text()
-    assert proc.returncode == 0, text
-    checks = [line for line in text.splitlines() if re.match(r"^(PASS|FAIL)  ", line)]
+    text, checks = _world_dry_run(tmp_path, "--world-checks", "groups,builders,death")  # training: the test below
     assert checks and all(line.startswith("PASS") for line in checks), checks
     names = {line.split(":")[0][6:] for line in checks}
     for mode in ("lazy", "bound"):
@@ -91,12 +95,7 @@ def test_cpu_dry_run_of_the_n_rank_training_passes(tmp_path):
     # the 8-rank training check's body on 4 gloo ranks, bound mode (compat on the split path through
     # the gloo stand-in): tp2 pp2 dp1 and tp1 pp2 dp2 ep2, MCore then compat in each rank, bit for bit.
     # The 8-rank dry run is a documented command (docs/testing.md): it costs minutes of CPU here.
-    report = tmp_path / "report.txt"
-    options = ("--world-only", "--world", "4", "--world-modes", "bound", "--world-checks", "training")
-    proc = _check("--cpu-dry-run", "--no-tests", *options, "--output", str(report), timeout=600)
-    text = report.read_text()
-    assert proc.returncode == 0, text
-    checks = [line for line in text.splitlines() if re.match(r"^(PASS|FAIL)  ", line)]
+    text, checks = _world_dry_run(tmp_path, "--world-modes", "bound", "--world-checks", "training")
     assert len(checks) == 7 and all(line.startswith("PASS") for line in checks), checks
     for label in ("tp2 pp2 dp1", "tp1 pp2 dp2 ep2 experts4 alltoall"):
         tag = f"PASS  4 ranks gloo bound training {label}"
