@@ -17,7 +17,7 @@ import contextlib
 import multiprocessing as mp
 import multiprocessing.forkserver
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: The environment variable that turns forking off when it is ``"0"``: every worker a fresh interpreter.
@@ -66,6 +66,17 @@ def worker_context(env: dict[str, str]) -> Any:
         atexit.register(_stop_server)
     _SERVER_ENV[:] = [env_key(env)]
     return ctx
+
+
+def run_in_environ(env: dict[str, str], target: Callable[..., Any], *args: Any) -> Any:
+    """A process target: make ``os.environ`` exactly ``env``, then return ``target(*args)``.
+
+    A forked worker starts with the fork server's environment; passing the caller's own (as
+    ``spawn`` would) through this keeps what the worker sees the same in both start methods.
+    """
+    os.environ.clear()
+    os.environ.update(env)
+    return target(*args)
 
 
 def _stop_server() -> None:

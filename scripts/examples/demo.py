@@ -1,10 +1,10 @@
 """Demo of parallel_state_ng: real process groups in a world of CPU processes, each checked.
 
-One spawned process per rank joins a gloo world, creates its own group of every kind
-Megatron-Core's ``initialize_model_parallel`` builds and all-reduces a one-hot vector of its rank
-over each (steps: :func:`_rank_main`); rank 0 prints each kind's groups and checks every rank saw
-exactly its group's members. Exit code 0 when all groups are verified, 1 when a check fails, 2 for
-bad options. Commands: scripts/README.md; options: ``--help``.
+One process per rank (forked from a server that has imported torch) joins a gloo world, creates
+its own group of every kind Megatron-Core's ``initialize_model_parallel`` builds and all-reduces
+a one-hot vector of its rank over each (steps: :func:`_rank_main`); rank 0 prints each kind's
+groups and checks every rank saw exactly its group's members. Exit code 0 when all groups are
+verified, 1 when a check fails, 2 for bad options. Commands: scripts/README.md; options: ``--help``.
 """
 
 from __future__ import annotations
@@ -339,17 +339,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DemoOptionError as exc:
         parser.error(str(exc))  # exits with code 2
 
+    import functools
+
     import torch.multiprocessing as mp
 
+    from parallel_state_ng.testing.forking import run_in_environ, worker_context
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the processes
+    env = dict(os.environ)
+    # forked from a server that has imported torch once (spawn where it cannot: forking.py)
+    method = worker_context(env).get_start_method()
     with tempfile.TemporaryDirectory(prefix="psng-demo-") as tmp:
         try:
             mp.start_processes(
-                _rank_main,
+                functools.partial(run_in_environ, env, _rank_main),
                 args=(config, os.path.join(tmp, "store")),
                 nprocs=config.world_size,
                 join=True,
-                start_method="spawn",
+                start_method=method,
             )
         except mp.ProcessRaisedException as exc:
             print(f"demo failed: a rank raised an error:\n{exc}", file=sys.stderr)

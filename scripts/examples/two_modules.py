@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
-import multiprocessing as mp
 import os
 import sys
 import tempfile
@@ -261,17 +260,24 @@ def rank_main(rank: int, world: int, store_path: str, layout: str, megatron_path
 
 
 def launch(layout: str, megatron_path: str | None, steps: int, timeout: float = 300) -> list[dict]:
-    """Run both variants on fresh processes; results ordered by rank (``RuntimeError`` on failure).
+    """Run both variants on new processes; results ordered by rank (``RuntimeError`` on failure).
 
     The processes join a gloo world through a ``FileStore`` (no port).
     """
-    ctx = mp.get_context("spawn")
+    from parallel_state_ng.testing.forking import run_in_environ, worker_context
+
+    env = dict(os.environ)
+    ctx = worker_context(env)  # forked from a server that has imported torch (not megatron)
     world = LAYOUTS[layout]["world"]
     q = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="psng-two-") as tmp:
         store = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=rank_main, args=(r, world, store, layout, megatron_path, steps, q), daemon=True)
+            ctx.Process(
+                target=run_in_environ,
+                args=(env, rank_main, r, world, store, layout, megatron_path, steps, q),
+                daemon=True,
+            )
             for r in range(world)
         ]
         for p in procs:

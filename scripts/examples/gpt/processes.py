@@ -1,12 +1,14 @@
-"""Start the ranks of a CPU run: spawned processes joined through a ``FileStore``, results by rank.
+"""Start the ranks of a CPU run: processes joined through a ``FileStore``, results by rank.
 
 Shared by the core loop (:mod:`scripts.examples.train_gpt`) and Megatron-LM's loop
-(:mod:`scripts.examples.gpt.pretrain_cli`). Importing this module imports neither torch nor megatron.
+(:mod:`scripts.examples.gpt.pretrain_cli`). Importing this module imports neither torch nor
+megatron. The ranks are forked from a server that has imported torch
+(:func:`parallel_state_ng.testing.forking.worker_context`), not megatron, and get the caller's
+environment: each rank still imports megatron itself.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import shutil
@@ -16,16 +18,21 @@ from typing import Any
 
 
 def run_ranks(world_size: int, target, args: tuple, timeout: float = 600.0) -> list[Any]:
-    """Start ``world_size`` spawned processes running ``target(rank, *args, store_path,
+    """Start ``world_size`` processes running ``target(rank, *args, store_path,
     results)`` (a ``FileStore`` path in a fresh temporary directory and a queue for
     ``(rank, ok, value)``); the values ordered by rank. Raises ``RuntimeError`` with the failing
     ranks' messages, or when the run exceeds ``timeout`` seconds (all processes are then killed).
     """
-    ctx = mp.get_context("spawn")
+    from parallel_state_ng.testing.forking import run_in_environ, worker_context
+
+    env = dict(os.environ)
+    ctx = worker_context(env)  # forked from a server that has imported torch; spawn where it cannot
     tmp = tempfile.mkdtemp(prefix="psng-train-")
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=target, args=(r, *args, os.path.join(tmp, "store"), results), daemon=True)
+        ctx.Process(
+            target=run_in_environ, args=(env, target, r, *args, os.path.join(tmp, "store"), results), daemon=True
+        )
         for r in range(world_size)
     ]
     grace = 10.0  # seconds each process gets to exit on its own; none after a failure

@@ -160,3 +160,20 @@ def run_in_release(
         f"{module}.{function} on megatron-core {version} failed (exit {done.returncode}):\n"
         f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-8000:]}"
     )
+
+
+def fetch_all() -> list[Path]:
+    """Download and unzip every release of :data:`RELEASES` not yet in the cache, side by side.
+
+    CI runs this in the background while it lints (``python -m tests.support.releases.wheels``),
+    so the tests find the wheels in place instead of waiting on the registry.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(RELEASES)) as pool:
+        return list(pool.map(release_dir, RELEASES.values()))
+
+
+if __name__ == "__main__":
+    for found in fetch_all():
+        print(found)
