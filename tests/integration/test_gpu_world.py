@@ -41,6 +41,7 @@ def test_a_failing_rank_is_named_with_its_traceback():
     assert "--- rank 1:\nKeyError: 'on purpose'" in str(info.value)
 
 
+@pytest.mark.rotating(2, 6)  # end-to-end part 3 of 6 (docs/testing.md, "Rotating parts")
 def test_a_rank_that_dies_is_named_unless_it_may():
     with pytest.raises(WorldError, match=r"(?s)\[1\].*rank 1:\nprocess exited with code 3 and no result"):
         run_world(2, _rank_1_dies, backend="gloo", timeout=120)

@@ -106,7 +106,7 @@ def test_four_ranks_compat_trains_exactly_like_mcore():
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.rotating(0, 3)  # training part 1 of 3 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(1, 6)  # end-to-end part 2 of 6 (docs/testing.md, "Rotating parts")
 def test_eight_ranks_compat_trains_exactly_like_mcore():
     # compat installed after megatron's import: on the first layout here (and on both 4-rank ones)
     results = _run_fresh(8, EIGHT_RANKS, timeout=900, first_only=("compat-after",))
@@ -126,6 +126,7 @@ def _script(*options: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.rotating(5, 6)  # end-to-end part 6 of 6 (docs/testing.md, "Rotating parts")
 def test_layouts_agree_on_the_same_global_model(gloo_world):
     """Same global weights and batch (8 microbatches of 2): the first step's loss and gradient
     norm do not depend on the layout. tp 1 pp 1 runs through the script, the rest on 4 ranks.
