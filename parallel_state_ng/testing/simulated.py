@@ -88,15 +88,24 @@ def _on_fake_world(c10d: Any) -> bool:
 
 
 def _stand_in(original: Callable[..., Any], c10d: Any) -> Callable[..., Any]:
-    signature = inspect.signature(original)
+    # Where ``backend`` sits among the positional parameters: found once, not per call (a world
+    # of 1,024 simulated ranks under MCore creates hundreds of thousands of groups).
+    parameters = inspect.signature(original).parameters
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [name for name, p in parameters.items() if p.kind in kinds]
+    index = positional.index("backend") if "backend" in positional else None
 
     @functools.wraps(original)
     def helper(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        backend = bound.arguments.get("backend")
+        at = -1 if "backend" in kwargs or index is None or len(args) <= index else index
+        backend = args[at] if at >= 0 else kwargs.get("backend")
         if backend is not None and _GLOO.search(str(backend)) and _on_fake_world(c10d):
-            bound.arguments["backend"] = c10d.Backend(_GLOO.sub("fake", str(backend)))
-        return original(*bound.args, **bound.kwargs)
+            stand_in = c10d.Backend(_GLOO.sub("fake", str(backend)))
+            if at >= 0:
+                args = (*args[:at], stand_in, *args[at + 1 :])
+            else:
+                kwargs["backend"] = stand_in
+        return original(*args, **kwargs)
 
     setattr(helper, _STAND_IN_MARK, True)
     return helper

@@ -34,6 +34,7 @@ def test_every_rank_runs_the_body_in_a_world_that_splits():
     assert all(r["sum"] == 2.0 and r["splits"] for r in results), results
 
 
+@pytest.mark.rotating(5, 6)  # end-to-end part 6 of 6 (docs/testing.md, "Rotating parts")
 def test_a_failing_rank_is_named_with_its_traceback():
     with pytest.raises(WorldError, match=r"1 rank\(s\) of 2 failed: \[1\]") as info:
         run_world(2, _fails_on_rank_1, backend="gloo", mode="lazy", timeout=120)
@@ -55,6 +56,7 @@ def _waits_forever(ctx: RankContext) -> int:
         time.sleep(1)
 
 
+@pytest.mark.rotating(4, 6)  # end-to-end part 5 of 6 (docs/testing.md, "Rotating parts")
 def test_a_rank_still_running_at_the_timeout_shows_where_it_is():
     # faulthandler's dump on SIGUSR1 (registered first thing in each rank): where a rank stopped,
     # which on NCCL tells a slow world from one blocked in a collective
