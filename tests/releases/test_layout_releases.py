@@ -18,8 +18,11 @@ import random
 import pytest
 
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
-from parallel_state_ng.releases import parse_release
+from parallel_state_ng.releases import installed_megatron_version, parse_release
+from tests.support import rotation
 from tests.support.releases.wheels import RELEASES, run_in_release
+
+INSTALLED_SERIES = ".".join((installed_megatron_version() or "").split(".")[:2])
 
 CONFIGS_PER_RELEASE = 24
 TOKENS = ("tp", "cp", "ep", "dp", "pp")
@@ -201,7 +204,8 @@ def configs_for(series: str, seed: int = 10) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.network
-@pytest.mark.parametrize("series", list(RELEASES))
+# The installed release and 0.19 in every run, the others in turn (docs/testing.md, "Rotating parts").
+@pytest.mark.parametrize("series", rotation.sample(list(RELEASES), keep={INSTALLED_SERIES, "0.19"}, parts=3))
 def test_layout_matches_release(series: str) -> None:
     configs = configs_for(series)
     assert max(c.get("local_world_size") or c["world_size"] for c in configs) >= 1024
