@@ -131,6 +131,7 @@ def test_module_serves_exactly_the_requested_release(requested):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.rotating(1, 2)  # a fresh interpreter: part 2 of 2 (docs/testing.md, "Rotating parts")
 def test_newer_release_at_import_warns_and_older_fails():
     newer = _surface("0.99.0")
     assert newer["version"] == "0.99.0" and newer["series"] == SUPPORTED_SERIES[-1]
@@ -215,6 +216,7 @@ print("@@" + json.dumps(out))
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.rotating(0, 2)  # a fresh interpreter: part 1 of 2 (docs/testing.md, "Rotating parts")
 def test_install_hyper_comm_grid_redirects_and_uninstall_restores():
     pytest.importorskip("megatron.core.hyper_comm_grid")
     done = _run(_GRID, None)
