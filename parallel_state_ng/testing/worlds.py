@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from parallel_state_ng.testing.forking import worker_context
+from parallel_state_ng.testing.forking import run_in_environ, worker_context
 from parallel_state_ng.testing.simulated import check_int, check_seconds, init_simulated_rank, simulated_rank
 from parallel_state_ng.testing.world_failures import (
     WorkerDiedError,
@@ -63,10 +63,10 @@ def _error() -> tuple[str, str]:
     return type(exc).__name__, traceback.format_exc()
 
 
-def _worker(rank: int, world_size: int, directory: str, inbox: Any, outbox: Any, env: dict[str, str]) -> None:
-    """One rank: join the gloo world, then run each task from ``inbox`` until ``None``."""
-    os.environ.clear()  # the parent's environment, as a spawned process gets it
-    os.environ.update(env)
+def _worker(rank: int, world_size: int, directory: str, inbox: Any, outbox: Any) -> None:
+    """One rank (started through :func:`run_in_environ`, with the parent's environment): join
+    the gloo world, then run each task from ``inbox`` until ``None``.
+    """
     stacks = register_stack_dump(directory, rank)  # noqa: F841 - kept open while the worker lives
     try:
         import torch.distributed as dist
@@ -173,8 +173,8 @@ class GlooWorld:
         self._inboxes = [ctx.Queue() for _ in range(world_size)]
         self._procs = [
             ctx.Process(
-                target=_worker,
-                args=(r, world_size, self._directory, self._inboxes[r], self._outbox, full_env),
+                target=run_in_environ,
+                args=(full_env, _worker, r, world_size, self._directory, self._inboxes[r], self._outbox),
                 daemon=True,
                 name=f"psng-gloo-rank{r}",
             )
