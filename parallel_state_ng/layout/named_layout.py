@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from typing import cast
-
-import torch
+from typing import TYPE_CHECKING, cast
 
 from parallel_state_ng.layout.bounded_input import MAX_RANK
+
+if TYPE_CHECKING:  # the tensor methods import torch when called: the rank math does not need it
+    import torch
 
 DimsArg = str | Sequence[str]
 
@@ -295,6 +296,8 @@ class Layout:
 
     def group_array(self, rank: int, dims: DimsArg, *, keep_order: bool = False) -> torch.Tensor:
         """Like :meth:`group_ranks` but returns a 1-D int64 tensor."""
+        import torch
+
         dims = self.dims(dims, keep_order=keep_order)
         # a fresh dict of ints, whose entries for ``dims`` become tensors below
         coord = cast("dict[str, int | torch.Tensor]", self.coord(rank))
@@ -329,12 +332,15 @@ class Layout:
         for name, stride in zip(self.names, self._strides, strict=True):
             if name not in inside:
                 base += coord[name] * stride
-        ranks = [base]
-        for name in dims:  # the first dim varies fastest
+        return [base + step for step in self._plain_steps(dims)]
+
+    def _plain_steps(self, dims: Sequence[str]) -> list[int]:
+        """A plain layout's rank steps over every coordinate of ``dims``, the first varying fastest."""
+        steps = [0]
+        for name in dims:
             i = self._pos[name]
-            steps = range(0, self.sizes[i] * self._strides[i], self._strides[i])
-            ranks = [r + step for step in steps for r in ranks]
-        return ranks
+            steps = [s + r for s in range(0, self.sizes[i] * self._strides[i], self._strides[i]) for r in steps]
+        return steps
 
     def rank_in_group(self, rank: int, dims: DimsArg, *, keep_order: bool = False) -> int:
         """Position of ``rank`` in its group over ``dims`` (O(number of dims))."""
@@ -380,6 +386,8 @@ class Layout:
         Row ``g`` is group ``g`` in exactly the order of MCore's ``RankGenerator.get_ranks``
         and megatron's ``HyperCommGrid.get_rank_enum``. Vectorized: O(size) tensor work.
         """
+        import torch
+
         inside = self.dims(dims, keep_order=keep_order)
         outside = tuple(n for n in self.names if n not in set(inside))
         axes = list(reversed(outside)) + list(reversed(inside))  # last axis fastest
@@ -397,8 +405,17 @@ class Layout:
         return ranks.reshape(self.size // gsize, gsize)
 
     def rank_enum(self, dims: DimsArg) -> list[list[int]]:
-        """:meth:`enumerate_groups` as nested lists (the shape megatron returns)."""
-        return self.enumerate_groups(dims).tolist()
+        """:meth:`enumerate_groups` as nested lists (the shape megatron returns).
+
+        A plain layout's come from list arithmetic, without torch (which the command line need
+        not import); a split layout's from :meth:`enumerate_groups`.
+        """
+        if self._parent is not None:
+            return self.enumerate_groups(dims).tolist()
+        inside = self.dims(dims)
+        members = self._plain_steps(inside)
+        firsts = self._plain_steps([n for n in self.names if n not in set(inside)])
+        return [[self.rank_offset + first + step for step in members] for first in firsts]
 
     # ---------------------------------------------------------- comparing layouts
     def _runs(self, dims: Iterable[str]) -> tuple[tuple[bool, int], ...]:
@@ -432,7 +449,7 @@ class Layout:
             return False
         if self.is_plain and other.is_plain:
             return self._runs(mine) == other._runs(theirs)
-        return torch.equal(self.enumerate_groups(mine), other.enumerate_groups(theirs))
+        return self.enumerate_groups(mine).equal(other.enumerate_groups(theirs))
 
     # -------------------------------------------------------------------- split
     def split(self, dims: DimsArg, shape: Sequence[int], dim_names: Sequence[str]) -> Layout:

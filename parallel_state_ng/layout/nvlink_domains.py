@@ -19,12 +19,14 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from parallel_state_ng.layout.kinds import token_kind_dims
 from parallel_state_ng.layout.named_layout import DimsArg, Layout
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the tensor functions import torch when called: the list functions do not need it
+    from typing import TypeAlias
+
+    import torch
+
     from parallel_state_ng.layout.megatron_layout import MegatronLayout
 
 __all__ = [
@@ -147,6 +149,8 @@ def crossing_stats(
 
 def domains_of_ranks(ranks: torch.Tensor, table: torch.Tensor, first_rank: int = 0) -> torch.Tensor:
     """The domain of each rank of ``ranks``: ``table[rank - first_rank]``, -1 outside the table."""
+    import torch
+
     if table.numel() == 0:
         return torch.full_like(ranks, -1)
     index = ranks - first_rank
@@ -200,7 +204,17 @@ class GroupRows:
         return bases[:, None] + self.offsets[None, :]
 
 
-Block = torch.Tensor | GroupRows
+if TYPE_CHECKING:
+    Block: TypeAlias = torch.Tensor | GroupRows
+
+
+def __getattr__(name: str) -> Any:
+    """``Block`` (a group block: a 2-D tensor or :class:`GroupRows`), made when first asked for."""
+    if name == "Block":
+        import torch
+
+        return torch.Tensor | GroupRows
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def crossing_stats_tensor(
@@ -225,6 +239,8 @@ def crossing_stats_tensor(
     Raises:
         ValueError: a block that is neither a 2-D integer tensor nor a :class:`GroupRows`.
     """
+    import torch
+
     blocks = (groups,) if isinstance(groups, (torch.Tensor, GroupRows)) else tuple(groups)
     spans: Counter[int] = Counter()
     shown: list[dict[str, Any]] = []

@@ -347,8 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the processes
     env = dict(os.environ)
-    # forked from a server that has imported torch once (spawn where it cannot: forking.py)
-    method = worker_context(env).get_start_method()
+    # forked from a server that has imported torch once (spawn where it cannot: forking.py); the
+    # ranks never import megatron, so the server need not import the parts of torch it loads
+    method = worker_context(env, for_megatron=False).get_start_method()
     with tempfile.TemporaryDirectory(prefix="psng-demo-") as tmp:
         try:
             mp.start_processes(

@@ -387,3 +387,70 @@ def test_module_entry_point_smoke():
         env=env,
     )
     assert bad.returncode == 2 and "--tp" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# The commands that are pure layout math, run in one fresh interpreter that then reports whether
+# torch was imported (``--share`` counts communicators through the group layer, which needs it).
+_PURE_COMMANDS = [
+    ["layout", "--world-size", "64", "--tp", "4", "--pp", "2", "--cp", "2", "--ep", "2", "--rank", "13"],
+    ["layout", "--world-size", "8", "--tp", "2", "--pp", "2", "--format", "json"],
+    [
+        "layout",
+        "--world-size",
+        "16",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--cp",
+        "2",
+        "--diff",
+        "--release",
+        "0.13",
+        "--against",
+        "0.16",
+    ],
+    [
+        "layout",
+        "--world-size",
+        "144",
+        "--tp",
+        "2",
+        "--pp",
+        "3",
+        "--ep",
+        "16",
+        "--etp",
+        "1",
+        "--nvlink-domain-size",
+        "72",
+    ],
+    ["topology", os.path.join(ROOT, "docs", "mimo_topology.json"), "--release", "0.19", "--rank", "3"],
+    ["port", "--upgrade", "0.13:0.16", os.path.join(ROOT, "scripts", "examples")],
+]
+
+
+@pytest.mark.multiprocess
+def test_pure_commands_do_not_import_torch():
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from parallel_state_ng.__main__ import main\n"
+        "codes = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        codes.append(main(argv))\n"
+        "print(json.dumps({'codes': codes, 'torch': sorted(m for m in sys.modules if m.split('.')[0] == 'torch')}))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(_PURE_COMMANDS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["codes"] == [0, 0, 1, 0, 0, 0]  # --diff: 1 when the releases differ
+    assert result["torch"] == []

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from parallel_state_ng.testing.forking import DISABLE_VAR, env_key
+from parallel_state_ng.testing.forking import DISABLE_VAR, MEGATRON_TORCH_MODULES, PRELOAD, env_key
 from tests.support.paths import ROOT
 from tests.support.releases import binding
 
@@ -95,8 +95,9 @@ def _zygote(dest: str, requests: BinaryIO, answers: int) -> None:
 
 def serve() -> None:
     """Server main loop (in its own process): import torch once, one zygote per release."""
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
+    for name in PRELOAD + MEGATRON_TORCH_MODULES:  # what every release's import of megatron needs
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
     zygotes: dict[str, tuple[int, int, BinaryIO]] = {}  # dest -> (pid, request fd, answer stream)
 
