@@ -71,7 +71,7 @@ def _world_dry_run(tmp_path, *options: str) -> tuple[str, list[str]]:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
-@pytest.mark.rotating(0, 6)  # end-to-end part 1 of 6 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(2, 10)  # end-to-end part 3 of 10 (docs/testing.md, "Rotating parts")
 def test_cpu_dry_run_of_the_n_rank_checks_passes(tmp_path):
     # the 8/16-rank GPU checks' bodies on 4 gloo ranks: lazy, bound (the split path through the
     # gloo stand-in) and a rank's death in the split sequence
@@ -90,7 +90,7 @@ def test_cpu_dry_run_of_the_n_rank_checks_passes(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
-@pytest.mark.rotating(3, 6)  # end-to-end part 4 of 6 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(9, 10)  # end-to-end part 10 of 10 (docs/testing.md, "Rotating parts")
 def test_cpu_dry_run_of_the_n_rank_training_passes(tmp_path):
     # the 8-rank training check's body on 4 gloo ranks, bound mode (compat on the split path through
     # the gloo stand-in): tp2 pp2 dp1 and tp1 pp2 dp2 ep2, MCore then compat in each rank, bit for bit.

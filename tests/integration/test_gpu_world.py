@@ -34,7 +34,7 @@ def test_every_rank_runs_the_body_in_a_world_that_splits():
     assert all(r["sum"] == 2.0 and r["splits"] for r in results), results
 
 
-@pytest.mark.rotating(5, 6)  # end-to-end part 6 of 6 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(6, 10)  # end-to-end part 7 of 10 (docs/testing.md, "Rotating parts")
 def test_a_failing_rank_is_named_with_its_traceback():
     with pytest.raises(WorldError, match=r"1 rank\(s\) of 2 failed: \[1\]") as info:
         run_world(2, _fails_on_rank_1, backend="gloo", mode="lazy", timeout=120)
@@ -42,7 +42,7 @@ def test_a_failing_rank_is_named_with_its_traceback():
     assert "--- rank 1:\nKeyError: 'on purpose'" in str(info.value)
 
 
-@pytest.mark.rotating(2, 6)  # end-to-end part 3 of 6 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(6, 10)  # end-to-end part 7 of 10 (docs/testing.md, "Rotating parts")
 def test_a_rank_that_dies_is_named_unless_it_may():
     with pytest.raises(WorldError, match=r"(?s)\[1\].*rank 1:\nprocess exited with code 3 and no result"):
         run_world(2, _rank_1_dies, backend="gloo", timeout=120)
@@ -56,7 +56,7 @@ def _waits_forever(ctx: RankContext) -> int:
         time.sleep(1)
 
 
-@pytest.mark.rotating(4, 6)  # end-to-end part 5 of 6 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(3, 10)  # end-to-end part 4 of 10 (docs/testing.md, "Rotating parts")
 def test_a_rank_still_running_at_the_timeout_shows_where_it_is():
     # faulthandler's dump on SIGUSR1 (registered first thing in each rank): where a rank stopped,
     # which on NCCL tells a slow world from one blocked in a collective

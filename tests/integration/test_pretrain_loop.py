@@ -62,7 +62,7 @@ def _pretrain(*options: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.network
-@pytest.mark.rotating(3, 6)  # end-to-end part 4 of 6 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(4, 10)  # end-to-end part 5 of 10 (docs/testing.md, "Rotating parts")
 def test_megatron_pretrain_is_bit_identical_under_compat():
     path = str(release_dir(RELEASE))
     common = ["--megatron-path", path, *LAYOUT, "--train-iters", str(ITERATIONS)]
@@ -80,7 +80,7 @@ def test_megatron_pretrain_is_bit_identical_under_compat():
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.network
-@pytest.mark.rotating(4, 6)  # end-to-end part 5 of 6 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(7, 10)  # end-to-end part 8 of 10 (docs/testing.md, "Rotating parts")
 def test_megatron_pretrain_follows_0_19_api_bit_identically():
     # 0.19's pretrain takes a PretrainConfigContainer first and reads arguments parsed before the
     # call; the script builds both as that release expects. Kept small for CI: 2 processes, pp 2,

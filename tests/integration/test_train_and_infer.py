@@ -32,7 +32,7 @@ SIZES = {"pp_size": 1, "cp_size": 1, "ep_size": 1, "expt_tp_size": 1}
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.network
-@pytest.mark.rotating(5, 6)  # end-to-end part 6 of 6 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(5, 10)  # end-to-end part 6 of 10 (docs/testing.md, "Rotating parts")
 def test_inference_between_steps_leaves_training_bit_identical():
     if importlib.util.find_spec("megatron") is None:
         pytest.skip("megatron-core is not installed")

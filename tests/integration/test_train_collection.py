@@ -48,8 +48,13 @@ def _compare(results: list[dict], cfgs: list[TrainConfig]) -> None:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.network
-@pytest.mark.rotating(2, 6)  # end-to-end part 3 of 6 (docs/testing.md, "Rotating parts")
-@pytest.mark.parametrize("world", [4, 8])
+@pytest.mark.parametrize(
+    "world",
+    [  # end-to-end parts 7 and 1 of 10 (docs/testing.md, "Rotating parts")
+        pytest.param(4, marks=pytest.mark.rotating(6, 10)),
+        pytest.param(8, marks=pytest.mark.rotating(0, 10)),
+    ],
+)
 def test_collection_trains_exactly_like_the_global_path(world):
     from parallel_state_ng.testing.worlds import GlooWorld
 
@@ -66,7 +71,7 @@ def test_collection_trains_exactly_like_the_global_path(world):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.network
-@pytest.mark.rotating(4, 6)  # end-to-end part 5 of 6 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(7, 10)  # end-to-end part 8 of 10 (docs/testing.md, "Rotating parts")
 def test_collection_served_by_compat_trains_like_the_global_path_on_0_18():
     """0.18's GPT loss reads the global tensor-parallel group: ``compat.use_collection`` serves it."""
     from parallel_state_ng.testing.worlds import GlooWorld

@@ -41,10 +41,12 @@ from scripts.examples.gpt import model as gpt_model  # noqa: E402
 from scripts.examples.gpt import training as gpt_training  # noqa: E402
 
 FOUR_RANKS = [TrainConfig(tp=2, pp=2), TrainConfig(tp=2, pp=2, dropout=0.1)]
-EIGHT_RANKS = [
+EIGHT_RANKS_DENSE = [
     TrainConfig(tp=2, pp=2, dp=2),
     TrainConfig(tp=2, pp=2, dp=2, vpp=2),
     TrainConfig(tp=2, pp=2, dp=2, dist_opt=True),
+]
+EIGHT_RANKS_MOE = [
     TrainConfig(tp=1, pp=2, dp=4, ep=2, experts=4, dispatcher="alltoall"),
     TrainConfig(tp=1, pp=2, dp=4, ep=2, experts=4, dispatcher="allgather"),
 ]
@@ -60,7 +62,7 @@ def _check_variants(results: list[dict], cfgs: list[TrainConfig]) -> dict[str, l
             reference = by_variant["mcore"][i]
             assert reference["facts"]["schedules.parallel_state"] == "megatron.core.parallel_state"
             for variant in ("compat-before", "compat-after"):
-                if i >= len(by_variant[variant]):  # a variant run on the first layouts only
+                if i >= len(by_variant.get(variant, [])):  # a variant run on the first layouts only, or not
                     continue
                 run = by_variant[variant][i]
                 facts = {k: v for k, v in run["facts"].items() if k != "version"}
@@ -85,12 +87,14 @@ def _check_variants(results: list[dict], cfgs: list[TrainConfig]) -> dict[str, l
     return losses
 
 
-def _run_fresh(world_size: int, cfgs: list[TrainConfig], timeout: float, first_only: tuple = ()) -> list[dict]:
+def _run_fresh(
+    world_size: int, cfgs: list[TrainConfig], timeout: float, first_only: tuple = (), variants: tuple = VARIANTS
+) -> list[dict]:
     from parallel_state_ng.testing.worlds import GlooWorld
 
     world = GlooWorld(world_size)
     try:
-        return world.run(gpt_training.train_variants, cfgs, VARIANTS, first_only, timeout=timeout)
+        return world.run(gpt_training.train_variants, cfgs, variants, first_only, timeout=timeout)
     finally:
         world.close()
 
@@ -106,11 +110,21 @@ def test_four_ranks_compat_trains_exactly_like_mcore():
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.rotating(1, 6)  # end-to-end part 2 of 6 (docs/testing.md, "Rotating parts")
-def test_eight_ranks_compat_trains_exactly_like_mcore():
-    # compat installed after megatron's import: on the first layout here (and on both 4-rank ones)
-    results = _run_fresh(8, EIGHT_RANKS, timeout=900, first_only=("compat-after",))
-    _check_variants(results, EIGHT_RANKS)
+@pytest.mark.parametrize(
+    "moe",
+    [  # end-to-end parts 2 and 4 of 10 (docs/testing.md, "Rotating parts")
+        pytest.param(False, id="dense", marks=pytest.mark.rotating(1, 10)),
+        pytest.param(True, id="moe", marks=pytest.mark.rotating(3, 10)),
+    ],
+)
+def test_eight_ranks_compat_trains_exactly_like_mcore(moe):
+    # compat installed after megatron's import: on the first dense layout here (and on both
+    # 4-rank ones); the two MoE dispatchers train in one world, where their numbers must agree
+    if moe:
+        results = _run_fresh(8, EIGHT_RANKS_MOE, timeout=900, variants=("compat-before", "mcore"))
+    else:
+        results = _run_fresh(8, EIGHT_RANKS_DENSE, timeout=900, first_only=("compat-after",))
+    _check_variants(results, EIGHT_RANKS_MOE if moe else EIGHT_RANKS_DENSE)
 
 
 def _script(*options: str) -> subprocess.CompletedProcess:
@@ -126,7 +140,7 @@ def _script(*options: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.rotating(5, 6)  # end-to-end part 6 of 6 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(8, 10)  # end-to-end part 9 of 10 (docs/testing.md, "Rotating parts")
 def test_layouts_agree_on_the_same_global_model(gloo_world):
     """Same global weights and batch (8 microbatches of 2): the first step's loss and gradient
     norm do not depend on the layout. tp 1 pp 1 runs through the script, the rest on 4 ranks.
@@ -186,7 +200,7 @@ def test_bad_options_fail_before_any_process(options, message, capsys, monkeypat
 
 
 def test_validate_accepts_the_tested_layouts():
-    for cfg in FOUR_RANKS + EIGHT_RANKS:
+    for cfg in FOUR_RANKS + EIGHT_RANKS_DENSE + EIGHT_RANKS_MOE:
         assert validate(cfg) is cfg
     with pytest.raises(TrainOptionError, match="--impl must be one of"):
         validate(TrainConfig(impl="megatron"))
