@@ -80,12 +80,19 @@ def worker_context(env: dict[str, str], *, for_megatron: bool = True) -> Any:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     with _environ(env):
-        ctx.set_forkserver_preload(PRELOAD + (MEGATRON_TORCH_MODULES if for_megatron and _megatron_found() else []))
+        ctx.set_forkserver_preload(server_preload(for_megatron))
         multiprocessing.forkserver.ensure_running()
     if not _SERVER_ENV:
         atexit.register(_stop_server)
     _SERVER_ENV[:] = [env_key(env)]
     return ctx
+
+
+def server_preload(for_megatron: bool = True) -> list[str]:
+    """What a fork server imports: :data:`PRELOAD`, and :data:`MEGATRON_TORCH_MODULES` when
+    ``for_megatron`` is true and megatron-core can be imported here.
+    """
+    return PRELOAD + (MEGATRON_TORCH_MODULES if for_megatron and _megatron_found() else [])
 
 
 def _megatron_found() -> bool:

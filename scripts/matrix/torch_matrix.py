@@ -5,8 +5,8 @@ that torch) gets ``torch==VERSION`` first, then the project with its test extra 
 this checkout, on every call: also in a reused venv), installed under a constraint that pins
 torch, so pip can never swap the torch under test (checked after the install: the run stops when
 ``torch.__version__`` is not the one asked for, or the venv imports the package from elsewhere).
-megatron-core 0.15+ declare ``torch>=2.6``; on an older torch the test extra is installed without
-megatron-core and megatron-core (the test extra's pin) with ``--no-deps``, which the table says.
+megatron-core 0.15+ and this project declare ``torch>=2.6``; on an older torch the test extra is
+installed without them, then both with ``--no-deps``, which the table says.
 
 Then, in that environment, from the repository root: the fast subset, the multiprocess subset, the
 demo, and the torch internals the package reads (``parallel_state_ng.groups.torch_support``). A
@@ -178,11 +178,12 @@ def install(version: str, cache: Path, log: Path) -> VersionResult:
     if _version_tuple(version)[:2] >= MEGATRON_TORCH_FLOOR:
         code = _run([*pip, "-e", ".[test]", "-c", str(constraint)], log=log, env=env)
     else:
-        # megatron-core 0.15+ declare torch>=2.6: everything else of the test extra, then megatron-core alone.
-        code = _run([*pip, "-e", ".", *_test_requires_without_megatron(), "-c", str(constraint)], log=log, env=env)
+        # setup.py and megatron-core 0.15+ declare torch>=2.6: the rest of the test extra as
+        # declared, then this project and megatron-core without their dependencies.
+        code = _run([*pip, *_test_requires_without_megatron(), "-c", str(constraint)], log=log, env=env)
         if code == 0:
-            code = _run([*pip, "--no-deps", TEST_MEGATRON, "packaging"], log=log, env=env)
-        note = f"test extra; {TEST_MEGATRON} --no-deps (it declares torch>=2.6)"
+            code = _run([*pip, "--no-deps", "-e", ".", TEST_MEGATRON, "packaging"], log=log, env=env)
+        note = f"test extra; this project and {TEST_MEGATRON} --no-deps (both declare torch>=2.6)"
     if code != 0:
         result.error = "pip install of the test extra failed (see the log)"
         return result
