@@ -48,8 +48,8 @@ setup(
     classifiers=["Programming Language :: Python :: 3"],
     packages=find_packages(include=["parallel_state_ng", "parallel_state_ng.*", "compat"]),
     python_requires=">=3.10",
-    # torch 2.6: the lowest release the torch matrix passes on, and megatron-core 0.15+'s own
-    # floor (docs/torch.md: 2.4.1 fails; what differs by release is in groups/torch_support.py).
+    # torch 2.6: megatron-core 0.15+'s own floor (docs/torch.md: 2.5.1 passes with both installed
+    # --no-deps, 2.4.1 fails; what differs by release is in groups/torch_support.py).
     install_requires=["torch>=2.6"],
     extras_require={"megatron": ["megatron-core", "einops"], "test": TEST_REQUIRES, "lint": LINT_REQUIRES},
     package_data={"parallel_state_ng": ["py.typed"], "compat": ["py.typed"]},
