@@ -15,6 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from parallel_state_ng import HyperCommGrid, UnknownDimError
+from tests.support.releases.grid_checks import rank_enum
 
 megatron_hcg = pytest.importorskip("megatron.core.hyper_comm_grid")
 MegatronGrid = megatron_hcg.HyperCommGrid
@@ -38,7 +39,7 @@ def new_group_calls(monkeypatch):
 
 def _megatron_row(shape, names, offset, dims, rank) -> list[int]:
     """The group containing ``rank`` in megatron's enumeration over ``dims``."""
-    rows = MegatronGrid(shape, names, rank_offset=offset).get_rank_enum(dims)
+    rows = rank_enum(MegatronGrid(shape, names, rank_offset=offset), dims)
     (row,) = [row for row in rows if rank in row]
     return row
 
@@ -127,7 +128,7 @@ def test_all_ranks_makes_one_call_per_group_like_megatron(fake_world, new_group_
     shape, names = [4, 4, 4], ["tp", "dp", "pp"]  # 64 ranks; the rest of the world is outside
     grid = HyperCommGrid(shape, names)
     pg = grid.create_pg(["tp", "pp"], all_ranks=True)
-    expected_rows = MegatronGrid(shape, names).get_rank_enum(["tp", "pp"])
+    expected_rows = rank_enum(MegatronGrid(shape, names), ["tp", "pp"])
     assert [c["ranks"] for c in new_group_calls] == expected_rows
     assert not any(c.get("use_local_synchronization") for c in new_group_calls)
     megatron_pg = MegatronGrid(shape, names).create_pg(["tp", "pp"])

@@ -136,7 +136,8 @@ def test_the_training_timeout_lets_the_registry_share_inference_groups(fake_worl
     made = len(new_group_calls)
     sizes = {"tp_size": 4, "pp_size": 1, "cp_size": 1, "ep_size": 1, "expt_tp_size": 1}
     default = build_inference_collection(8, **sizes, check_agreement=False)  # torch's default timeout: not shared
-    assert sorted(map(len, new_group_calls[made:])) == [1, 2, 4, 8]
+    made_sizes = sorted(map(len, new_group_calls[made:]))  # 0.16+ also make a group of one rank
+    assert made_sizes in ([2, 4, 8], [1, 2, 4, 8]), made_sizes
     made = len(new_group_calls)
     shared = build_inference_collection(8, **sizes, check_agreement=False, timeout=timedelta(minutes=30))
     # no communicator made: every inference group's members are a training group's; the world
@@ -144,7 +145,7 @@ def test_the_training_timeout_lets_the_registry_share_inference_groups(fake_worl
     assert new_group_calls[made:] == []
     assert tuple(range(8)) in {key[0] for key, _, _ in registry.entries()}
     assert not {id(pg) for pg in vars(shared).values() if pg is not None} - training
-    assert destroy_inference_collection(shared) == 0 and destroy_inference_collection(default) == 4
+    assert destroy_inference_collection(shared) == 0 and destroy_inference_collection(default) == len(made_sizes)
     assert sorted(id(group) for _, group, holders in registry.entries()) == sorted(training)
     assert {holders for _, _, holders in registry.entries()} == {1}
     assert train.destroy() == len(training) and registry.entries() == []

@@ -18,6 +18,8 @@ import compat  # noqa: E402
 import compat.parallel_state as ps  # noqa: E402
 from parallel_state_ng import build_megatron_groups, ensure_global_memory_buffer, megatron_schedule  # noqa: E402
 from parallel_state_ng.builders.collection import NoCollectionError  # noqa: E402
+from parallel_state_ng.releases.new_code_path import P2P_COMMUNICATOR_TAKERS  # noqa: E402
+from tests.support.served import has_collection, served, skip_unless  # noqa: E402
 
 
 def _config(pp: int, vp: int | None = None):
@@ -30,6 +32,7 @@ def _config(pp: int, vp: int | None = None):
 @pytest.fixture
 def legacy_and_new(fake_world):
     """Rank 6 of 8, compat installed: legacy tp 2 pp 4 in the globals, a new module pp 2."""
+    skip_unless(has_collection(), "has no pg_collection schedule path (it came in 0.15)")
     assert not compat.is_installed(), "a previous test left compat installed"
     fake_world(6, 8)
     compat.install()
@@ -64,19 +67,22 @@ def test_schedule_from_the_collection_inside_the_scope(legacy_and_new, vp, relea
 
 
 def test_no_pipelining_and_kwargs_are_not_repeated(fake_world):
+    skip_unless(has_collection(), "has no pg_collection schedule path (it came in 0.15)")
     from megatron.core.pipeline_parallel import schedules
 
     fake_world(1, 2)
     with build_megatron_groups(tensor_model_parallel_size=2) as groups:
         sched = megatron_schedule(groups, _config(1))
         assert sched.forward_backward_func is schedules.forward_backward_no_pipelining
-        assert "p2p_communicator" in sched.kwargs  # 0.16+ takes it there too (unused by MCore)
+        takes = "forward_backward_no_pipelining" in P2P_COMMUNICATOR_TAKERS[served().series]
+        assert ("p2p_communicator" in sched.kwargs) == takes  # 0.16+ takes it there too (unused by MCore)
         assert "p2p_communicator" not in megatron_schedule(groups, _config(1), release="0.15").kwargs
         with pytest.raises(TypeError, match="pg_collection"):
             sched(pg_collection=None)
 
 
 def test_bad_arguments_name_themselves(fake_world):
+    skip_unless(has_collection(), "has no pg_collection schedule path (it came in 0.15)")
     fake_world(0, 4)
     with build_megatron_groups(pipeline_model_parallel_size=2) as groups:
         with pytest.raises(ValueError, match=r"pipeline_model_parallel_size \(4\).*pipeline size \(2"):

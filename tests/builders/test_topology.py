@@ -19,6 +19,7 @@ import torch.distributed as dist
 from parallel_state_ng.builders.topology import EXPERT_VIEW, build_topology, module_grid_dims
 from parallel_state_ng.layout.topology_spec import ModuleSpec, TopologySpecError, validate_topology
 from tests.support.releases import wheels
+from tests.support.releases.grid_checks import rank_enum
 
 
 def _live_groups() -> int:
@@ -137,7 +138,7 @@ def test_every_rank_holds_its_modules_groups(spec_of, fake_world, new_group_call
                 for k in range(1, len(grid.dim_names) + 1):
                     for dims in itertools.combinations(grid.dim_names, k):
                         assert grid._gen_rank_enum(list(dims)) == theirs._gen_rank_enum(list(dims)), dims
-                        assert grid.get_rank_enum(list(dims)) == theirs.get_rank_enum(list(dims)), dims
+                        assert rank_enum(grid, list(dims)) == rank_enum(theirs, list(dims)), dims
                 if name not in mine:
                     assert grid.get_pg("tp") is None and not topo.groups(name).is_member
                     continue

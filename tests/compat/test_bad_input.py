@@ -9,6 +9,7 @@ Where megatron-core raises for the same input, our exception must be an instance
 
 from __future__ import annotations
 
+import collections
 import inspect
 import math
 import signal
@@ -296,7 +297,7 @@ def _assert_pristine(pg_before: set) -> None:
     assert ps.get_state() is None
     for name in (*_published.state_globals(vars(ps)), *_published.OVERRIDE_GLOBALS, *_published.BUFFER_GLOBALS):
         assert name == "_HYBRID_DP_CP_GROUPS" or getattr(ps, name, None) is None, name
-    assert ps._HYBRID_DP_CP_GROUPS == {}
+    assert getattr(ps, "_HYBRID_DP_CP_GROUPS", {}) == {}  # a dict of the releases that have it (0.16+)
     assert set(dist.distributed_c10d._world.pg_map) == pg_before
 
 
@@ -341,7 +342,8 @@ def test_every_argument_has_bad_inputs():
     covered = {case.argument for case in CASES}
     assert covered == parameters, parameters ^ covered
     assert len({case.case_id for case in CASES}) == len(CASES)
-    assert len(CASES) >= 110, len(CASES)
+    per_argument = collections.Counter(case.argument for case in CASES)
+    assert min(per_argument.values()) >= 2, per_argument  # each argument: at least two bad values
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.case_id for c in CASES])

@@ -40,8 +40,8 @@ def _shape(fn) -> list[tuple[str, str, object]]:
 
 def test_reference_api_is_not_empty():
     """The derivation found the API (guards against a silently empty parametrization)."""
-    assert len(FUNCTIONS) >= 80 and "initialize_model_parallel" in FUNCTIONS
-    assert len(GLOBALS) >= 50 and "_TENSOR_MODEL_PARALLEL_GROUP" in GLOBALS
+    assert len(FUNCTIONS) >= 60 and "initialize_model_parallel" in FUNCTIONS  # 0.12 has the fewest
+    assert len(GLOBALS) >= 40 and "_TENSOR_MODEL_PARALLEL_GROUP" in GLOBALS
     assert {"__init__", "get_mask", "get_ranks"} <= set(RANK_GENERATOR_METHODS)
 
 

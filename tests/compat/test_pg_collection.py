@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from parallel_state_ng.layout.kinds import fills
 from tests.support.paths import ROOT
+from tests.support.served import has_collection, skip_unless
 
 # Worker processes import this module: no megatron at module level.
 
@@ -71,6 +72,7 @@ def _ranks_to_check(world: int) -> list[int]:
 
 @pytest.mark.parametrize("world,kwargs", CONFIGS, ids=[f"w{w}-{i}" for i, (w, _) in enumerate(CONFIGS)])
 def test_fields_equal_mcore_use_mpu_process_groups(world, kwargs, fake_world, monkeypatch):
+    skip_unless(has_collection(), "has no ProcessGroupCollection (it came in 0.15)")
     mcore_ps = pytest.importorskip("megatron.core.parallel_state")
     from megatron.core.process_groups_config import ProcessGroupCollection
 
@@ -105,6 +107,7 @@ def test_fields_equal_mcore_use_mpu_process_groups(world, kwargs, fake_world, mo
 
 
 def test_required_pgs_and_errors(fake_world, monkeypatch):
+    skip_unless(has_collection(), "has no ProcessGroupCollection (it came in 0.15)")
     pytest.importorskip("megatron.core.process_groups_config")
     import megatron.core.process_groups_config as pgc_module
 
@@ -185,6 +188,7 @@ def _export_on_gloo(configs):
 
 @pytest.mark.slow
 def test_gloo_fields_are_compat_groups(gloo_world):
+    skip_unless(has_collection(), "has no ProcessGroupCollection (it came in 0.15)")
     pytest.importorskip("megatron.core.process_groups_config")
     configs = [
         {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},

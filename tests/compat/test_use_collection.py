@@ -24,6 +24,11 @@ import torch.distributed as dist
 from parallel_state_ng import build_megatron_groups
 from parallel_state_ng.groups.agreement_protocol import ParallelConfigMismatchError
 from parallel_state_ng.layout.from_groups import InconsistentCollectionError, infer_layout
+from tests.support.served import has_collection, served
+
+pytestmark = pytest.mark.skipif(
+    not has_collection(), reason=f"megatron-core {served()} has no ProcessGroupCollection (it came in 0.15)"
+)
 
 # Worker processes import this module: no megatron at module level.
 

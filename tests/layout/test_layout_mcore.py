@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 from parallel_state_ng import HyperCommGrid, Layout, UnknownDimError
+from tests.support.releases.grid_checks import rank_enum
 
 megatron_ps = pytest.importorskip("megatron.core.parallel_state")
 megatron_hcg = pytest.importorskip("megatron.core.hyper_comm_grid")
@@ -187,8 +188,8 @@ def test_layout_matches_megatron(config: Config, monkeypatch):
         if dims:
             # megatron's HyperCommGrid takes a bare name for one dim and a list otherwise.
             arg = dims[0] if len(dims) == 1 else dims
-            assert mcore_grid.get_rank_enum(arg) == expected
-            assert our_grid.get_rank_enum(arg) == expected
+            assert rank_enum(mcore_grid, arg) == expected  # get_rank_enum from 0.16 on
+            assert rank_enum(our_grid, arg) == expected
 
         group_of = {r: (g, row) for g, row in enumerate(expected) for r in row}
         for rank in ranks_to_check:

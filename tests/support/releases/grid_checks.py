@@ -21,6 +21,15 @@ from typing import Any
 import torch.distributed as dist
 
 
+def rank_enum(grid: Any, dims: str | list[str]) -> list[list[int]]:
+    """``grid.get_rank_enum(dims)``, or on a release without it (before 0.16) the rows it would
+    give: ``_gen_rank_enum`` of the dims put in the grid's order, as 0.16's method does.
+    """
+    if hasattr(grid, "get_rank_enum"):
+        return grid.get_rank_enum(dims)
+    return grid._gen_rank_enum(grid._order_dims(dims)[0])
+
+
 def _params(fn: Callable[..., Any]) -> list[tuple]:
     return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
