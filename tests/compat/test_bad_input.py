@@ -24,6 +24,8 @@ import compat
 import compat.parallel_state as ps
 from compat import _publish as _published
 from parallel_state_ng.releases import Release
+from parallel_state_ng.releases import parallel_state as release_api
+from tests.support.served import served
 
 WORLD = 8
 RANK = 3
@@ -295,9 +297,10 @@ def _assert_pristine(pg_before: set) -> None:
     """Not initialized, every module global reset, no process group left behind."""
     assert not ps.is_initialized()
     assert ps.get_state() is None
+    initial = release_api.globals_of(served())  # a global's container type where it starts as one
     for name in (*_published.state_globals(vars(ps)), *_published.OVERRIDE_GLOBALS, *_published.BUFFER_GLOBALS):
-        assert name == "_HYBRID_DP_CP_GROUPS" or getattr(ps, name, None) is None, name
-    assert getattr(ps, "_HYBRID_DP_CP_GROUPS", {}) == {}  # a dict of the releases that have it (0.16+)
+        value, kind = getattr(ps, name, None), initial.get(name)
+        assert value is None or (kind is not None and value == kind()), name
     assert set(dist.distributed_c10d._world.pg_map) == pg_before
 
 
