@@ -363,29 +363,19 @@ def test_bad_input_exits_2_naming_the_option(capsys, args, option):
     assert "Traceback" not in err
 
 
+def _python(*args: str) -> subprocess.CompletedProcess[str]:
+    """A fresh interpreter with ``args``, from the repository root, which it can import."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_module_entry_point_smoke():
-    root = ROOT
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "parallel_state_ng", "layout", "--world-size", "8", "--tp", "2", "--kinds", "tp"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=root,
-        env=env,
-    )
+    proc = _python("-m", "parallel_state_ng", "layout", "--world-size", "8", "--tp", "2", "--kinds", "tp")
     assert proc.returncode == 0, proc.stderr
     assert "tp - tensor model parallel [TENSOR_MODEL_PARALLEL_GROUP]: 4 groups of 2 ranks" in proc.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "parallel_state_ng", "layout", "--world-size", "8", "--tp", "3"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=root,
-        env=env,
-    )
+    bad = _python("-m", "parallel_state_ng", "layout", "--world-size", "8", "--tp", "3")
     assert bad.returncode == 2 and "--tp" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -441,15 +431,7 @@ def test_pure_commands_do_not_import_torch():
         "        codes.append(main(argv))\n"
         "print(json.dumps({'codes': codes, 'torch': sorted(m for m in sys.modules if m.split('.')[0] == 'torch')}))\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(_PURE_COMMANDS)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env=env,
-    )
+    proc = _python("-c", code, json.dumps(_PURE_COMMANDS))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["codes"] == [0, 0, 1, 0, 0, 0]  # --diff: 1 when the releases differ
