@@ -8,8 +8,10 @@ Off unless enabled: pass ``-p parallel_state_ng.testing.pytest_plugin`` to pytes
     A function ``init(rank, world_size)`` that makes this process rank ``rank`` of a
     ``world_size``-rank world on torch's fake backend (no processes;
     :func:`parallel_state_ng.testing.worlds.init_simulated_rank`). Call it again for another
-    rank or size: each call replaces the default process group. After the test the default
-    group, if any, is destroyed, so tests stay independent.
+    rank or size: each call replaces the default process group. After the test, model
+    parallelism a test left initialized (``compat.parallel_state``'s or megatron-core's own
+    ``parallel_state``) is destroyed first, then the default group, so tests stay independent
+    even when one fails halfway.
 
 ``psng_gloo_world`` (session scope)
     A function ``get(world_size)`` returning a :class:`parallel_state_ng.testing.worlds.GlooWorld`
@@ -80,8 +82,28 @@ def psng_simulated_rank() -> Iterator[Callable[[int, int], None]]:
         init_simulated_rank(rank, world_size, replace=True)
 
     yield init
+    _destroy_left_model_parallelism()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+#: Modules whose ``destroy_model_parallel`` a simulated rank's teardown calls if left initialized.
+_STATE_MODULES = ("compat.parallel_state", "megatron.core.parallel_state")
+
+
+def _destroy_left_model_parallelism() -> None:
+    # Only modules the test already imported: the teardown imports nothing. compat.install()
+    # can make both names one module, so each module object is destroyed once.
+    import sys
+
+    seen: set[int] = set()
+    for name in _STATE_MODULES:
+        module = sys.modules.get(name)
+        if module is None or id(module) in seen:
+            continue
+        seen.add(id(module))
+        if module.model_parallel_is_initialized():
+            module.destroy_model_parallel()
 
 
 @pytest.fixture(scope="session")

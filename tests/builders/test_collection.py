@@ -131,7 +131,7 @@ def test_only_the_ranks_own_groups_are_created(world, rank, fake_world, new_grou
     with build_megatron_groups(**kwargs) as groups:
         assert [sorted(c) for c in new_group_calls] == [sorted(r) for r in expected]
         assert all(rank in c for c in new_group_calls)
-        assert groups.field_ranks()["tp"] == list(range(rank - rank % 8, rank - rank % 8 + 8))
+        assert groups.ranks("tp") == list(range(rank - rank % 8, rank - rank % 8 + 8))
 
 
 @pytest.mark.parametrize("fail_at", [1, 4, 9])

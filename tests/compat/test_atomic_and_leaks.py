@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 import compat.parallel_state as ps
-from compat import _publish as _published
 from parallel_state_ng import HyperCommGrid
 from tests.support import served
+from tests.support.pristine import pristine_problems
 
 _WORLD = dist.distributed_c10d._world
 
@@ -38,25 +38,6 @@ def _registries() -> dict[str, int]:
         "pg_to_tag": len(_WORLD.pg_to_tag),
         "tagged_groups": sum(len(groups) for groups in _WORLD.tags_to_pg.values()),
     }
-
-
-def _pristine_problems(pg_before: set) -> list[str]:
-    """What differs from a never-initialized compat module (empty list: nothing)."""
-    problems = []
-    if ps.is_initialized():
-        problems.append("is_initialized() is True")
-    if ps.get_state() is not None:
-        problems.append("get_state() is not None")
-    names = (*_published.state_globals(vars(ps)), *_published.OVERRIDE_GLOBALS, *_published.BUFFER_GLOBALS)
-    problems += [
-        f"{name} is set" for name in names if name != "_HYBRID_DP_CP_GROUPS" and getattr(ps, name, None) is not None
-    ]
-    if getattr(ps, "_HYBRID_DP_CP_GROUPS", {}) != {}:  # the hybrid groups' global (0.16+)
-        problems.append("_HYBRID_DP_CP_GROUPS is not empty")
-    extra = set(_WORLD.pg_map) - pg_before
-    if extra or set(_WORLD.pg_map) != pg_before:
-        problems.append(f"{len(extra)} new live groups, {len(pg_before - set(_WORLD.pg_map))} gone")
-    return problems
 
 
 class _FailingNewGroup:
@@ -136,11 +117,11 @@ def test_failure_at_every_group_creation_leaves_nothing(fake_world, monkeypatch,
             ps.initialize_model_parallel(**kwargs)
         monkeypatch.setattr(dist, "new_group", failing.real)
         assert failing.calls == fail_at  # it stopped at the failure
-        assert _pristine_problems(pg_before) == [], (fail_at, error)
+        assert pristine_problems(pg_before) == [], (fail_at, error)
     ps.initialize_model_parallel(**kwargs)  # the next correct call works
     assert len(ps.get_state().created) == total
     ps.destroy_model_parallel()
-    assert _pristine_problems(pg_before) == []
+    assert pristine_problems(pg_before) == []
 
 
 def _embedding_ranks_that_fail(pp_ranks, *args):
@@ -153,11 +134,11 @@ def test_failing_user_callable_leaves_nothing(fake_world, argument):
     pg_before = set(_WORLD.pg_map)
     with pytest.raises(ValueError, match="embedding ranks unavailable"):
         ps.initialize_model_parallel(**MOE, **{argument: _embedding_ranks_that_fail})
-    assert _pristine_problems(pg_before) == []
+    assert pristine_problems(pg_before) == []
     ps.initialize_model_parallel(**MOE)
     assert ps.get_pipeline_model_parallel_world_size() == 2
     ps.destroy_model_parallel()
-    assert _pristine_problems(pg_before) == []
+    assert pristine_problems(pg_before) == []
 
 
 # --------------------------------------------------------------------------- atomic (gloo)
@@ -177,7 +158,7 @@ def _gloo_failure_then_success(mode: str, fail_at: int) -> dict:
         error = str(exc)
     finally:
         dist.new_group = real
-    problems = _pristine_problems(pg_before)
+    problems = pristine_problems(pg_before)
     ps.initialize_model_parallel(**kwargs)
     try:
         total = torch.tensor([float(dist.get_rank())])
@@ -186,7 +167,7 @@ def _gloo_failure_then_success(mode: str, fail_at: int) -> dict:
         tp_sum = total.item()
     finally:
         ps.destroy_model_parallel()
-    return {"error": error, "problems": problems, "tp_sum": tp_sum, "after": _pristine_problems(pg_before)}
+    return {"error": error, "problems": problems, "tp_sum": tp_sum, "after": pristine_problems(pg_before)}
 
 
 @pytest.mark.parametrize("mode, fail_at", [("new_group", 1), ("new_group", 6), ("callable", 0)])
@@ -227,7 +208,7 @@ def test_compat_init_destroy_cycles_leak_nothing(fake_world):
         if cycle == 20:
             gc.collect()
             rss_at_20 = _rss_bytes()
-    assert _pristine_problems(pg_before) == []
+    assert pristine_problems(pg_before) == []
     gc.collect()
     growth = _rss_bytes() - rss_at_20
     assert growth < RSS_TOLERANCE, f"RSS grew by {growth / 1e6:.2f} MB between cycle 20 and {CYCLES}"

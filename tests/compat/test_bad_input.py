@@ -22,10 +22,8 @@ import torch.distributed as dist
 
 import compat
 import compat.parallel_state as ps
-from compat import _publish as _published
 from parallel_state_ng.releases import Release
-from parallel_state_ng.releases import parallel_state as release_api
-from tests.support.served import served
+from tests.support.pristine import pristine_problems
 
 WORLD = 8
 RANK = 3
@@ -293,17 +291,6 @@ def megatron_ps():
         compat.install()
 
 
-def _assert_pristine(pg_before: set) -> None:
-    """Not initialized, every module global reset, no process group left behind."""
-    assert not ps.is_initialized()
-    assert ps.get_state() is None
-    initial = release_api.globals_of(served())  # a global's container type where it starts as one
-    for name in (*_published.state_globals(vars(ps)), *_published.OVERRIDE_GLOBALS, *_published.BUFFER_GLOBALS):
-        value, kind = getattr(ps, name, None), initial.get(name)
-        assert value is None or (kind is not None and value == kind()), name
-    assert set(dist.distributed_c10d._world.pg_map) == pg_before
-
-
 def _builtin_type(exc_type: type) -> type:
     """The nearest builtin exception class (numpy's UFuncTypeError -> TypeError)."""
     return next(t for t in exc_type.__mro__ if t.__module__ == "builtins")
@@ -359,12 +346,12 @@ def test_bad_input(case: BadInput, fake_world, megatron_ps):
         ps.initialize_model_parallel(**kwargs)
     ours = info.value
     assert case.argument in str(ours), f"{type(ours).__name__}: {ours}"
-    _assert_pristine(pg_before)
+    assert pristine_problems(pg_before) == []
 
     ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
     assert ps.get_tensor_model_parallel_world_size() == 2
     ps.destroy_model_parallel()
-    _assert_pristine(pg_before)
+    assert pristine_problems(pg_before) == []
 
     if not case.run_mcore:
         return

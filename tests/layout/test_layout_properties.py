@@ -206,7 +206,10 @@ def test_hierarchical_levels_match_megatrons_create_hierarchical_groups(monkeypa
     split = layout.split("cp", levels, ["h0", "h1", "h2"])
     for cp_group in layout.rank_enum("cp"):
         for rank in cp_group:
-            theirs, _ = megatron_ps.create_hierarchical_groups(rank, cp_group, levels)
+            if hasattr(megatron_ps, "create_hierarchical_groups"):  # 0.13 on
+                theirs, _ = megatron_ps.create_hierarchical_groups(rank, cp_group, levels)
+            else:  # 0.12: the same levels from its hierarchical_parallel variant
+                theirs = megatron_ps.create_hierarchical_parallel_groups(rank, cp_group, len(cp_group), levels, None)
             assert theirs == [split.group_ranks(rank, f"h{k}") for k in range(len(levels))]
 
 

@@ -277,3 +277,26 @@ def test_the_plugin_is_not_loaded_automatically():
     # An entry point in the pytest11 group would load it into every pytest run of an environment
     # where the package is installed.
     assert "pytest11" not in Path(ROOT, "setup.py").read_text(encoding="utf-8")
+
+
+def test_a_test_failing_halfway_leaves_no_model_parallelism_behind(pytester):
+    """The simulated rank's teardown destroys the model parallelism a failed test left initialized."""
+    pytester.makepyfile(
+        test_halfway="""
+import compat.parallel_state as ps
+
+def test_fails_while_initialized(psng_simulated_rank):
+    psng_simulated_rank(3, 8)
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+    raise AssertionError("halfway")
+
+def test_the_next_starts_clean(psng_simulated_rank):
+    assert not ps.model_parallel_is_initialized()
+    psng_simulated_rank(0, 8)
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, create_gloo_process_groups=False)
+    ps.destroy_model_parallel()
+"""
+    )
+    result = pytester.runpytest_inprocess("-p", PLUGIN, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*AssertionError: halfway*"])

@@ -157,7 +157,10 @@ def test_report_lists_exactly_the_marked_lines(tree, capsys):
     assert eq[("layer.py", 3)] == "from compat import parallel_state as mpu"
     assert "(imported by name: a copy taken at import time)" in eq[("layer.py", 16)]
     assert eq[("gpt.py", 1)] == "from compat import parallel_state; from .. import tensor_parallel"
-    assert 'groups["intra_ep_dp"]' in eq[("gpt.py", 6)]
+    if "partial_expert_data_parallel" in _served_parameters("get_expert_data_parallel_group"):
+        assert 'groups["intra_ep_dp"]' in eq[("gpt.py", 6)]
+    else:  # 0.12's getter takes no such keyword: the call does not bind, the alternatives are listed
+        assert "'intra_ep_dp' with partial_expert_data_parallel=True" in eq[("gpt.py", 6)]
     assert "UNKNOWN" in by_line[("gpt.py", 2, "import of get_gone")]
 
     summary = out.splitlines()[-1]
@@ -259,6 +262,11 @@ def test_apply_result_parses_and_uses_compat(tree, capsys):
     assert ", 0 imports to switch" in out.splitlines()[-1]
 
 
+def _served_parameters(name: str) -> set[str]:
+    """The parameter names of getter ``name`` in the served release."""
+    return {param[0] for param in release_api.signature(name, served.served()) or ()}
+
+
 def test_named_grid_table_names_exist_in_compat():
     import compat.parallel_state as compat_ps
 
@@ -276,8 +284,13 @@ def test_named_grid_table_names_exist_in_compat():
         if not release_api.has(name, release):
             continue
         params = inspect.signature(getattr(compat_ps, name)).parameters
+        assert set(params) == _served_parameters(name), name
         for keywords, kind in variants:
-            assert set(keywords) <= set(params), (name, keywords)
+            # keywords the served release lacks belong to another one (0.12: no partial EDP)
+            takes = [
+                s for s in SUPPORTED_SERIES if set(keywords) <= {p[0] for p in release_api.signature(name, s) or ()}
+            ]
+            assert takes, (name, keywords)
             assert kind.removesuffix("_gloo") in GROUP_KINDS, (name, kind)
     assert {"get_tensor_model_parallel_group", "_PIPELINE_GLOBAL_RANKS", "initialize_model_parallel"} <= api
     assert not {"Optional", "annotations", "torch", "timedelta", "contextmanager", "warnings"} & api
@@ -304,7 +317,8 @@ def test_named_grid_table_matches_compat_getters(fake_world, rank):
         for name, (kind, accessor) in NAMED_GRID_GETTERS.items():
             if not release_api.has(name, served.served()):
                 continue  # a getter of other releases (the table covers them all)
-            calls = [({}, kind)] + [({k: True for k in kws}, k) for kws, k in GETTER_VARIANTS.get(name, ())]
+            variants = [(kws, k) for kws, k in GETTER_VARIANTS.get(name, ()) if set(kws) <= _served_parameters(name)]
+            calls = [({}, kind)] + [({k: True for k in kws}, k) for kws, k in variants]
             for kwargs, k in calls:
                 if k not in state.groups:  # gloo twins off; a kind this rank is in no group of
                     continue
@@ -325,4 +339,4 @@ def test_named_grid_table_matches_compat_getters(fake_world, rank):
                 checked += 1
     finally:
         compat_ps.destroy_model_parallel()
-    assert checked >= 55
+    assert checked >= 48  # the getters and variants of the release (fewest in 0.12)
