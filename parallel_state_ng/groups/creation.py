@@ -10,6 +10,7 @@ registries. See docs/engine.md (group names) and docs/reliability.md.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import time
 from array import array
@@ -18,9 +19,11 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from parallel_state_ng.groups import liveness, registry
+from parallel_state_ng.groups.torch_support import torch_has
 
 __all__ = [
     "new_member_group",
@@ -54,6 +57,25 @@ _world_of_state: list[Any] = [None]
 _new_world_callbacks: list[Any] = []
 # > 0 while groups are made inside a creation_round (no readiness marks).
 _rounds_open: list[int] = [0]
+# Torch before 2.8 (TORCH_FACTS pg_destructor_releases_gil): the backends of the groups the last
+# destroy_groups call destroyed. Their ProcessGroup objects, when freed by their last holder (often
+# the caller's code, right after a collective), then do not destroy the backend under the GIL;
+# the backends are freed here, where torch releases the GIL first: at the next call, or at exit.
+_kept_backends: list[Any] = []
+
+
+def _keep_backends(pg: Any) -> None:
+    for device_type in getattr(pg, "_device_types", ()):
+        try:
+            _kept_backends.append(pg._get_backend(torch.device(device_type)))
+        except Exception:  # noqa: BLE001 - no backend for that device: nothing to keep
+            pass
+
+
+@atexit.register
+def _free_kept_backends() -> None:
+    # While the interpreter is whole: a backend freed during finalization cannot take the GIL.
+    _kept_backends.clear()
 
 
 @contextmanager
@@ -241,7 +263,9 @@ def destroy_groups(groups: Iterable[Any], lease: registry.Lease | None = None) -
     (bounded wait, docs/reliability.md); a group destroyed with
     ``torch.distributed.destroy_process_group`` directly gets no such wait. Besides
     ``torch.distributed.destroy_process_group``, this removes the now empty
-    ``ptd:<group name>`` tag list torch keeps for every named group.
+    ``ptd:<group name>`` tag list torch keeps for every named group. Before torch 2.8 it keeps the
+    destroyed groups' backends until its next call (or exit), so that freeing a group object right
+    after a collective cannot deadlock in torch's destructor (``pg_destructor_releases_gil``).
 
     ``lease``: the destroyed layout's hold on the process-wide communicator registry
     (:mod:`parallel_state_ng.groups.registry`), given back first. A group another live layout
@@ -249,6 +273,8 @@ def destroy_groups(groups: Iterable[Any], lease: registry.Lease | None = None) -
     """
     if lease is not None:
         lease.release()
+    _free_kept_backends()  # the previous call's: no collective runs on them any more
+    keep = not torch_has("pg_destructor_releases_gil")
     if not dist.is_initialized():  # the default group (and with it every group) was destroyed
         for pg in groups:
             _live.pop(id(pg), None)
@@ -267,6 +293,8 @@ def destroy_groups(groups: Iterable[Any], lease: registry.Lease | None = None) -
         name = world.pg_names.get(pg)
         if name in _unsettled:
             _settle(pg, name)
+        if keep:
+            _keep_backends(pg)
         dist.destroy_process_group(pg)
         if tag and tag.startswith("ptd:") and not world.tags_to_pg.get(tag, True):
             del world.tags_to_pg[tag]

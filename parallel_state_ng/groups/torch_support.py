@@ -55,6 +55,12 @@ TORCH_FACTS: dict[str, tuple[str, str | None]] = {
     # collective on such a group (a destroyed one: the engine's RuntimeError). Read in 2.7.1 and
     # 2.8.0's distributed_c10d.py.
     "unregistered_group_backend_valueerror": ("2.8", None),
+    # Freeing the last Python reference to a ProcessGroup releases the GIL while its backends are
+    # destroyed (pytorch/pytorch#154976). Before, ~ProcessGroupGloo ran under the GIL and took
+    # its work mutex, while a gloo worker thread holding that mutex waited for the GIL to free a
+    # finished collective's tensor: a deadlock right after a collective, measured on 2.5.1 and
+    # 2.6.0 (docs/torch.md); the engine then keeps destroyed groups' backends (creation.py).
+    "pg_destructor_releases_gil": ("2.8", None),
 }
 
 
