@@ -30,6 +30,7 @@ __all__ = [
     "ENV_FAILURE_TIMEOUT",
     "failure_timeout",
     "creation_timeout",
+    "grace_seconds",
     "guarded_create",
     "CreationContext",
     "agree_on_survivors",
@@ -99,9 +100,15 @@ def creation_timeout() -> float:
     return 0.7 * failure_timeout()
 
 
+def grace_seconds(bound: float | None = None) -> float:
+    """How long a failing rank waits for the other members' failure records: a tenth of the
+    failure bound ``bound`` (default: :func:`failure_timeout`), at least 1 s and at most 3 s.
+    """
+    return max(1.0, min(3.0, 0.1 * (failure_timeout() if bound is None else bound)))
+
+
 def _grace() -> float:
-    """How long a failing rank waits for the other members' failure records (1 to 3 s)."""
-    return max(1.0, min(3.0, 0.1 * failure_timeout()))
+    return grace_seconds()
 
 
 def _store() -> Any:

@@ -21,7 +21,7 @@ from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, create
 from parallel_state_ng.groups.nccl_config import check_nccl_config
 from parallel_state_ng.groups.nvlink_check import CHECK_FIELD, Groups, check_domains, raise_if_invalid, round_arguments
 from parallel_state_ng.groups.sharing import group_sharing_mode
-from parallel_state_ng.groups.split import ENV_SPLIT_SHARE, creation_path, split_share_enabled
+from parallel_state_ng.groups.split import creation_path
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.named_layout import Layout
 from parallel_state_ng.layout.nvlink_domains import GroupRows, kind_group_blocks
@@ -30,7 +30,6 @@ from parallel_state_ng.layout.plan import PlanOptions
 __all__ = [
     "SHARING_FIELD",
     "CREATION_FIELD",
-    "SPLIT_SHARE_FIELD",
     "Prepared",
     "agree",
     "check_nvlink_domains",
@@ -44,9 +43,6 @@ SHARING_FIELD = "group sharing (PSNG_SHARE_GROUPS)"
 #: The agreement field that carries the creation path: a rank on the member path would leave
 #: the others waiting in their splits.
 CREATION_FIELD = "creation path (PSNG_CREATION_PATH)"
-#: Agreement field: whether splits share NCCL resources (``PSNG_NCCL_SPLIT_SHARE``); ranks that
-#: differ would make communicators of different kinds from one split.
-SPLIT_SHARE_FIELD = f"NCCL split sharing ({ENV_SPLIT_SHARE})"
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,7 @@ def agree(
 ) -> AgreementResult | None:
     """The pipeline's agreement step: ``fields`` and the process-wide switches, equal on ``ranks``.
 
-    The switches: group sharing, NCCL split sharing, the creation path (``creation``, as
+    The switches: group sharing, the creation path (``creation``, as
     :func:`~parallel_state_ng.groups.split.creation_path` resolves it) and the NVLink-domain
     check's settings; this rank's NVLink domain id rides on the same round
     (:mod:`~parallel_state_ng.groups.nvlink_check`; the result's ``summary`` is the domain map).
@@ -95,7 +91,6 @@ def agree(
     compared = dict(fields)
     compared[SHARING_FIELD] = group_sharing_mode()
     compared[CREATION_FIELD] = creation_path(creation)
-    compared[SPLIT_SHARE_FIELD] = split_share_enabled()
     compared[CHECK_FIELD], rank_value, summarize = round_arguments()
     result = check_agreement(
         compared, name=name, timeout=timeout, group=ranks, rank_value=rank_value, summarize=summarize

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch.distributed as dist
 
-from parallel_state_ng.groups import creation, liveness
+from parallel_state_ng.groups import creation, liveness, nonblocking
 from parallel_state_ng.layout.bounded_input import shown
 
 __all__ = [
@@ -25,7 +25,6 @@ __all__ = [
     "CreationPath",
     "MemberPathRefusedError",
     "creation_path",
-    "split_share_enabled",
     "world_splits",
     "split_member",
     "pooled_split",
@@ -33,9 +32,9 @@ __all__ = [
 
 #: Environment variable: ``auto`` (default), ``member`` or ``split``; the argument of a builder wins.
 ENV_CREATION_PATH = "PSNG_CREATION_PATH"
-#: Environment variable: ``1`` gives every split NCCL's ``split_share`` (the child communicators
-#: share the default group's resources: less GPU memory); ``0`` (default) does not. docs/gpus.md
-#: says when it is safe.
+#: A removed environment variable: it set ``config.split_share`` on each split's own options,
+#: which NCCL never reads for sharing (the parent's config decides), so it saved nothing; set to
+#: anything but ``0`` it is refused (docs/gpus.md, "Split sharing").
 ENV_SPLIT_SHARE = "PSNG_NCCL_SPLIT_SHARE"
 CreationPath = Literal["member", "split"]
 _CHOICES = ("auto", "member", "split")
@@ -78,9 +77,10 @@ def creation_path(requested: str | None = None) -> CreationPath:
 
     Raises:
         ValueError: ``requested`` or the environment variable is not ``auto``, ``member`` or
-            ``split``.
+            ``split``; or the removed ``PSNG_NCCL_SPLIT_SHARE`` is set.
         MemberPathRefusedError: ``member`` was asked for and the default group splits.
     """
+    _refuse_split_share()
     if requested is None:
         value, where = os.environ.get(ENV_CREATION_PATH, "auto").strip().lower() or "auto", ENV_CREATION_PATH
     else:
@@ -94,27 +94,17 @@ def creation_path(requested: str | None = None) -> CreationPath:
     return value  # type: ignore[return-value]
 
 
-def split_share_enabled() -> bool:
-    """Whether splits ask NCCL to share the parent's resources (:data:`ENV_SPLIT_SHARE`).
-
-    Raises:
-        ValueError: the variable is neither ``0`` nor ``1``.
-    """
-    text = os.environ.get(ENV_SPLIT_SHARE, "0").strip() or "0"
-    if text not in ("0", "1"):
-        raise ValueError(f"environment variable {ENV_SPLIT_SHARE} must be 0 or 1, got {shown(text)}")
-    return text == "1"
-
-
-def _shared_options(pg_options: Any) -> Any:
-    """``pg_options`` with ``config.split_share = 1`` (new NCCL options when ``None``; ``None`` without NCCL)."""
-    if pg_options is None:
-        nccl = getattr(dist, "ProcessGroupNCCL", None)
-        if nccl is None:  # a torch without NCCL: nothing to share
-            return None
-        pg_options = nccl.Options()
-    pg_options.config.split_share = 1
-    return pg_options
+def _refuse_split_share() -> None:
+    """Raise when the removed :data:`ENV_SPLIT_SHARE` is set (to anything but ``0``)."""
+    text = os.environ.get(ENV_SPLIT_SHARE, "").strip()
+    if text not in ("", "0"):
+        raise ValueError(
+            f"environment variable {ENV_SPLIT_SHARE}={shown(text)} was removed: it set split_share on each split's own "
+            f"NCCL options, but NCCL shares a split's resources only when the parent communicator (the default "
+            f"group's) was made with splitShare, so it saved nothing (measured on an H200: the same memory with and "
+            f"without). Unset it; for NCCL's sharing set NCCL_COMM_SPLIT_SHARE_RESOURCES=1 in every rank's "
+            f"environment before init_process_group (docs/gpus.md, 'Split sharing')"
+        )
 
 
 def _member_refusal(where: str) -> str:
@@ -143,17 +133,20 @@ def split_member(
     its group's global ranks, a rank in no group of the kind passes ``None`` and gets ``None``.
     Each rank hands torch only its own group: O(group size), never the world's groups.
     ``backend`` (``None``: the parent's) and ``kwargs`` (``timeout``, ``pg_options``,
-    ``group_desc``) go to ``torch.distributed.split_group``; with :func:`split_share_enabled`
-    the options ask NCCL to share the parent's resources (``config.split_share = 1``, set on the
-    ``pg_options`` given, or on new NCCL options). A group made is tracked for abort and destroy. A build
-    passes its :class:`~parallel_state_ng.groups.liveness.CreationContext` (``context``).
+    ``group_desc``) go to ``torch.distributed.split_group``. A group made is tracked for abort
+    and destroy. A build passes its :class:`~parallel_state_ng.groups.liveness.CreationContext`
+    (``context``).
 
     With failure detection on, the split runs under the failure bound (as a gloo group's
     creation does) and a rank that never joins makes the others raise
     :class:`~parallel_state_ng.groups.liveness.RankFailureError` naming it. The bound is the
     split's ``timeout``; torch bounds its waits for a nonblocking NCCL communicator
-    (``TORCH_NCCL_USE_COMM_NONBLOCKING=1``) by ``TORCH_NCCL_NONBLOCKING_TIMEOUT`` instead
-    (docs/gpus.md, "A rank's death with nonblocking NCCL init": measured only with blocking init).
+    (``TORCH_NCCL_USE_COMM_NONBLOCKING=1``) by ``TORCH_NCCL_NONBLOCKING_TIMEOUT`` instead, which
+    must then hold the bound: checked before the split
+    (:func:`~parallel_state_ng.groups.nonblocking.check_nonblocking_bound`).
+
+    Raises:
+        NonblockingBoundError: nonblocking NCCL whose wait the failure bound cannot hold.
     """
     if not hasattr(dist, "split_group"):
         import torch
@@ -166,6 +159,7 @@ def split_member(
             f"torch {torch.__version__} has none: "
             f"use the member path (creation path 'member', PSNG_CREATION_PATH=member)"
         )
+    nonblocking.check_nonblocking_bound()  # before this rank's first split: torch's wait must hold the bound
     if context is None:  # a build that passes its context synchronized the world when it started
         creation.sync_world()
     world = dist.get_world_size()
@@ -178,8 +172,6 @@ def split_member(
         split_ranks = [list(ranks)]
     if backend is not None:
         kwargs["backend"] = backend
-    if split_share_enabled() and "gloo" not in str(backend or ""):
-        kwargs["pg_options"] = _shared_options(kwargs.get("pg_options"))
     name = f"psng-split-{_splits[0]}"  # every rank makes the same splits: the same names
     _splits[0] += 1
     group = liveness.guarded_create(

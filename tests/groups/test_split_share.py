@@ -1,8 +1,10 @@
-"""The memory switch: ``PSNG_NCCL_SPLIT_SHARE=1`` gives every split NCCL's ``split_share``.
+"""``PSNG_NCCL_SPLIT_SHARE`` is gone: it saved nothing, and setting it is refused with the real knob.
 
-A simulated rank of 8 on the split path, ``split_group`` recorded (tests/support/worlds/split_recorder.py),
-a stand-in for ``ProcessGroupNCCL.Options`` (this torch may have no NCCL): with the switch on every
-split's options carry ``config.split_share == 1``; off (the default) none does; a bad value is refused.
+NCCL shares a split's resources when the parent communicator's config has ``splitShare``
+(NVIDIA/nccl ``src/init.cc``, ``ncclCommSplit``), never because of the child's; the switch set
+the child's (docs/gpus.md, "Split sharing"). A simulated rank of 8 on the split path,
+``split_group`` recorded (tests/support/worlds/split_recorder.py): no split's options carry
+``split_share``; the variable set to anything but ``0`` makes the build raise before any split.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import types
 import pytest
 import torch.distributed as dist
 
-from parallel_state_ng.groups.split import ENV_SPLIT_SHARE, split_share_enabled
+from parallel_state_ng.groups.split import ENV_SPLIT_SHARE
 from tests.support.worlds.split_recorder import SplitRecorder, creation_env, recording
 
 
@@ -33,24 +35,30 @@ def _splits(monkeypatch, share: str | None) -> list:
     else:
         monkeypatch.setenv(ENV_SPLIT_SHARE, share)
     with recording(SplitRecorder()) as recorder, creation_env("split"):
-        ps.initialize_model_parallel(
-            tensor_model_parallel_size=2, pipeline_model_parallel_size=2, create_gloo_process_groups=False
-        )
-        ps.destroy_model_parallel()
-    return recorder.calls
+        try:
+            ps.initialize_model_parallel(
+                tensor_model_parallel_size=2, pipeline_model_parallel_size=2, create_gloo_process_groups=False
+            )
+            ps.destroy_model_parallel()
+        finally:
+            calls = recorder.calls
+    return calls
 
 
-def test_the_switch_gives_every_split_split_share(psng_simulated_rank, monkeypatch):
+@pytest.mark.parametrize("share", [None, "0"])
+def test_no_split_asks_for_sharing(psng_simulated_rank, monkeypatch, share):
     psng_simulated_rank(1, 8)
-    calls = _splits(monkeypatch, "1")
+    calls = _splits(monkeypatch, share)
     assert len(calls) > 10
-    assert all(call[2] is not None and call[2].config.split_share == 1 for call in calls), calls
+    assert not any(getattr(getattr(call[2], "config", None), "split_share", 0) for call in calls), calls
 
 
-def test_off_by_default_and_bad_values_refused(psng_simulated_rank, monkeypatch):
+@pytest.mark.parametrize("share", ["1", "yes"])
+def test_the_removed_switch_is_refused_before_any_split(psng_simulated_rank, monkeypatch, share):
+    import compat.parallel_state as ps
+
     psng_simulated_rank(1, 8)
-    assert not any(call[2] is not None and call[2].config.split_share for call in _splits(monkeypatch, None))
-    assert not split_share_enabled()
-    monkeypatch.setenv(ENV_SPLIT_SHARE, "yes")
-    with pytest.raises(ValueError, match="PSNG_NCCL_SPLIT_SHARE must be 0 or 1, got 'yes'"):
-        split_share_enabled()
+    with pytest.raises(ValueError, match=f"environment variable PSNG_NCCL_SPLIT_SHARE='{share}' was removed") as info:
+        _splits(monkeypatch, share)
+    assert "NCCL_COMM_SPLIT_SHARE_RESOURCES=1" in str(info.value)
+    assert not ps.model_parallel_is_initialized()

@@ -2,7 +2,10 @@
 
 :func:`gloo_split` replaces ``torch.distributed.split_group`` in a worker: like
 ``ncclCommSplit`` it is collective over every rank of the world (a store round bounded by the
-split's timeout), then the members connect their gloo group. See docs/gpus.md.
+split's timeout), then the members connect their gloo group. With torch's nonblocking NCCL
+mode on (``TORCH_NCCL_USE_COMM_NONBLOCKING=1``) the round is bounded as torch bounds a
+nonblocking split instead: by ``TORCH_NCCL_NONBLOCKING_TIMEOUT`` whole seconds (1800 when unset),
+read once per process, not by the split's timeout. See docs/gpus.md.
 """
 
 from __future__ import annotations
@@ -14,6 +17,19 @@ from typing import Any
 import torch.distributed as dist
 
 _joined = [0]
+_nonblocking_wait: list[float] = []  # torch reads its nonblocking timeout once per process
+
+
+def _wait_s(timeout: timedelta | None) -> float:
+    """How long the round may wait: the split's timeout, or torch's nonblocking wait."""
+    import os
+
+    if os.environ.get("TORCH_NCCL_USE_COMM_NONBLOCKING") != "1":
+        return timeout.total_seconds() if timeout else 1800.0
+    if not _nonblocking_wait:
+        text = os.environ.get("TORCH_NCCL_NONBLOCKING_TIMEOUT", "").strip()
+        _nonblocking_wait.append(float(int(text)) if text else 1800.0)
+    return _nonblocking_wait[0] + 1.0  # torch compares whole seconds: elapsed > T
 
 
 def gloo_split(parent_pg: Any = None, split_ranks: list | None = None, timeout: timedelta | None = None, **kwargs: Any):
@@ -26,7 +42,7 @@ def gloo_split(parent_pg: Any = None, split_ranks: list | None = None, timeout: 
     key = f"stand-in-split/{_joined[0]}"
     _joined[0] += 1
     store.add(key, 1)
-    deadline = time.monotonic() + (timeout.total_seconds() if timeout else 1800.0)
+    deadline = time.monotonic() + _wait_s(timeout)
     while int(store.add(key, 0)) < world:
         if time.monotonic() > deadline:
             raise RuntimeError(f"stand-in split {key}: timed out waiting for the other ranks of the world")
