@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--world-checks",
         default=",".join(WORLD_CHECKS),
         help=f"comma-separated N-rank checks, of {', '.join(WORLD_CHECKS)}: groups and builders share a world, "
-        "training has its own, death runs in the bound mode at the first size",
+        "training has its own, death and death-nonblocking run in the bound mode at the first size",
     )
     p.add_argument(
         "--training-layouts",

@@ -6,7 +6,8 @@
 * :func:`builders`: ``build_megatron_groups`` and ``HyperCommGrid`` (the split path in the
   bound mode): an all-reduce over each group, then destroy.
 * :func:`death`: one rank dies inside the split sequence; the survivors must raise within the
-  failure bound naming it, abort, and make a new world of the survivors in the same processes.
+  failure bound naming it, abort, and make a new world of the survivors in the same processes
+  (with nonblocking NCCL init: :mod:`scripts.gpu.world_nonblocking`).
 
 The training body (MCore against compat, bit for bit) is :mod:`scripts.gpu.world_training`.
 
@@ -157,14 +158,18 @@ def death(ctx: RankContext, victim: int, at_split: int) -> dict[str, Any] | None
         out["names_victim"] = str(victim) in str(getattr(exc, "dead", "")) or f"rank {victim}" in str(exc)
     out["seconds"] = round(time.monotonic() - start, 2)
     try:
+        start = time.monotonic()
         ps.abort_model_parallel(world=True)
         if dist.is_initialized():
             dist.destroy_process_group()
+        out["abort_seconds"] = round(time.monotonic() - start, 2)
+        start = time.monotonic()
         new_rank = ctx.rank - (ctx.rank > victim)
         ctx.init_world("after-death", rank=new_rank, world_size=ctx.world_size - 1)
         value = torch.ones(1, device=ctx.device)
         dist.all_reduce(value)
         out["new_world_sum"] = float(value)
+        out["new_world_seconds"] = round(time.monotonic() - start, 2)
     except Exception as exc:  # noqa: BLE001 - reported
         out["new_world_error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"[:2000]
     return out

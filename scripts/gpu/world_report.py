@@ -4,7 +4,8 @@
 ``groups`` (compat against MCore on each layout) and ``builders`` in one world, ``training``
 (the tiny GPT under MCore then compat, :mod:`scripts.gpu.world_training`) in a world of its
 own, then in the bound mode ``death``, a rank's death inside the split sequence (first size
-only), with ``TORCH_NCCL_USE_COMM_NONBLOCKING=1`` and without. It returns report lines and
+only), and ``death-nonblocking``, the same with ``TORCH_NCCL_USE_COMM_NONBLOCKING=1``
+(:mod:`scripts.gpu.world_nonblocking`). It returns report lines and
 ``(check, passed, detail)`` rows. On gloo (the CPU dry run) the same bodies run; the bound mode
 there splits through the gloo stand-in. :func:`worst_case_s` bounds a plan's wall time.
 """
@@ -15,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from scripts.gpu import world_checks, world_training
+from scripts.gpu import world_checks, world_nonblocking, world_training
 from scripts.gpu.world import WorldError, run_world
 
 #: Seconds of the failure bound in the death runs (``PSNG_FAILURE_TIMEOUT``), and the slack allowed over it.
@@ -24,10 +25,12 @@ DEATH_SLACK_S = 15.0
 #: Seconds allowed per world over its timeout (starting the ranks, killing them after a timeout).
 WORLD_SLACK_S = 15.0
 #: What an N-rank world can check (``--world-checks``).
-WORLD_CHECKS = ("groups", "builders", "training", "death")
+WORLD_CHECKS = ("groups", "builders", "training", "death", "death-nonblocking")
 #: On NCCL, the training world's ranks need a cuBLAS workspace for deterministic algorithms.
 TRAINING_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 Check = tuple[str, bool, str]
+#: The death checks and the NCCL init mode each runs in (one world each).
+_DEATHS = (("death", "blocking"), ("death-nonblocking", "nonblocking"))
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,10 @@ class WorldPlan:
                     out.append((size, mode, "groups", self.timeout))
                 if "training" in self.checks:
                     out.append((size, mode, "training", self.training_timeout))
-                if "death" in self.checks and mode == "bound" and size == self.sizes[0]:
-                    for how in ("nonblocking", "blocking") if backend == "nccl" else ("blocking",):
-                        out.append((size, mode, f"death ({how})", self.timeout))
+                if mode == "bound" and size == self.sizes[0]:
+                    out += [
+                        (size, mode, f"{check} ({how})", self.timeout) for check, how in _DEATHS if check in self.checks
+                    ]
         return out
 
 
@@ -125,8 +129,9 @@ def _every_check_rows(tag: str, expected_path: str, results: list[dict[str, Any]
 def _death_rows(tag: str, size: int, backend: str, mode: str, nonblocking: bool, timeout: float) -> list[Check]:
     victim, at_split = size - 1, 3
     env = {"PSNG_FAILURE_TIMEOUT": str(int(DEATH_BOUND_S))}
+    body: Any = world_checks.death
     if nonblocking:
-        env["TORCH_NCCL_USE_COMM_NONBLOCKING"] = "1"
+        env, body = world_nonblocking.world_env(DEATH_BOUND_S), world_nonblocking.death_nonblocking
     name = (
         f"{tag} death of rank {victim} at split {at_split} ({'nonblocking' if nonblocking else 'blocking'} NCCL init)"
     )
@@ -134,7 +139,7 @@ def _death_rows(tag: str, size: int, backend: str, mode: str, nonblocking: bool,
     try:
         results = run_world(
             size,
-            world_checks.death,
+            body,
             (victim, at_split),
             backend=backend,
             mode=mode,
@@ -144,6 +149,8 @@ def _death_rows(tag: str, size: int, backend: str, mode: str, nonblocking: bool,
         )
     except WorldError as err:
         return [(name, False, f"{_failure_summary(err)} after {time.monotonic() - start:.0f} s")]
+    if nonblocking:
+        return world_nonblocking.rows(tag, size, victim, at_split, DEATH_BOUND_S, DEATH_SLACK_S, results)
     survivors = [r for r in results if r is not None]
     raised = all(r["raised"] and r.get("names_victim") for r in survivors)
     slowest = max(r["seconds"] for r in survivors)
@@ -224,7 +231,7 @@ def world_section(plan: WorldPlan, backend: str) -> tuple[list[str], list[Check]
         tag = f"{size} ranks {backend} {mode}"
         start = time.monotonic()
         if what.startswith("death"):
-            rows += _death_rows(tag, size, backend, mode, what == "death (nonblocking)", plan.timeout)
+            rows += _death_rows(tag, size, backend, mode, what.startswith("death-nonblocking"), plan.timeout)
         else:
             rows += _run_world_rows(tag, what, size, backend, mode, plan, lines)
         lines.append(f"{tag} {what}: {time.monotonic() - start:.1f} s")

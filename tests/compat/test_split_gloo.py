@@ -126,3 +126,35 @@ def test_a_rank_dying_between_splits_is_named_within_the_bound(tmp_path):
         assert result["dead"] == [3], result
         assert result["seconds"] < 4 * float(BOUND), result
         assert result["left"] == 1 and result["initialized"] is False, result
+
+
+def die_nonblocking(rank: int, directory: str, k: int) -> dict:
+    import compat.parallel_state as ps
+    from parallel_state_ng.groups.nonblocking import ENV_NONBLOCKING_TIMEOUT, NonblockingBoundError
+
+    set_timeout = os.environ.pop(ENV_NONBLOCKING_TIMEOUT)
+    try:  # unset: torch would wait 30 minutes in a split; refused on every rank before any split
+        ps.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+        refused = None
+    except NonblockingBoundError as err:
+        refused = str(err)
+    os.environ[ENV_NONBLOCKING_TIMEOUT] = set_timeout
+    return {"refused": refused, **die_between_splits(rank, directory, k)}
+
+
+def test_nonblocking_nccl_is_refused_unbounded_and_a_death_is_named_within_the_bound(tmp_path):
+    # the stand-in waits as torch waits for a nonblocking split: TORCH_NCCL_NONBLOCKING_TIMEOUT
+    # whole seconds, not the split's timeout; 1 s is the longest a 6 s bound holds
+    env = {
+        **ENV,
+        "PSNG_FAILURE_TIMEOUT": "6",
+        "TORCH_NCCL_USE_COMM_NONBLOCKING": "1",
+        "TORCH_NCCL_NONBLOCKING_TIMEOUT": "1",
+    }
+    results = run_world(WORLD, str(tmp_path), die_nonblocking, 3, expect=WORLD - 1, timeout=90, env=env)
+    assert sorted(results) == [0, 1, 2], results
+    for result in results.values():
+        assert "TORCH_NCCL_NONBLOCKING_TIMEOUT is unset" in (result["refused"] or ""), result
+        assert result["error"] == "RankFailureError" and result["dead"] == [3], result
+        assert result["seconds"] < 6.0, result
+        assert result["left"] == 1 and result["initialized"] is False, result

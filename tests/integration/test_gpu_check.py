@@ -75,7 +75,9 @@ def _world_dry_run(tmp_path, *options: str) -> tuple[str, list[str]]:
 def test_cpu_dry_run_of_the_n_rank_checks_passes(tmp_path):
     # the 8/16-rank GPU checks' bodies on 4 gloo ranks: lazy, bound (the split path through the
     # gloo stand-in) and a rank's death in the split sequence
-    text, checks = _world_dry_run(tmp_path, "--world-checks", "groups,builders,death")  # training: the test below
+    text, checks = _world_dry_run(
+        tmp_path, "--world-checks", "groups,builders,death,death-nonblocking"
+    )  # training: below
     assert checks and all(line.startswith("PASS") for line in checks), checks
     names = {line.split(":")[0][6:] for line in checks}
     for mode in ("lazy", "bound"):
@@ -83,7 +85,11 @@ def test_cpu_dry_run_of_the_n_rank_checks_passes(tmp_path):
             assert f"4 ranks gloo {mode} tp2 pp2" in names and any(what in line for line in checks)
     assert "4 ranks gloo bound tp2 pp2: creation path: ['split'] (expected split)" in text
     assert "4 ranks gloo lazy tp2 pp2: creation path: ['member'] (expected member)" in text
-    assert any("death of rank 3 at split 3" in line and "naming rank 3: True" in line for line in checks)
+    for how in ("blocking", "nonblocking"):
+        assert any(f"split 3 ({how} NCCL init)" in line and "naming rank 3: True" in line for line in checks), how
+    # nonblocking: refused without a bounded wait; with TORCH_NCCL_NONBLOCKING_TIMEOUT=8 (a 20 s bound) named
+    assert "PASS  4 ranks gloo bound nonblocking NCCL init without a bounded wait: refused before any split" in text
+    assert "TORCH_NCCL_NONBLOCKING_TIMEOUT=8)" in text
     assert "## mode lazy" not in text  # --world-only
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from scripts.gpu import check
+from scripts.gpu import world_nonblocking
 from scripts.gpu.world import WorldError
 from scripts.gpu.world_report import WORLD_SLACK_S, WorldPlan, _failure_summary, worst_case_s
 from scripts.gpu.world_training import training_layouts, training_rows
@@ -22,16 +23,21 @@ def test_the_plan_lists_each_world_with_its_limit():
         (8, "lazy", "training", 200),
         (8, "bound", "groups", 100),
         (8, "bound", "training", 200),
-        (8, "bound", "death (nonblocking)", 100),
         (8, "bound", "death (blocking)", 100),
         (16, "lazy", "groups", 100),
         (16, "lazy", "training", 200),
         (16, "bound", "groups", 100),
         (16, "bound", "training", 200),
     ]
-    assert worst_case_s(plan, "nccl") == 6 * 100 + 4 * 200 + 10 * WORLD_SLACK_S
-    # gloo has no NCCL setting to vary: one death world
-    assert [w for w in plan.worlds("gloo") if w[2].startswith("death")] == [(8, "bound", "death (blocking)", 100)]
+    assert worst_case_s(plan, "nccl") == 5 * 100 + 4 * 200 + 9 * WORLD_SLACK_S
+    # the nonblocking death is a check of its own, one world, on NCCL and on gloo (the stand-in waits as torch)
+    both = WorldPlan((8, 16), ("bound",), ("death", "death-nonblocking"), timeout=100)
+    for backend in ("nccl", "gloo"):
+        assert both.worlds(backend) == [
+            (8, "bound", "death (blocking)", 100),
+            (8, "bound", "death-nonblocking (nonblocking)", 100),
+        ]
+    assert worst_case_s(both, "nccl") == 2 * (100 + WORLD_SLACK_S)
     assert WorldPlan((8,), ("bound",), ("builders",)).worlds("nccl") == [(8, "bound", "groups", 150.0)]
 
 
@@ -128,3 +134,47 @@ def test_a_failed_world_is_summarized_rank_by_rank():
         "2 rank(s) of 3 failed: [0, 1]; rank 0: RankFailureError: rank 2 died; rank(s) [1]: no result in 50 s; "
         'rank 1 stopped in: File "/x/distributed_c10d.py", line 5000 in split_group'
     )
+
+
+def _survivor(rank: int, **changes) -> dict:
+    result = {
+        "rank": rank,
+        "refusal": "nonblocking NCCL init ...: TORCH_NCCL_NONBLOCKING_TIMEOUT is unset, so torch waits 1800 s. ...",
+        "refused_in": 0.1,
+        "initialized_after_refusal": False,
+        "wait": "8",
+        "raised": "RankFailureError",
+        "names_victim": True,
+        "message": "rank 0: ... rank(s) [3] never reached this group",
+        "seconds": 11.5,
+        "abort_seconds": 0.2,
+        "new_world_seconds": 1.5,
+        "new_world_sum": 3.0,
+    }
+    return {**result, **changes}
+
+
+@pytest.mark.parametrize(
+    ("change", "failed"),
+    [
+        ({}, []),
+        ({"refusal": None, "initialized_after_refusal": True}, ["refused"]),
+        ({"names_victim": False}, ["death"]),
+        ({"seconds": 40.0}, ["death"]),
+        ({"new_world_sum": None, "new_world_error": "DistBackendError: x"}, ["death"]),
+    ],
+)
+def test_the_nonblocking_death_rows(change, failed):
+    results = [_survivor(0), _survivor(1, **change), _survivor(2), None]
+    rows = world_nonblocking.rows("4 ranks nccl bound", 4, 3, 3, 20.0, 15.0, results)
+    assert [name.split(": ")[0] for name, _, _ in rows] == [
+        "4 ranks nccl bound nonblocking NCCL init without a bounded wait",
+        "4 ranks nccl bound death of rank 3 at split 3 (nonblocking NCCL init)",
+    ]
+    assert [("refused" if "without" in name else "death") for name, ok, _ in rows if not ok] == failed
+    assert "TORCH_NCCL_NONBLOCKING_TIMEOUT=8" in rows[1][2] and "abort_seconds 0.2 s" in rows[1][2]
+    assert world_nonblocking.world_env(20.0) == {
+        "PSNG_FAILURE_TIMEOUT": "20",
+        "TORCH_NCCL_USE_COMM_NONBLOCKING": "1",
+        "TORCH_NCCL_NONBLOCKING_TIMEOUT": "8",
+    }
