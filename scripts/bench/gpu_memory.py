@@ -1,10 +1,11 @@
-"""GPU memory held by the groups: MCore against compat's sharing settings and NCCL's split sharing.
+"""GPU memory held by the groups: MCore against compat's sharing settings.
 
 :func:`rank_memory` runs on every rank of the one-GPU NCCL world (all ranks on one device, so
 the device's free memory counts every rank's communicators): free memory before the init,
 after one all-reduce on every group (each communicator connected), and after destroy. Cases:
 MCore; compat with ``PSNG_SHARE_GROUPS`` ``0``, ``1`` and ``process``; compat on the split path
-with and without ``PSNG_NCCL_SPLIT_SHARE=1``. GPU only (``--launcher gpu``, the hook in
+(NCCL's split sharing needs its variable before ``init_process_group``: ``scripts/gpu/split_share.py``).
+GPU only (``--launcher gpu``, the hook in
 :mod:`scripts.bench.phases`); nothing of it has run yet. docs/gpus.md ("GPU memory").
 """
 
@@ -19,14 +20,13 @@ from typing import Any
 from scripts.bench.init_phases import _first_use, parse_layout
 from scripts.bench.phases import LAUNCHERS
 
-#: name -> (impl, PSNG_SHARE_GROUPS, PSNG_CREATION_PATH, PSNG_NCCL_SPLIT_SHARE)
+#: name -> (impl, PSNG_SHARE_GROUPS, PSNG_CREATION_PATH)
 CASES = {
-    "mcore": ("mcore", "0", "auto", "0"),
-    "compat share 0": ("compat", "0", "auto", "0"),
-    "compat share 1": ("compat", "1", "auto", "0"),
-    "compat share process": ("compat", "process", "auto", "0"),
-    "compat split": ("compat", "0", "split", "0"),
-    "compat split + split_share": ("compat", "0", "split", "1"),
+    "mcore": ("mcore", "0", "auto"),
+    "compat share 0": ("compat", "0", "auto"),
+    "compat share 1": ("compat", "1", "auto"),
+    "compat share process": ("compat", "process", "auto"),
+    "compat split": ("compat", "0", "split"),
 }
 MIB = 2**20
 
@@ -36,8 +36,8 @@ def rank_memory(case: str, layout: str, gloo: bool = False) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    impl, share, path, split_share = CASES[case]
-    env = {"PSNG_SHARE_GROUPS": share, "PSNG_CREATION_PATH": path, "PSNG_NCCL_SPLIT_SHARE": split_share}
+    impl, share, path = CASES[case]
+    env = {"PSNG_SHARE_GROUPS": share, "PSNG_CREATION_PATH": path}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     if impl == "mcore":

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.gpu import check
-from scripts.gpu import world_nonblocking
+from scripts.gpu import check, world_nonblocking
 from scripts.gpu.world import WorldError
 from scripts.gpu.world_report import WORLD_SLACK_S, WorldPlan, _failure_summary, worst_case_s
 from scripts.gpu.world_training import training_layouts, training_rows
