@@ -130,3 +130,31 @@ def test_the_bound_mode_has_no_dry_run():
     proc = _check("--cpu-dry-run", "--modes", "lazy,bound")
     assert proc.returncode == 2
     assert "cannot run the bound mode" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed")
+@pytest.mark.rotating(1, 10)  # end-to-end part 2 of 10 (docs/testing.md, "Rotating parts")
+def test_cpu_dry_run_of_the_split_share_measurement(tmp_path):
+    # both worlds of scripts/gpu/split_share.py on 4 gloo ranks, bound (the split stand-in): the
+    # figures are GPU-only (no device memory here), the plumbing and the report are not
+    out = tmp_path / "split_share.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("PSNG_CREATION_PATH", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.gpu.split_share", "--cpu-dry-run", "--world", "4", "--layout", "tp2-pp2"]
+        + ["--timeout", "240", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("worst case 510 s: 2 worlds of 4 ranks")
+    import json
+
+    rows = json.loads(out.read_text())
+    assert [row["world"] for row in rows] == ["no sharing", "NCCL_COMM_SPLIT_SHARE_RESOURCES=1"]
+    assert all(row["device_held_mib"] is None and row["groups_used_rank0"] > 5 for row in rows), rows

@@ -177,3 +177,42 @@ def test_the_nonblocking_death_rows(change, failed):
         "TORCH_NCCL_USE_COMM_NONBLOCKING": "1",
         "TORCH_NCCL_NONBLOCKING_TIMEOUT": "8",
     }
+
+
+def test_the_split_share_measurement_summarizes_and_keeps_its_budget(tmp_path, capsys):
+    from scripts.gpu import split_share
+
+    def rank(free: list[int | None], rss: list[float], threads: list[int]) -> dict:
+        keys = ("before", "in use", "after")
+        points = {k: {"free_mib": f, "rss_mib": r, "threads": t} for k, f, r, t in zip(keys, free, rss, threads)}
+        return {"points": points, "groups_used": 17, "seconds": 2.5}
+
+    log = tmp_path / "nccl.1.log"
+    log.write_text(
+        "host:1:1 [0] NCCL INFO Comm config Split share set to 1\n"
+        "host:1:1 [0] NCCL INFO init.cc:10 Cuda Alloc Size 2097152 pointer 0x1\n"
+        "host:1:1 [0] NCCL INFO init.cc:11 Cuda Alloc Size 1048576 pointer 0x2\n"
+    )
+    results = [
+        rank([1000, 400, 990], [100.0, 160.0, 120.0], [10, 14, 10]),
+        rank([1000, 400, 990], [90.0, 100.0, 95.0], [9, 11, 9]),
+    ]
+    results[0]["nccl_log"] = split_share._log_summary(str(log))
+    row = split_share.summarize("NCCL_COMM_SPLIT_SHARE_RESOURCES=1", results)
+    assert row["device_held_mib"] == 600.0 and row["device_left_after_destroy_mib"] == 10.0
+    assert row["host_rss_added_mib"] == 70.0 and row["threads_added"] == 6 and row["slowest_s"] == 2.5
+    assert row["nccl_log_rank0"] == {
+        "lines": 3,
+        "split_share_lines": 1,
+        "split_share_first": ["Comm config Split share set to 1"],
+        "allocations": 2,
+        "allocated_mib": 3.0,
+    }
+    assert split_share._log_summary(str(tmp_path / "missing.log")) == {"lines": 0}
+    assert split_share.worst_case_s(split_share.parse_args([])) == 2 * (150 + split_share.SLACK_S)
+    assert split_share.world_env({"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}, "gloo", str(tmp_path)) == {
+        "NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"
+    }
+    with pytest.raises(SystemExit):
+        split_share.parse_args(["--timeout", "300", "--budget", "480"])
+    assert "may take 630 s, over --budget 480 s" in capsys.readouterr().err
