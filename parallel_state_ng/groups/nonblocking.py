@@ -11,7 +11,7 @@ dies in the split sequence would therefore wait up to 30 minutes, far past the f
 
 Because torch reads the variable once per process, and with a device-bound default group
 already inside ``init_process_group``, a build cannot change it: :func:`check_nonblocking_bound`
-refuses, before the first split, a nonblocking world whose wait is unset or longer than
+refuses, before any group, a nonblocking world whose wait is unset or longer than
 :func:`max_nonblocking_timeout` allows; :func:`prepare_nonblocking_timeout`, called before
 ``init_process_group``, sets it from the bound. A split waits at most twice (on the parent's
 state, then for the child's handle), each up to the timeout plus one second (torch compares
@@ -154,7 +154,8 @@ def _advice(bound: float) -> str:
 def check_nonblocking_bound() -> None:
     """Refuse a nonblocking NCCL world whose waits the failure bound cannot hold; a no-op otherwise.
 
-    Called before every split (O(1): two environment reads): with the bound on
+    Called when a build takes the split path (:func:`~parallel_state_ng.groups.split.creation_path`),
+    before any group, and again before every split (O(1): a few environment reads): with the bound on
     (``PSNG_FAILURE_TIMEOUT`` > 0) and :func:`nonblocking_mode`, :data:`ENV_NONBLOCKING_TIMEOUT`
     must be a whole number from 1 to :func:`max_nonblocking_timeout`. torch has read it already
     (or will, at its first wait, whatever is set later), so it is checked, never changed here.

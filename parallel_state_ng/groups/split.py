@@ -79,6 +79,8 @@ def creation_path(requested: str | None = None) -> CreationPath:
         ValueError: ``requested`` or the environment variable is not ``auto``, ``member`` or
             ``split``; or the removed ``PSNG_NCCL_SPLIT_SHARE`` is set.
         MemberPathRefusedError: ``member`` was asked for and the default group splits.
+        NonblockingBoundError: the split path with nonblocking NCCL init whose wait the
+            failure bound cannot hold (:mod:`~parallel_state_ng.groups.nonblocking`).
     """
     _refuse_split_share()
     if requested is None:
@@ -88,9 +90,11 @@ def creation_path(requested: str | None = None) -> CreationPath:
     if value not in _CHOICES:
         raise ValueError(f"{where} must be one of {', '.join(_CHOICES)}, got {shown(value)}")
     if value == "auto":
-        return "split" if world_splits() else "member"
-    if value == "member" and world_splits():
+        value = "split" if world_splits() else "member"
+    elif value == "member" and world_splits():
         raise MemberPathRefusedError(_member_refusal(where))
+    if value == "split":  # a build starts here: refused before any group when torch's wait is unbounded
+        nonblocking.check_nonblocking_bound()
     return value  # type: ignore[return-value]
 
 
