@@ -8,7 +8,7 @@ ARGS`` would: ``sys.argv`` is ``[SCRIPT, *ARGS]`` (for a module, its file), the 
 its exit status and any exception come out unchanged. Under ``torchrun`` and ``srun`` every
 process the launcher starts runs the runner. Usage errors (no program, a missing script or
 module, an unknown runner option, a runner option after the program's name) print one line and
-exit with status 2 before anything is installed. See docs/compat.md (Run your Megatron job on
+exit with status 2 before the program runs. See docs/compat.md (Run your Megatron job on
 compat).
 """
 

@@ -387,7 +387,8 @@ def _run_launched(world, config: DemoConfig) -> int:
     else:
         backend = "gloo on CPU"
     try:
-        report = _check_groups(world.rank, config, device, f"processes started by {world.launcher}, {backend}")
+        processes = "process" if world.world_size == 1 else "processes"
+        report = _check_groups(world.rank, config, device, f"{processes} started by {world.launcher}, {backend}")
     finally:
         dist.destroy_process_group()
     if report is None:

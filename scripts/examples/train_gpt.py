@@ -3,9 +3,9 @@
 Starts tp * pp * dp gloo processes and runs Megatron's own training loop on every rank
 (``scripts/examples/gpt/training.py``); started by a launcher (torchrun, srun:
 :mod:`scripts.examples.launcher`), every process is one rank of the launcher's world instead
-(gloo on the CPU, or NCCL on ``cuda:LOCAL_RANK`` with ``--bind-device`` where CUDA is available); ``--loop training`` runs Megatron-LM's ``pretrain``
-instead (``scripts/examples/gpt/pretrain_cli.py``). Output and exit codes: :func:`main`.
-Layouts, figures and the ``pretrain`` loop: docs/training.md; options: ``--help``
+(gloo on the CPU, or NCCL on ``cuda:LOCAL_RANK`` with ``--bind-device`` where CUDA is available).
+``--loop training`` runs Megatron-LM's ``pretrain`` instead (``scripts/examples/gpt/pretrain_cli.py``).
+Output and exit codes: :func:`main`. Layouts, figures and the ``pretrain`` loop: docs/training.md; options: ``--help``
 (``--loop training --help`` for that loop's).
 """
 

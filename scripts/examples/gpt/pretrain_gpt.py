@@ -9,8 +9,7 @@ set), it calls ``megatron.training.pretrain`` with the providers of
 only additions are the CPU stand-ins for CUDA (:mod:`parallel_state_ng.testing.megatron_cpu`).
 It never imports compat: ``python -m compat.run`` in front of it is what switches it over::
 
-    torchrun --nproc-per-node 4 scripts/examples/gpt/pretrain_gpt.py --tensor-model-parallel-size 2 \\
-        --pipeline-model-parallel-size 2
+    torchrun --nproc-per-node 4 scripts/examples/gpt/pretrain_gpt.py --tensor-model-parallel-size 2
     torchrun --nproc-per-node 4 -m compat.run scripts/examples/gpt/pretrain_gpt.py ...  # the same job on compat
 
 The megatron-core used is the one Python finds (``PYTHONPATH=DIR`` for an unzipped wheel). The
