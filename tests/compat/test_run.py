@@ -116,6 +116,7 @@ def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_an_unchanged_megatron_script_runs_on_compat(tmp_path):
     pytest.importorskip("megatron.core")
