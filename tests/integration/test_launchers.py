@@ -218,3 +218,25 @@ def test_megatron_pretrain_through_the_runner_on_two_torchrun_nodes_is_bit_ident
     assert [r["digest"] for r in ours] == [r["digest"] for r in mcore]
     losses = [it["losses"]["lm loss"] for r in mcore if r["last_stage"] for it in r["iterations"]]
     assert len(losses) == 4 and len(set(losses)) == 2  # two last-stage ranks, two iterations that differ
+
+
+def _digest_and_losses(stdout: str) -> tuple[str, str]:
+    lines = stdout.splitlines()
+    digest = [line for line in lines if line.startswith("parameter digest: ")]
+    losses = [line for line in lines if line.startswith("losses: ")]
+    assert len(digest) == 1 and len(losses) == 1, stdout  # reported once
+    return digest[0], losses[0]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.rotating(8, 10)  # end-to-end part 9 of 10 (docs/testing.md, "Rotating parts")
+def test_train_gpt_under_torchrun_trains_as_its_own_processes_do():
+    options = ["-m", "scripts.examples.train_gpt", "--tp", "2", "--pp", "2", "--steps", "2"]
+    runs = [
+        subprocess.run(command, capture_output=True, text=True, timeout=600, env=_env(), cwd=ROOT)
+        for command in ([sys.executable, *options], [*TORCHRUN, "--standalone", "--nproc-per-node", "4", *options])
+    ]
+    assert all(run.returncode == 0 for run in runs), [run.stderr[-3000:] for run in runs]
+    assert "4 processes started by torchrun: tp2 pp2 dp1" in runs[1].stdout
+    assert _digest_and_losses(runs[1].stdout) == _digest_and_losses(runs[0].stdout)
