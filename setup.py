@@ -53,5 +53,11 @@ setup(
     install_requires=["torch>=2.6"],
     extras_require={"megatron": ["megatron-core", "einops"], "test": TEST_REQUIRES, "lint": LINT_REQUIRES},
     package_data={"parallel_state_ng": ["py.typed"], "compat": ["py.typed"]},
-    entry_points={"console_scripts": ["parallel-state-ng=parallel_state_ng.__main__:main"]},
+    entry_points={
+        "console_scripts": [
+            "parallel-state-ng=parallel_state_ng.__main__:main",
+            # python -m compat.run: run an unchanged Megatron program on compat (docs/compat.md)
+            "compat-run=compat.run:main",
+        ]
+    },
 )

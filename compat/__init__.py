@@ -3,7 +3,8 @@
 ``compat.parallel_state`` serves the whole global API of ``megatron.core.parallel_state`` of one
 release on the engine; :func:`install` / :func:`uninstall` make Megatron itself use it;
 :func:`no_globals` is the engine's :func:`parallel_state_ng.no_globals`; :func:`use_collection`
-serves a ``ProcessGroupCollection`` as the globals for a ``with`` block. Importing this package
+serves a ``ProcessGroupCollection`` as the globals for a ``with`` block; ``python -m compat.run
+SCRIPT`` (:mod:`compat.run`) installs and runs an unchanged program. Importing this package
 imports neither megatron nor torch. See docs/compat.md.
 """
 

@@ -2,9 +2,12 @@
 
 One process per rank (forked from a server that has imported torch) joins a gloo world, creates
 its own group of every kind Megatron-Core's ``initialize_model_parallel`` builds and all-reduces
-a one-hot vector of its rank over each (steps: :func:`_rank_main`); rank 0 prints each kind's
-groups and checks every rank saw exactly its group's members. Exit code 0 when all groups are
-verified, 1 when a check fails, 2 for bad options. Commands: scripts/README.md; options: ``--help``.
+a one-hot vector of its rank over each (steps: :func:`_check_groups`); rank 0 prints each kind's
+groups and checks every rank saw exactly its group's members. Started by a launcher (torchrun,
+srun: :mod:`scripts.examples.launcher`), every process joins the launcher's world instead, NCCL
+on ``cuda:LOCAL_RANK`` where CUDA is available, gloo otherwise; its size must be the layout's.
+Exit code 0 when all groups are verified, 1 when a check fails, 2 for bad options.
+Commands: scripts/README.md; options: ``--help``.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class DemoConfig:
     expert_order: list[str]  # etp/ep/edp/pp, first fastest
     world_size: int
     ep_placed: bool = False  # ep was not in --order and was put before dp
+    bind_device: bool = False  # --bind-device: the launcher's default group bound to the device
     kinds: list[tuple[str, str | None, list[str]]] = field(default_factory=list)
 
     @property
@@ -126,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"number of processes (default tp*cp*dp*pp; more leaves ranks outside the grid; at most {MAX_WORLD_SIZE})",
     )
+    parser.add_argument(
+        "--bind-device",
+        action="store_true",
+        help="under a launcher with CUDA: bind the default group to cuda:LOCAL_RANK (eager init; torch then "
+        "creates every group by splitting it)",
+    )
     return parser
 
 
@@ -176,14 +186,20 @@ def make_config(args: argparse.Namespace) -> DemoConfig:
         expert_tokens.insert(sum(1 for t in tokens[: tokens.index("ep")] if t in expert_tokens), "ep")
     expert_order = [EXPERT_NAME[t] for t in expert_tokens]
     all_sizes = dict(sizes)
-    config = DemoConfig(all_sizes, dense_order, expert_order, world_size, ep_placed)
+    config = DemoConfig(all_sizes, dense_order, expert_order, world_size, ep_placed, args.bind_device)
     config.kinds = _kinds(config)
     _check_shared_pipeline(config)
     return config
 
 
 def _kinds(config: DemoConfig) -> list[tuple[str, str | None, list[str]]]:
-    """The group kinds to create: size-1 dims dropped, kinds that then coincide listed once."""
+    """The group kinds to create: size-1 dims dropped, kinds that then coincide listed once.
+
+    When every dim has size 1 the tensor-parallel kind stays (groups of one rank), so that a
+    world of single-rank groups still creates and checks groups.
+    """
+    if all(config.sizes[d] == 1 for _, _, dims in GROUP_KINDS for d in dims):
+        return [GROUP_KINDS[0]]
     kinds, seen = [], set()
     for label, view, dims in GROUP_KINDS:
         reduced = [d for d in dims if config.sizes[d] > 1]
@@ -220,52 +236,67 @@ def _dims_text(config: DemoConfig, names: Sequence[str]) -> str:
 
 
 def _rank_main(rank: int, config: DemoConfig, store_path: str) -> None:
-    """One process of the world: create and check the groups, gather the results on rank 0.
-
-    1. builds a :class:`parallel_state_ng.HyperCommGrid` for the dense layout (tp, cp, dp, pp in
-       ``--order``; the first dim varies fastest, as in Megatron-Core) and registers the expert
-       layout (etp, ep, edp, pp) as a view that shares the pipeline dim;
-    2. creates its own group of every kind (only the calling rank's group, with local
-       synchronization);
-    3. all-reduces a one-hot vector of its rank over each group: the result shows exactly which
-       ranks answered.
-    """
+    """One process of the world the demo starts: join it through a ``FileStore``, then :func:`_check_groups`."""
     import datetime
 
     import torch
     import torch.distributed as dist
-
-    from parallel_state_ng import HyperCommGrid
-    from parallel_state_ng.groups.objects import all_gather_objects
 
     store = dist.FileStore(store_path, config.world_size)
     dist.init_process_group(
         "gloo", rank=rank, world_size=config.world_size, store=store, timeout=datetime.timedelta(seconds=120)
     )
     try:
-        grid = HyperCommGrid(config.dense_shape, config.dense_order)
-        grid.register_view(EXPERT_VIEW, config.expert_shape, config.expert_order, shared_dims=config.shared_dims)
-        ok = True
-        seen: list[list[int] | None] = []
-        for label, view, dims in config.kinds:
-            pg = grid.create_pg(dims, view=view, group_desc=label.upper().replace(" ", "_"))
-            if pg is None:  # outside the grid: no group, no call
-                seen.append(None)
-                continue
-            one_hot = torch.zeros(config.world_size, dtype=torch.int64)
-            one_hot[rank] = 1
-            dist.all_reduce(one_hot, group=pg)
-            seen.append(one_hot.nonzero().flatten().tolist())
-        # torch's gather_object needs numpy; this project needs only torch.
-        gathered = all_gather_objects(seen)
-        if rank == 0:
-            report, ok = _report(config, grid, gathered)
-            print(report, flush=True)
-        grid.destroy()
+        report = _check_groups(rank, config, torch.device("cpu"))
     finally:
         dist.destroy_process_group()
-    if rank == 0 and not ok:
-        raise SystemExit(1)
+    if report is not None:
+        print(report[0], flush=True)
+        if not report[1]:
+            raise SystemExit(1)
+
+
+def _check_groups(rank: int, config: DemoConfig, device, setting: str = "") -> tuple[str, bool] | None:
+    """Create and check the groups on this rank of the initialized world; rank 0's report and verdict.
+
+    1. builds a :class:`parallel_state_ng.HyperCommGrid` for the dense layout (tp, cp, dp, pp in
+       ``--order``; the first dim varies fastest, as in Megatron-Core) and registers the expert
+       layout (etp, ep, edp, pp) as a view that shares the pipeline dim;
+    2. creates its own group of every kind (only the calling rank's group, with local
+       synchronization);
+    3. all-reduces a one-hot vector of its rank over each group on ``device``: the result shows
+       exactly which ranks answered; the results are gathered on every rank (None elsewhere
+       than rank 0). ``setting`` replaces the report's "CPU processes, gloo on this machine".
+    """
+    import torch
+    import torch.distributed as dist
+
+    from parallel_state_ng import HyperCommGrid
+
+    grid = HyperCommGrid(config.dense_shape, config.dense_order)
+    try:
+        grid.register_view(EXPERT_VIEW, config.expert_shape, config.expert_order, shared_dims=config.shared_dims)
+        # one row per kind: the all-reduced one-hot vector, or -1 everywhere outside the grid
+        seen = torch.full((len(config.kinds), config.world_size), -1, dtype=torch.int64, device=device)
+        for k, (label, view, dims) in enumerate(config.kinds):
+            pg = grid.create_pg(dims, view=view, group_desc=label.upper().replace(" ", "_"))
+            if pg is None:  # outside the grid: no group, no call
+                continue
+            one_hot = torch.zeros(config.world_size, dtype=torch.int64, device=device)
+            one_hot[rank] = 1
+            dist.all_reduce(one_hot, group=pg)
+            seen[k] = one_hot
+        # a tensor on the world's device: NCCL gathers no CPU objects
+        gathered = [torch.empty_like(seen) for _ in range(config.world_size)]
+        dist.all_gather(gathered, seen)
+        if rank != 0:
+            return None
+        by_rank = [
+            [None if int(row[0]) < 0 else row.nonzero().flatten().tolist() for row in rows.cpu()] for rows in gathered
+        ]
+        return _report(config, grid, by_rank, setting)
+    finally:
+        grid.destroy()
 
 
 def _wrap_groups(groups: list[list[int]], width: int = 96) -> str:
@@ -273,10 +304,10 @@ def _wrap_groups(groups: list[list[int]], width: int = 96) -> str:
     return textwrap.fill(text, width=width, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
 
 
-def _report(config: DemoConfig, grid, seen_by_rank: list) -> tuple[str, bool]:
+def _report(config: DemoConfig, grid, seen_by_rank: list, setting: str = "") -> tuple[str, bool]:
     """The printed report (rank 0) and whether every group checked out."""
     lines = [
-        f"parallel_state_ng demo: {config.world_size} CPU processes, gloo on this machine",
+        f"parallel_state_ng demo: {config.world_size} {setting or 'CPU processes, gloo on this machine'}",
         f"dense layout:  {_dims_text(config, config.dense_order)}  "
         f"(order {'-'.join(config.dense_order)}, first varies fastest)",
         f"expert layout: {_dims_text(config, config.expert_order)}  (order {'-'.join(config.expert_order)}, "
@@ -330,14 +361,62 @@ def _report(config: DemoConfig, grid, seen_by_rank: list) -> tuple[str, bool]:
 # ----------------------------------------------------------------------- main
 
 
+def _size_text(config: DemoConfig, args: argparse.Namespace) -> str:
+    """What asks for ``config.world_size`` processes, for an error message."""
+    if args.world_size is not None:
+        return f"--world-size {args.world_size}"
+    sizes = "*".join(str(config.sizes[t]) for t in ("tp", "cp", "dp", "pp"))
+    return f"the layout (tp*cp*dp*pp = {sizes})"
+
+
+def _run_launched(world, config: DemoConfig) -> int:
+    """This process as one rank of the launcher's ``world``: join, check, rank 0 prints the report."""
+    import torch.distributed as dist
+
+    from scripts.examples.launcher import LauncherError, join
+
+    try:
+        device = join(world, bind_device=config.bind_device)
+    except LauncherError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return 2
+    if device.type == "cuda":
+        backend = "nccl on cuda:LOCAL_RANK" + (
+            ", default group bound to the device (groups split from it)" if config.bind_device else ""
+        )
+    else:
+        backend = "gloo on CPU"
+    try:
+        processes = "process" if world.world_size == 1 else "processes"
+        report = _check_groups(world.rank, config, device, f"{processes} started by {world.launcher}, {backend}")
+    finally:
+        dist.destroy_process_group()
+    if report is None:
+        return 0  # rank 0 reports
+    print(report[0], flush=True)
+    return 0 if report[1] else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, start the worker processes and return the exit status."""
+    """Parse ``argv``, join the launcher's world or start the worker processes; the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         config = make_config(args)
     except DemoOptionError as exc:
         parser.error(str(exc))  # exits with code 2
+    from scripts.examples.launcher import LauncherError, check_size, launched_world
+
+    try:
+        world = launched_world()
+        if world is not None:
+            check_size(world, config.world_size, _size_text(config, args))
+    except LauncherError as exc:
+        parser.error(str(exc))
+    if world is not None:
+        return _run_launched(world, config)
+    if config.bind_device:
+        parser.error("--bind-device needs a launcher (torchrun, srun) and CUDA: the demo's own processes use gloo")
 
     import functools
 

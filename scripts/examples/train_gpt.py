@@ -1,9 +1,11 @@
 """Train a tiny Megatron-Core GPT on CPU processes, with MCore's parallel_state or with compat.
 
 Starts tp * pp * dp gloo processes and runs Megatron's own training loop on every rank
-(``scripts/examples/gpt/training.py``); ``--loop training`` runs Megatron-LM's ``pretrain``
-instead (``scripts/examples/gpt/pretrain_cli.py``). Output and exit codes: :func:`main`.
-Layouts, figures and the ``pretrain`` loop: docs/training.md; options: ``--help``
+(``scripts/examples/gpt/training.py``); started by a launcher (torchrun, srun:
+:mod:`scripts.examples.launcher`), every process is one rank of the launcher's world instead
+(gloo on the CPU, or NCCL on ``cuda:LOCAL_RANK`` with ``--bind-device`` where CUDA is available).
+``--loop training`` runs Megatron-LM's ``pretrain`` instead (``scripts/examples/gpt/pretrain_cli.py``).
+Output and exit codes: :func:`main`. Layouts, figures and the ``pretrain`` loop: docs/training.md; options: ``--help``
 (``--loop training --help`` for that loop's).
 """
 
@@ -85,6 +87,11 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         help="set every weight from its global name (same model for every layout)",
     )
     p.add_argument("--megatron-path", default=None, help="directory put first on sys.path in every rank")
+    p.add_argument(
+        "--bind-device",
+        action="store_true",
+        help="under a launcher with CUDA: train on cuda:LOCAL_RANK over NCCL, the default group bound to the device",
+    )
     args = p.parse_args(argv)
     dp = args.dp
     if args.world_size is not None:
@@ -99,7 +106,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
                 f"invalid training options:\n  tp * pp * dp = {dp * model_parallel} != --world-size {args.world_size}"
             )
         dp = args.world_size // model_parallel
-    fields = {k: v for k, v in vars(args).items() if k not in ("world_size", "dp", "loop")}
+    fields = {k: v for k, v in vars(args).items() if k not in ("world_size", "dp", "loop", "bind_device")}
     fields["init_from_names"] = args.init_from_names
     return validate(TrainConfig(dp=1 if dp is None else dp, verbose=True, **fields))
 
@@ -132,6 +139,35 @@ def launch(cfg: TrainConfig, timeout: float = 600.0) -> list[dict[str, Any]]:
     return run_ranks(cfg.world_size, _rank_main, (cfg,), timeout)
 
 
+def run_launched(world, cfg: TrainConfig, bind_device: bool) -> list[dict[str, Any]] | None:
+    """Train ``cfg`` as this process's rank of the launcher's ``world``; every rank's result on
+    rank 0 (None on the others).
+
+    gloo on the CPU (the CPU stand-ins for CUDA); with ``bind_device`` and CUDA, Megatron as it
+    is on ``cuda:LOCAL_RANK`` over NCCL, the default group bound to the device (globals only).
+    """
+    import torch.distributed as dist
+
+    from parallel_state_ng.groups.objects import all_gather_objects
+    from parallel_state_ng.testing.megatron_cpu import use_megatron_path
+    from scripts.examples.gpt.training import parallel_state_impl, run_once
+    from scripts.examples.launcher import join
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    warnings.filterwarnings("ignore")
+    device = join(world, bind_device=bind_device, use_cuda=None if bind_device else False)
+    try:
+        use_megatron_path(cfg.megatron_path)
+        with parallel_state_impl(cfg.impl, cfg.install):
+            result = run_once(cfg, device=str(device))
+        # NCCL gathers no CPU objects: a gloo group for the results
+        group = dist.new_group(backend="gloo") if device.type == "cuda" else None
+        results = all_gather_objects(result, group=group)
+    finally:
+        dist.destroy_process_group()
+    return results if world.rank == 0 else None
+
+
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Losses (checked equal on every last-stage rank), per-rank digests and their digest."""
     reported = [r["losses"] for r in results if r["losses"] is not None]
@@ -160,9 +196,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return pretrain_cli.main(rest)
     argv = rest
+    from scripts.examples.launcher import LauncherError, check_size, launched_world
+
     try:
         cfg = parse_args(argv)
-    except TrainOptionError as exc:
+        world = launched_world()
+        if world is not None:
+            check_size(world, cfg.world_size, f"tp * pp * dp = {cfg.tp} * {cfg.pp} * {cfg.dp}")
+        elif "--bind-device" in argv:
+            raise TrainOptionError("--bind-device needs a launcher (torchrun, srun) and CUDA")
+    except (TrainOptionError, LauncherError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     impl = cfg.impl if cfg.impl == "mcore" else f"compat (install {cfg.install} importing megatron)"
@@ -170,15 +213,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         impl = "none: a ProcessGroupCollection from parallel_state_ng.build_megatron_groups"
         if cfg.impl == "compat":
             impl = "compat.use_collection over a ProcessGroupCollection from parallel_state_ng.build_megatron_groups"
-    print(
-        f"GPT {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}, "
-        f"seq {cfg.seq}; {cfg.world_size} CPU processes (gloo): {cfg.label()}; parallel_state: {impl}",
-        flush=True,
-    )
+    where = f"{cfg.world_size} CPU processes (gloo)"
+    if world is not None:
+        where = f"{cfg.world_size} processes started by {world.launcher}"
+    if world is None or world.rank == 0:
+        print(
+            f"GPT {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}, "
+            f"seq {cfg.seq}; {where}: {cfg.label()}; parallel_state: {impl}",
+            flush=True,
+        )
     start = time.monotonic()
     try:
-        summary = summarize(launch(cfg))
-    except RuntimeError as exc:
+        if world is None:
+            results = launch(cfg)
+        else:
+            launched = run_launched(world, cfg, "--bind-device" in argv)
+            if launched is None:
+                return 0  # rank 0 reports
+            results = launched
+        summary = summarize(results)
+    except (RuntimeError, LauncherError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"parameter digest: {summary['digest']}")

@@ -228,10 +228,16 @@ def _digest(chunks: list[torch.nn.Module]) -> str:
     return h.hexdigest()
 
 
-def pretrain_rank(rank: int, world_size: int, store_path: str, megatron_args: list[str], impl: str, install: str):
+def pretrain_rank(
+    rank: int, world_size: int, store_path: str | None, megatron_args: list[str], impl: str, install: str
+):
     """Run ``megatron.training.pretrain`` as rank ``rank`` of ``world_size``; returns this
     rank's record: ``iterations`` (per iteration: losses reported, gradient norm), ``digest``,
     ``facts`` (which parallel_state megatron used), ``seconds`` (import, pretrain).
+
+    ``store_path`` None: a launcher started the process (its ``RANK``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``... stand; Megatron joins through env://), and the records of every rank
+    come back, in rank order, instead of this rank's.
 
     The command line goes to Megatron's own parser after :data:`CPU_DEFAULTS` and
     :data:`TINY_MODEL`, which any user option overrides. ``pretrain`` gets the ``FileStore`` as
@@ -245,11 +251,12 @@ def pretrain_rank(rank: int, world_size: int, store_path: str, megatron_args: li
 
     # what a launcher (torchrun) and a GPU job set; tp > 1 on a pre-Blackwell device asks for
     # CUDA_DEVICE_MAX_CONNECTIONS=1 (see TrainingShims)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    if store_path is not None:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    store = dist.FileStore(store_path, world_size)
+    store = None if store_path is None else dist.FileStore(store_path, world_size)
     sys.argv = ["pretrain_gpt.py", *CPU_DEFAULTS, *TINY_MODEL, *megatron_args]
     recorder = _LogRecorder()
     with CpuShims() as shims, TrainingShims() as training_shims:
@@ -276,6 +283,12 @@ def pretrain_rank(rank: int, world_size: int, store_path: str, megatron_args: li
         "seconds": {"import": round(t1 - t0, 3), "pretrain": round(t2 - t1, 3)},
         "iteration_seconds": [round(s, 4) for s in recorder.seconds],
     }
+    if store_path is None:
+        from parallel_state_ng.groups.objects import all_gather_objects
+
+        records = all_gather_objects(record)
+        dist.destroy_process_group()
+        return records
     dist.destroy_process_group()
     return record
 

@@ -38,8 +38,12 @@ class PretrainRun:
     quiet: bool = False
 
 
-def parse_args(argv: Sequence[str]) -> PretrainRun:
-    """The script's options; the rest of ``argv`` is kept for Megatron's parser."""
+def parse_args(argv: Sequence[str], launched_size: int | None = None) -> PretrainRun:
+    """The script's options; the rest of ``argv`` is kept for Megatron's parser.
+
+    ``launched_size``: the size of the launcher's world this process is in (the default
+    ``--nproc``; a different one is refused).
+    """
     p = argparse.ArgumentParser(
         prog="python -m scripts.examples.train_gpt --loop training",
         description="Run megatron.training.pretrain on CPU processes; unknown options go to Megatron's parser.",
@@ -56,7 +60,9 @@ def parse_args(argv: Sequence[str]) -> PretrainRun:
     known, _ = sizes.parse_known_args(rest)
     model_parallel = known.tensor_model_parallel_size * known.pipeline_model_parallel_size
     model_parallel *= known.context_parallel_size
-    nproc = ns.nproc if ns.nproc is not None else model_parallel
+    nproc = ns.nproc if ns.nproc is not None else (launched_size or model_parallel)
+    if launched_size is not None and nproc != launched_size:
+        p.error(f"--nproc {nproc} is not the launcher's world of {launched_size} processes")
     if nproc < 1 or model_parallel < 1 or nproc % model_parallel:
         p.error(f"--nproc {nproc} is not a multiple of tp * pp * cp = {model_parallel}")
     from parallel_state_ng.testing.megatron_cpu import MEGATRON_PATH_ENV  # imports torch: not at module import
@@ -111,19 +117,64 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str]) -> int:
-    """``--loop training`` entry point (exit codes as for the core loop)."""
+def run_launched(run: PretrainRun, rank: int) -> list[dict[str, Any]] | None:
+    """``pretrain`` as this process's rank of the launcher's world (gloo, env://); every rank's
+    record on rank 0, None on the others. ``--quiet`` hides Megatron's output while it runs.
+    """
+    import warnings
+
+    from parallel_state_ng.testing.megatron_cpu import use_megatron_path
+    from scripts.examples.gpt.pretrain import pretrain_rank
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    warnings.filterwarnings("ignore")
+    use_megatron_path(run.megatron_path)
+    saved = [os.dup(1), os.dup(2)] if run.quiet else []
     try:
-        run = parse_args(argv)
+        if run.quiet:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            with open(os.devnull, "w") as devnull:
+                os.dup2(devnull.fileno(), 1)
+                os.dup2(devnull.fileno(), 2)
+        records = pretrain_rank(rank, run.nproc, None, list(run.megatron_args), run.impl, run.install)
+    finally:
+        for fd, copy in enumerate(saved, start=1):
+            sys.stdout.flush() if fd == 1 else sys.stderr.flush()
+            os.dup2(copy, fd)
+            os.close(copy)
+    return records if rank == 0 else None
+
+
+def main(argv: Sequence[str]) -> int:
+    """``--loop training`` entry point (exit codes as for the core loop); under a launcher
+    (:mod:`scripts.examples.launcher`) this process is one rank of its world and rank 0 reports.
+    """
+    from scripts.examples.launcher import LauncherError, launched_world
+
+    try:
+        world = launched_world()
+        run = parse_args(argv, None if world is None else world.world_size)
+    except LauncherError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except SystemExit as exc:
         return int(exc.code or 0)
+    if world is not None and world.rank != 0:
+        run_launched(run, world.rank)
+        return 0
     impl = run.impl if run.impl == "mcore" else f"compat (install {run.install} importing megatron)"
     where = f" from {run.megatron_path}" if run.megatron_path else ""
-    print(f"megatron.training.pretrain{where} on {run.nproc} CPU processes (gloo); parallel_state: {impl}")
+    procs = f"{run.nproc} CPU processes" + ("" if world is None else f" started by {world.launcher}")
+    print(f"megatron.training.pretrain{where} on {procs} (gloo); parallel_state: {impl}")
     print(f"Megatron arguments: {' '.join(run.megatron_args) or '(defaults)'}", flush=True)
     start = time.monotonic()
     try:
-        summary = summarize(run_ranks(run.nproc, rank_main, (run,), timeout=900.0))
+        if world is None:
+            records = run_ranks(run.nproc, rank_main, (run,), timeout=900.0)
+        else:
+            records = run_launched(run, world.rank) or []
+        summary = summarize(records)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
