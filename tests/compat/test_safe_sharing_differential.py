@@ -33,7 +33,9 @@ CONFIGS = [cfg for part in rotation.parts_to_run(PARTS) for cfg in all_configs()
 
 def _by_design(diff: D.Difference) -> bool:
     """A difference sharing makes by design (see the module docstring)."""
-    key = diff.key.removeprefix("after_setters:")
+    key = diff.key
+    for phase in ("after_setters:", "after_init_state:"):  # the same observables, later in the run
+        key = key.removeprefix(phase)
     if key.startswith("alias:") or key == "global:_global_process_group_list":
         return True
     if key.startswith("meta:"):  # (group_desc, timeout, backend, options): only the desc may differ
