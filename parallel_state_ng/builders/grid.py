@@ -23,6 +23,7 @@ from parallel_state_ng.groups.split import creation_path as resolve_creation_pat
 from parallel_state_ng.groups.split import pooled_split, split_member
 from parallel_state_ng.layout.named_layout import DimsArg, Layout, UnknownDimError
 from parallel_state_ng.layout.plan import SPLIT_BACKENDS
+from parallel_state_ng.layout.sharing_policy import kind_of_desc
 
 # UnknownDimError: megatron raises ValueError for an unknown name in a list and KeyError for an
 # unknown single name in get_pg; this error is both, and re-exported here.
@@ -339,15 +340,19 @@ class HyperCommGrid:
                     pg = group
         elif self._split and backend in SPLIT_BACKENDS:  # every rank joins the dims set's one split
             ranks = layout.group_ranks(rank, dims) if layout.contains(rank) else None
-            pg, _ = pooled_split(self._pool, ranks, backend=backend, **kwargs)
+            pg, _ = pooled_split(self._pool, ranks, backend=backend, kind=self._role(key, kwargs), **kwargs)
         elif layout.contains(rank):
             ranks = layout.group_ranks(rank, dims)
             if set(kwargs) <= {"timeout", "pg_options", "group_desc"}:
-                pg, _ = self._pool.get(ranks, backend=backend, **kwargs)
+                pg, _ = self._pool.get(ranks, backend=backend, kind=self._role(key, kwargs), **kwargs)
             else:  # options sharing cannot compare: never shared
                 pg = new_member_group(ranks, backend=backend, **kwargs)
         self._pgs[key] = pg
         return pg
+
+    def _role(self, key: Any, kwargs: dict[str, Any]) -> str:
+        """The role for ``PSNG_SHARE_GROUPS=safe``: a Megatron kind by its ``group_desc``, else the dims."""
+        return kind_of_desc(kwargs.get("group_desc")) or f"grid:{self._describe(key)}"
 
     def get_pg(self, dims: DimsArg, *, view: str | None = None):
         """The process group over ``dims`` made earlier by :meth:`create_pg`.

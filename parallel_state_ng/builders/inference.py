@@ -320,9 +320,9 @@ def _embedding_groups(
     for name, ranks in wanted.items():
         member = ranks if ranks is not None and rank in ranks else None
         if split:  # every rank of the world joins the kind's one split
-            out[name], _ = pooled_split(pool, member, **group_options)
+            out[name], _ = pooled_split(pool, member, kind=name, **group_options)
         else:
-            out[name] = None if member is None else pool.get(member, **group_options)[0]
+            out[name] = None if member is None else pool.get(member, kind=name, **group_options)[0]
     return out
 
 

@@ -1,13 +1,15 @@
 """One process group for group kinds with the same members and the same options (opt-in).
 
-Three settings (``PSNG_SHARE_GROUPS`` or :func:`set_group_sharing`, the same on every rank):
-``0`` (the default) shares nothing; ``1`` (``build``): requests of one :class:`GroupPool` (one
-build) whose :func:`sharing_key` is equal (the same members in any order, backend,
-``pg_options``, timeout) get one process group; ``process``: requests of every pool of the
+Four settings (``PSNG_SHARE_GROUPS`` or :func:`set_group_sharing`, the same on every rank):
+``0`` (the default) shares nothing; ``safe``: requests of one :class:`GroupPool` (one build)
+share only as the policy by role of :mod:`parallel_state_ng.layout.sharing_policy` allows
+(aliases of one role, size-1 groups, gloo twins; never an all-gather twin, tp_ep or kinds of
+different roles); ``1`` (``build``): requests of one build whose :func:`sharing_key` is equal
+(the same members in any order, backend, ``pg_options``, timeout) get one process group, an
+all-gather twin only another twin's; ``process``: as ``1``, and requests of every pool of the
 process share through the reference-counted registry of
 :mod:`parallel_state_ng.groups.registry`, so several layouts in one process hold one
-communicator per key (this subsumes ``1``). See docs/compat.md ("Group sharing" and "Several
-layouts in one process").
+communicator per key. See docs/compat.md ("Group sharing" and "Several layouts in one process").
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any, Literal
 from parallel_state_ng.groups import registry
 from parallel_state_ng.groups.creation import new_member_group
 from parallel_state_ng.layout.bounded_input import shown
+from parallel_state_ng.layout.kinds import ALL_GATHER_KINDS
+from parallel_state_ng.layout.sharing_policy import kind_of_desc, safe_class
 
 __all__ = [
     "ENV_SHARE",
@@ -35,16 +39,20 @@ __all__ = [
     "record_requests",
 ]
 
-#: Environment variable: ``0`` (the default), ``1`` (within one build) or ``process`` (across
-#: every layout of the process, :mod:`parallel_state_ng.groups.registry`).
+#: Environment variable: ``0`` (the default), ``safe`` (the policy by role, within one build),
+#: ``1`` (within one build) or ``process`` (across every layout of the process,
+#: :mod:`parallel_state_ng.groups.registry`).
 ENV_SHARE = "PSNG_SHARE_GROUPS"
-#: ``off``: no sharing; ``build``: within one build; ``process``: across the process's layouts.
-SharingMode = Literal["off", "build", "process"]
+#: ``off``: no sharing; ``safe``: by role within one build; ``build``: within one build;
+#: ``process``: across the process's layouts.
+SharingMode = Literal["off", "safe", "build", "process"]
 _MODES: dict[str, SharingMode] = {
     **dict.fromkeys(("", "0", "false", "no", "off"), "off"),
+    "safe": "safe",
     **dict.fromkeys(("1", "true", "yes", "on", "build"), "build"),
     "process": "process",
 }
+_VALUES = "0, safe, 1 or process"
 _override: SharingMode | None = None
 _recording: list[PlannedGroup] | None = None
 _recording_share: bool | str | None = None
@@ -58,25 +66,26 @@ def _as_mode(value: bool | str, where: str) -> SharingMode:
         return "build" if value else "off"
     if isinstance(value, str) and value.strip().lower() in _MODES:
         return _MODES[value.strip().lower()]
-    raise ValueError(f"{where} must be 0, 1 or process (or a bool), got {shown(value)}")
+    raise ValueError(f"{where} must be {_VALUES} (or a bool), got {shown(value)}")
 
 
 def set_group_sharing(enabled: bool | str | None) -> bool | str | None:
     """Set group sharing for this process; ``None`` goes back to the environment.
 
-    ``False`` / ``"off"``: no sharing; ``True`` / ``"build"``: within each build;
-    ``"process"``: across every layout of the process (the communicator registry). Wins over
+    ``False`` / ``"off"``: no sharing; ``"safe"``: the policy by role within each build;
+    ``True`` / ``"build"``: within each build; ``"process"``: across every layout of the
+    process (the communicator registry). Wins over
     ``PSNG_SHARE_GROUPS``. Set it the same way on every rank, before the first build: a layout
     built under one setting keeps its groups as they were made. Returns the previous override
     (``None``, or the mode as set), so a caller can restore it.
 
     Raises:
         TypeError: ``enabled`` is not a bool, a str or ``None``.
-        ValueError: a str other than ``off``, ``build``, ``process`` (or ``0``/``1``).
+        ValueError: a str other than ``off``, ``safe``, ``build``, ``process`` (or ``0``/``1``).
     """
     global _override
     if enabled is not None and not isinstance(enabled, (bool, str)):
-        raise TypeError(f"enabled must be a bool, 'off', 'build', 'process' or None, got {enabled!r}")
+        raise TypeError(f"enabled must be a bool, 'off', 'safe', 'build', 'process' or None, got {enabled!r}")
     mode = None if enabled is None else _as_mode(enabled, "enabled")
     previous, _override = _override, mode
     return previous
@@ -86,7 +95,7 @@ def group_sharing_mode() -> SharingMode:
     """The sharing setting: :func:`set_group_sharing`, else ``PSNG_SHARE_GROUPS`` (default ``off``).
 
     Raises:
-        ValueError: the environment variable holds something else than 0, 1 or process.
+        ValueError: the environment variable holds something else than 0, safe, 1 or process.
     """
     if _override is not None:
         return _as_mode(_override, "the sharing override")
@@ -94,7 +103,7 @@ def group_sharing_mode() -> SharingMode:
     try:
         return _as_mode(text, f"environment variable {ENV_SHARE}")
     except ValueError:
-        raise ValueError(f"environment variable {ENV_SHARE} must be 0, 1 or process, got {shown(text)}") from None
+        raise ValueError(f"environment variable {ENV_SHARE} must be {_VALUES}, got {shown(text)}") from None
 
 
 def group_sharing_enabled() -> bool:
@@ -139,17 +148,38 @@ def options_key(pg_options: Any) -> Hashable:
     return _Identity(pg_options)
 
 
-def sharing_key(ranks: Sequence[int], backend: str | None, pg_options: Any, timeout: Any) -> tuple:
-    """The key two group requests must have in common to share one group.
+def sharing_key(
+    ranks: Sequence[int],
+    backend: str | None,
+    pg_options: Any,
+    timeout: Any,
+    *,
+    kind: str | None = None,
+    mode: SharingMode = "build",
+) -> tuple | None:
+    """The key two group requests must have in common to share one group (``None``: never shared).
 
     ``ranks`` as a set: torch orders a group's members by global rank whatever order they are
     given in (``new_group`` and ``split_group`` sort them), so ``[0, 4, 2, 6]`` and
     ``[0, 2, 4, 6]`` are one communicator; each layout keeps its own rank order for its getters.
     ``backend`` as requested (``None``, the default backend, differs from ``"gloo"``, so a gloo
     twin never shares with its main group); ``timeout`` ``None`` (torch's default) differs
-    from any explicit value.
+    from any explicit value. ``kind`` is the request's group kind (``None``: unknown): under
+    ``build`` and ``process`` an all-gather twin (``dp_cp_ag``, ``ep_dp_ag``) shares only with
+    another twin; under ``safe`` the class of
+    :func:`~parallel_state_ng.layout.sharing_policy.safe_class` and the SHARP switch
+    (``NCCL_COLLNET_ENABLE`` at the request) join the key.
     """
-    return (tuple(sorted(ranks)), None if backend is None else str(backend).lower(), options_key(pg_options), timeout)
+    key: tuple = (
+        tuple(sorted(ranks)),
+        None if backend is None else str(backend).lower(),
+        options_key(pg_options),
+        timeout,
+    )
+    if mode == "safe":
+        cls = safe_class(kind, len(set(ranks)), backend)
+        return None if cls is None else (*key, cls, os.environ.get("NCCL_COLLNET_ENABLE"))
+    return (*key, "all_gather") if kind in ALL_GATHER_KINDS else key
 
 
 @dataclass
@@ -225,14 +255,19 @@ class GroupPool:
         pg_options: Any = None,
         timeout: Any = None,
         group_desc: str | None = None,
+        kind: str | None = None,
     ) -> tuple[Any, bool]:
         """The group for this request and whether it is new to this pool (``False``: shared).
 
-        Under ``process`` sharing a group another layout holds is new to this pool but not
-        created: :attr:`created` (the count of groups made) tells the two apart.
+        ``kind``: the request's group kind for the sharing policy (default: the kind whose
+        ``group_desc`` this is, else the ``group_desc`` itself). Under ``process`` sharing a
+        group another layout holds is new to this pool but not created: :attr:`created` (the
+        count of groups made) tells the two apart.
         """
         self.requests += 1
-        key = sharing_key(ranks, backend, pg_options, timeout) if self.share else None
+        if kind is None:
+            kind = kind_of_desc(group_desc) or group_desc
+        key = sharing_key(ranks, backend, pg_options, timeout, kind=kind, mode=self.mode) if self.share else None
 
         def create() -> Any:
             if self._plan is None:

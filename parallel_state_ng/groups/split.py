@@ -193,11 +193,13 @@ def pooled_split(
     (``new``: whether it is new to the pool; under ``process`` sharing a group another
     layout holds is). When the pool made no group, this rank still joins the kind's split
     without a colour, so that every rank of the world makes the same splits whatever it
-    reuses; ``(None, False)`` for a rank in no group of the kind. ``kwargs`` go to the pool.
+    reuses; ``(None, False)`` for a rank in no group of the kind. ``kwargs`` go to the pool
+    (``kind``, the sharing policy's, to the pool only).
     """
+    kind = kwargs.pop("kind", None)  # the sharing policy's, not the split's
     if ranks is not None:
         made = pool.created
-        group, new = pool.get(ranks, **kwargs)
+        group, new = pool.get(ranks, kind=kind, **kwargs)
         if pool.created > made:
             return group, True
     split_member(None, context=context, **kwargs)

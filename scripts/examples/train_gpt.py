@@ -26,6 +26,7 @@ from scripts.examples.gpt.config import (
     GROUP_SOURCES,
     IMPLS,
     INSTALL_MODES,
+    SHARE_SETTINGS,
     TrainConfig,
     TrainOptionError,
     validate,
@@ -70,6 +71,23 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     p.add_argument("--topk", type=int, default=2, help="experts per token")
     p.add_argument("--dispatcher", choices=DISPATCHERS, default="alltoall", help="MoE token dispatcher")
     p.add_argument("--dist-opt", action="store_true", help="use the distributed optimizer")
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="overlap_grad_reduce (and overlap_param_gather with --dist-opt)",
+    )
+    p.add_argument(
+        "--all-gather-group",
+        action="store_true",
+        help="make the all-gather twins as megatron.training's --create-all-gather-group does (0.16+)",
+    )
+    p.add_argument(
+        "--share-groups",
+        dest="share",
+        choices=SHARE_SETTINGS,
+        default=None,
+        help="with --impl compat: PSNG_SHARE_GROUPS for the run (default: the environment's)",
+    )
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--num-layers", type=int, default=4)

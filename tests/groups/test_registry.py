@@ -85,9 +85,9 @@ def test_switch_values_and_errors(monkeypatch):
         monkeypatch.setenv(sharing.ENV_SHARE, text)
         assert sharing.group_sharing_mode() == mode
     monkeypatch.setenv(sharing.ENV_SHARE, "processes")
-    with pytest.raises(ValueError, match=r"PSNG_SHARE_GROUPS must be 0, 1 or process, got 'processes'"):
+    with pytest.raises(ValueError, match=r"PSNG_SHARE_GROUPS must be 0, safe, 1 or process, got 'processes'"):
         sharing.group_sharing_mode()
-    with pytest.raises(ValueError, match="enabled must be 0, 1 or process"):
+    with pytest.raises(ValueError, match="enabled must be 0, safe, 1 or process"):
         sharing.set_group_sharing("everywhere")
     with pytest.raises(TypeError, match="enabled must be a bool"):
         sharing.set_group_sharing(2)

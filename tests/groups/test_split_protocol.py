@@ -246,9 +246,10 @@ def test_an_encoder_layout_is_refused_on_the_split_path():
         group_plan(layout, several, every_split=True)
 
 
-def test_with_sharing_on_shared_groups_still_join_their_split(monkeypatch):
+@pytest.mark.parametrize("setting", ["1", "safe"])
+def test_with_sharing_on_shared_groups_still_join_their_split(monkeypatch, setting):
     """With tp 1 and cp 1, dp_cp equals dp and tp_cp equals tp: a shared group's members join without a colour."""
-    monkeypatch.setenv("PSNG_SHARE_GROUPS", "1")
+    monkeypatch.setenv("PSNG_SHARE_GROUPS", setting)
     calls, results = play_world(8, compat_build(pipeline_model_parallel_size=2))
     splits = check_protocol(calls, 8)
     assert compare_paths(results) == []

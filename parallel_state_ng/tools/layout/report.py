@@ -130,6 +130,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-gloo-twins", action="store_true", help="--share: count as with create_gloo_process_groups=False"
     )
     view.add_argument(
+        "--all-gather-groups",
+        action="store_true",
+        help="--share: count the all-gather twins too (0.16+), as megatron.training's --create-all-gather-group asks",
+    )
+    view.add_argument(
         "--with-layout",
         action="append",
         default=None,
@@ -451,7 +456,9 @@ def run(args: argparse.Namespace, stdout: Any) -> int:
             from parallel_state_ng.tools.layout.communicators import communicator_report
 
             ranks = [0, args.world_size - 1] + ([] if args.rank is None else [args.rank])
-            report["communicators"] = communicator_report(layout, ranks, gloo=not args.no_gloo_twins)
+            report["communicators"] = communicator_report(
+                layout, ranks, gloo=not args.no_gloo_twins, all_gather=args.all_gather_groups
+            )
             if args.with_layout:
                 from parallel_state_ng.tools.layout.communicators import layouts_report, parse_layout_spec
 

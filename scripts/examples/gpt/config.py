@@ -13,6 +13,8 @@ IMPLS = ("mcore", "compat")
 INSTALL_MODES = ("before", "after")
 GROUP_SOURCES = ("globals", "collection")
 DISPATCHERS = ("alltoall", "allgather")
+#: ``PSNG_SHARE_GROUPS`` values a compat run may set (``None``: leave the environment as it is).
+SHARE_SETTINGS = ("0", "safe", "1", "process")
 MAX_WORLD_SIZE = 32
 
 
@@ -30,6 +32,9 @@ class TrainConfig:
     same run without ``initialize_model_parallel``: groups from
     ``parallel_state_ng.build_megatron_groups`` passed as ``pg_collection=`` (with ``impl="mcore"``
     0.19+; with ``impl="compat"`` 0.16+, served as the globals by ``compat.use_collection``).
+    ``overlap``: Megatron's ``overlap_grad_reduce`` (and ``overlap_param_gather`` with the
+    distributed optimizer); ``all_gather_group``: the all-gather twins as ``megatron.training``
+    makes them (0.16+); ``share``: ``PSNG_SHARE_GROUPS`` for the run (compat only).
     """
 
     impl: str = "mcore"
@@ -44,6 +49,9 @@ class TrainConfig:
     topk: int = 2
     dispatcher: str = "alltoall"
     dist_opt: bool = False
+    overlap: bool = False
+    all_gather_group: bool = False
+    share: str | None = None
     steps: int = 3
     seed: int = 1234
     num_layers: int = 4
@@ -78,6 +86,12 @@ class TrainConfig:
             parts.append(f"ep{self.ep} experts{self.experts} {self.dispatcher}")
         if self.dist_opt:
             parts.append("dist-opt")
+        if self.overlap:
+            parts.append("overlap")
+        if self.all_gather_group:
+            parts.append("ag-group")
+        if self.share is not None:
+            parts.append(f"share={self.share}")
         if self.dropout:
             parts.append(f"dropout{self.dropout:g}")
         return " ".join(parts)
@@ -127,6 +141,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         errors.append(f"--dropout must be in [0, 1), got {cfg.dropout}")
     if not cfg.lr > 0:
         errors.append(f"--lr must be > 0, got {cfg.lr}")
+    if cfg.share is not None and cfg.share not in SHARE_SETTINGS:
+        errors.append(f"--share-groups must be one of {', '.join(SHARE_SETTINGS)}, got {cfg.share!r}")
+    if cfg.share is not None and cfg.impl != "compat":
+        errors.append(f"--share-groups {cfg.share} needs --impl compat (MCore shares nothing)")
     if ok:
         _check_layout(cfg, errors)
     if errors:

@@ -180,13 +180,13 @@ def digest(chunks: list) -> str:
 
 
 def ddp_config(cfg: TrainConfig):
-    """Megatron's DDP settings for the CPU runs (no overlap, optionally the distributed optimizer)."""
+    """Megatron's DDP settings for the CPU runs (optionally overlapped, optionally the distributed optimizer)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     return DistributedDataParallelConfig(
         grad_reduce_in_fp32=False,
-        overlap_grad_reduce=False,
-        overlap_param_gather=False,
+        overlap_grad_reduce=cfg.overlap,
+        overlap_param_gather=cfg.overlap and cfg.dist_opt,
         use_distributed_optimizer=cfg.dist_opt,
     )
 

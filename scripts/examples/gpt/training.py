@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -93,14 +94,19 @@ def _train(cfg: TrainConfig, device: str = "cpu") -> dict[str, Any]:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    in_init = (
+        cfg.all_gather_group and "create_all_gather_group" in inspect.signature(ps.initialize_model_parallel).parameters
+    )
     ps.initialize_model_parallel(
         tensor_model_parallel_size=cfg.tp,
         pipeline_model_parallel_size=cfg.pp,
         virtual_pipeline_model_parallel_size=cfg.vpp,
         expert_model_parallel_size=cfg.ep,
+        **({"create_all_gather_group": True} if in_init else {}),
     )
     t0 = time.perf_counter()
     try:
+        twins = _all_gather_groups(cfg, ps, in_init)
         seed = cfg.seed + 100 * ps.get_pipeline_model_parallel_rank()
         torch.manual_seed(seed)
         model_parallel_cuda_manual_seed(seed)
@@ -143,10 +149,46 @@ def _train(cfg: TrainConfig, device: str = "cpu") -> dict[str, Any]:
             "params": sum(p.numel() for c in chunks for p in c.parameters()),
             "param_device": str(next(chunks[0].parameters()).device),
             "facts": _facts(ps),
+            "groups": _group_identities(ps, twins),
             "seconds": {"setup": round(t1 - t0, 3), "steps": round(time.perf_counter() - t1, 3)},
         }
     finally:
         ps.destroy_model_parallel()
+
+
+def _all_gather_groups(cfg: TrainConfig, ps, in_init: bool) -> dict[str, Any]:
+    """The all-gather twins ``cfg.all_gather_group`` asks for, made as ``megatron.training`` makes them.
+
+    0.16-0.17: by ``initialize_model_parallel(create_all_gather_group=True)``; 0.18+:
+    ``create_all_gather_groups(for_expert_parallelism=ep > 1, timeout=30 minutes)`` (the init's
+    timeout). Megatron's DDP path does not use them (Megatron FSDP does, which needs CUDA): the
+    run checks that making them changes nothing and that they stay their own groups.
+    """
+    if not cfg.all_gather_group:
+        return {}
+    if in_init:
+        return {"dp_cp_ag": ps._DATA_PARALLEL_GROUP_WITH_CP_AG}
+    if not hasattr(ps, "create_all_gather_groups"):
+        raise RuntimeError("all_gather_group: this megatron-core has no all-gather groups (0.16+)")
+    from datetime import timedelta
+
+    dp_cp_ag, expt_dp_ag = ps.create_all_gather_groups(for_expert_parallelism=cfg.ep > 1, timeout=timedelta(minutes=30))
+    return {"dp_cp_ag": dp_cp_ag, "expt_dp_ag": expt_dp_ag}
+
+
+def _group_identities(ps, twins: dict[str, Any]) -> dict[str, bool]:
+    """Which getters return one object: what a sharing setting changed, for the checks."""
+    dp_cp = ps.get_data_parallel_group(with_context_parallel=True)
+    out = {
+        "dp is dp_cp": ps.get_data_parallel_group() is dp_cp,
+        "ep is dp_cp": ps.get_expert_model_parallel_group() is dp_cp,
+        "tp is tp_cp": ps.get_tensor_model_parallel_group() is ps.get_tensor_and_context_parallel_group(),
+    }
+    if twins.get("dp_cp_ag") is not None:
+        out["dp_cp_ag is dp_cp"] = twins["dp_cp_ag"] is dp_cp
+    if twins.get("expt_dp_ag") is not None:
+        out["expt_dp_ag is expt_dp"] = twins["expt_dp_ag"] is ps.get_expert_data_parallel_group()
+    return out
 
 
 @contextlib.contextmanager
@@ -192,6 +234,28 @@ def run_once(cfg: TrainConfig, device: str = "cpu") -> dict[str, Any]:
     if dist.get_world_size() != cfg.world_size:
         raise RuntimeError(f"world size {dist.get_world_size()} != tp * pp * dp = {cfg.world_size}")
     torch.set_num_threads(1)
+    with _share_setting(cfg.share):
+        return _run_once(cfg, device)
+
+
+@contextlib.contextmanager
+def _share_setting(share: str | None) -> Iterator[None]:
+    """``PSNG_SHARE_GROUPS=share`` inside the block (the environment variable, as a job sets it)."""
+    if share is None:
+        yield
+        return
+    saved = os.environ.get("PSNG_SHARE_GROUPS")
+    os.environ["PSNG_SHARE_GROUPS"] = share
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PSNG_SHARE_GROUPS", None)
+        else:
+            os.environ["PSNG_SHARE_GROUPS"] = saved
+
+
+def _run_once(cfg: TrainConfig, device: str) -> dict[str, Any]:
     before = set(dist.distributed_c10d._world.pg_map)
     if device != "cpu":
         if cfg.groups != "globals":
@@ -235,6 +299,8 @@ def train_rank(cfg: TrainConfig) -> dict[str, Any]:
 
 
 VARIANTS = {"compat-before": ("compat", "before"), "mcore": ("mcore", "after"), "compat-after": ("compat", "after")}
+#: Variants that run compat installed after megatron's import under a ``PSNG_SHARE_GROUPS`` setting.
+SHARED_VARIANTS = {"compat-safe": "safe", "compat-share1": "1"}
 
 
 def train_collection_and_globals(cfgs: list[TrainConfig], served: bool = False) -> dict[str, list[dict]]:
@@ -261,8 +327,9 @@ def train_collection_and_globals(cfgs: list[TrainConfig], served: bool = False) 
 def train_variants(
     cfgs: list[TrainConfig], variants: tuple[str, ...] = tuple(VARIANTS), first_only: tuple[str, ...] = ()
 ) -> dict[str, list[dict]]:
-    """Run every config under each variant of :data:`VARIANTS`, in order (``compat-before``
-    first: the process must not have imported megatron); ``{variant: [result per config]}``.
+    """Run every config under each variant of :data:`VARIANTS` or :data:`SHARED_VARIANTS`, in
+    order (``compat-before`` first: the process must not have imported megatron);
+    ``{variant: [result per config]}``.
     compat stays installed across all configs of a compat variant. The variants named in
     ``first_only`` run the first config only.
     """
@@ -270,8 +337,9 @@ def train_variants(
         use_megatron_path(cfgs[0].megatron_path)
     out: dict[str, list[dict]] = {}
     for variant in variants:
-        impl, install = VARIANTS[variant]
+        impl, install = VARIANTS.get(variant, ("compat", "after"))
+        share = SHARED_VARIANTS.get(variant)
         with parallel_state_impl(impl, install):
             chosen = cfgs[:1] if variant in first_only else cfgs
-            out[variant] = [run_once(cfg.replace(impl=impl, install=install)) for cfg in chosen]
+            out[variant] = [run_once(cfg.replace(impl=impl, install=install, share=share)) for cfg in chosen]
     return out

@@ -1,0 +1,83 @@
+"""Megatron GPT training under ``PSNG_SHARE_GROUPS=safe``: bit-identical to unshared compat and to MCore.
+
+The core example (``scripts/examples/gpt/training.py``) on a 4-rank gloo world, per release from
+its unzipped wheel, in fresh processes of its own: compat installed after megatron's import
+without sharing, the same under ``PSNG_SHARE_GROUPS=safe`` (the environment variable, read by
+compat's ``initialize_model_parallel``), and MCore's own parallel_state. Losses, gradient norms
+and every rank's final parameters must be equal, and ``safe`` must really have shared (``dp`` is
+``dp_cp``) while keeping apart what it must (``ep`` equal in members to ``dp_cp`` but its own
+group; the all-gather twins their own groups).
+
+Layouts: dense tp 2 dp 2 with ``overlap_grad_reduce`` (and the distributed optimizer with
+``overlap_param_gather`` from 0.13 on: 0.12's distributed optimizer asks for TransformerEngine
+on CPU); MoE tp 1 pp 2 dp 2 ep 2 (all-to-all dispatcher; there ``ep`` has the members of ``dp``
+and ``dp_cp``) with the distributed optimizer and both overlaps from 0.16 on (0.12-0.14: the
+example's model config is refused, "Bias is not supported for MoE"; 0.15: MCore's own MoE run is
+not bit-reproducible from run to run on CPU). The all-gather twins where the release has them
+(0.16+), made as ``megatron.training`` makes them; Megatron's DDP does not use them (Megatron
+FSDP does, and needs CUDA). One release a run (rotating, 8 parts: tests/support/rotation.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scripts.examples.gpt.config import TrainConfig
+from tests.support import rotation
+from tests.support.releases.wheels import RELEASES, release_dir
+
+VARIANTS = ("compat-after", "compat-safe", "mcore")
+ALL = list(RELEASES.values())
+TODAY = rotation.sample(ALL, keep=(), parts=len(ALL))
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")[:2]
+    return int(major), int(minor)
+
+
+def sharing_layouts(version: str) -> list[TrainConfig]:
+    """The layouts trained on ``version`` (see the module docstring for what each release runs)."""
+    v = _version(version)
+    base = TrainConfig(steps=3, megatron_path=str(release_dir(version)), all_gather_group=v >= (0, 16))
+    out = [base.replace(tp=2, dp=2, dist_opt=v >= (0, 13), overlap=True)]
+    if v >= (0, 16):
+        out.append(base.replace(pp=2, dp=2, ep=2, experts=4, dist_opt=True, overlap=True))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
+@pytest.mark.parametrize("version", TODAY)
+def test_safe_sharing_trains_bit_identically(version):
+    from parallel_state_ng.testing.worlds import GlooWorld
+    from scripts.examples.gpt import training as gpt_training
+
+    cfgs = sharing_layouts(version)
+    world = GlooWorld(4)
+    try:
+        results = world.run(gpt_training.train_variants, cfgs, VARIANTS, timeout=600)
+    finally:
+        world.close()
+    for i, cfg in enumerate(cfgs):
+        for rank, by_variant in enumerate(results):
+            reference = by_variant["mcore"][i]
+            assert reference["facts"]["version"] == version
+            for variant in ("compat-after", "compat-safe"):
+                run = by_variant[variant][i]
+                assert run["facts"]["schedules.parallel_state"] == "compat.parallel_state", variant
+                assert run["leaked_groups"] == 0, (variant, rank)
+                for key in ("losses", "grad_norms", "digest", "params"):
+                    assert run[key] == reference[key], f"{version} {cfg.label()} rank {rank}: {variant} {key}"
+            safe, unshared = by_variant["compat-safe"][i]["groups"], by_variant["compat-after"][i]["groups"]
+            assert safe["dp is dp_cp"] and safe["tp is tp_cp"]  # safe shared (cp = 1)
+            assert not unshared["dp is dp_cp"] and not reference["groups"]["dp is dp_cp"]
+            assert not safe["ep is dp_cp"]  # the MoE layout: equal members, kept apart
+            assert not safe.get("dp_cp_ag is dp_cp") and not safe.get("expt_dp_ag is expt_dp")
+            if cfg.all_gather_group:
+                assert "dp_cp_ag is dp_cp" in safe
+        losses = next(r["mcore"][i]["losses"] for r in reversed(results) if r["mcore"][i]["losses"])
+        assert len(losses) == cfg.steps and all(math.isfinite(x) for x in losses)
