@@ -31,9 +31,7 @@ Check = tuple[str, bool, str]
 def cases(values: tuple[str, ...]) -> list[Case]:
     """MCore, then compat under each value (``unset`` removes the variable)."""
     mcore: Case = ("MCore", "mcore", {ENV: None})
-    return [mcore] + [
-        (f"compat {ENV}={v}", "compat", {ENV: None if v == UNSET else v}) for v in values
-    ]
+    return [mcore] + [(f"compat {ENV}={v}", "compat", {ENV: None if v == UNSET else v}) for v in values]
 
 
 def sharing(ctx: RankContext, values: tuple[str, ...], training_value: str, layouts: dict[str, Any]) -> dict[str, Any]:
