@@ -73,7 +73,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "training has its own, death runs in the bound mode at the first size; recovery, ladder and sharing run "
         "once per mode, in the order given, after the others (recovery and sharing at the first size)",
     )
-    p.add_argument("--recovery-timeout", type=float, default=100.0, help="seconds for the recovery world")
+    p.add_argument("--recovery-timeout", type=float, default=90.0, help="seconds for the recovery world")
     p.add_argument(
         "--ladder-sizes", default="8,16,32,48,64", help="the ladder's world sizes, in order (4 or multiples of 8)"
     )
@@ -93,7 +93,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="safe",
         help="PSNG_SHARE_GROUPS value of the sharing world's training (MCore against compat, dense); empty: none",
     )
-    p.add_argument("--sharing-timeout", type=float, default=100.0, help="seconds for the sharing world")
+    p.add_argument("--sharing-timeout", type=float, default=90.0, help="seconds for the sharing world")
     p.add_argument(
         "--training-layouts",
         default=",".join(LAYOUT_NAMES),

@@ -67,9 +67,18 @@ def does_not_fit(
     return None
 
 
+def _rising(points: dict[int, float]) -> tuple[float, float]:
+    """:func:`fit`'s line, flat at the mean where it falls (a cost does not shrink with the world:
+    a falling fit is noise, and extrapolated it would go below zero).
+    """
+    a, b = fit(points)
+    return (a, b) if b >= 0 else (sum(points.values()) / len(points), 0.0)
+
+
 def projection(by_size: dict[int, dict[str, dict[str, Any]]]) -> dict[str, dict[int, dict[str, float]]]:
     """Per implementation, at :data:`~scripts.bench.phases.MODEL_WORLDS`: ``calls``, ``per_call_s``
     and ``create_s`` (calls x seconds per call), and ``nccl_split_s`` where NCCL's timings exist.
+    Costs are fitted with :func:`_rising` (flat where the fit falls).
 
     ``by_size``: size -> label -> :func:`scripts.gpu.world_usable.summary` (two sizes or more).
     """
@@ -78,9 +87,9 @@ def projection(by_size: dict[int, dict[str, dict[str, Any]]]) -> dict[str, dict[
     for label in by_size[sizes[0]]:
         rows = {w: by_size[w][label] for w in sizes if label in by_size[w]}
         ca, cb = fit({w: float(r["calls"]) for w, r in rows.items()})
-        pa, pb = fit({w: r["init_s"] / max(r["calls"], 1) for w, r in rows.items()})
+        pa, pb = _rising({w: r["init_s"] / max(r["calls"], 1) for w, r in rows.items()})
         nccl = {w: r["nccl_split_s"] for w, r in rows.items() if r.get("nccl_split_s") is not None}
-        na, nb = fit(nccl) if len(nccl) > 1 else (0.0, 0.0)
+        na, nb = _rising(nccl) if len(nccl) > 1 else (0.0, 0.0)
         grows = label.lower().startswith("mcore")
         out[label] = {}
         for w in MODEL_WORLDS:
@@ -103,6 +112,10 @@ def projection_lines(model: dict[str, dict[int, dict[str, float]]]) -> list[str]
                 f"{row['create_s']:,.1f} s{nccl}"
             )
     return lines
+
+
+def _mib(value: int | None) -> str:
+    return "- (no device)" if value is None else f"{value} MiB"
 
 
 def ladder_section(
@@ -155,8 +168,8 @@ def ladder_section(
                 f"{tag} ladder {size} ranks: every getter's group all-reduced, MCore and compat",
                 ok,
                 f"usable MCore {theirs['usable_s']:.2f} s, compat {mine['usable_s']:.2f} s; calls per rank "
-                f"MCore {theirs['calls']}, compat {mine['calls']}; groups hold MCore {theirs['held_mib']} MiB, "
-                f"compat {mine['held_mib']} MiB",
+                f"MCore {theirs['calls']}, compat {mine['calls']}; groups hold MCore {_mib(theirs['held_mib'])}, "
+                f"compat {_mib(mine['held_mib'])}",
             )
         )
     lines.append(f"ladder {stopped} ({time.monotonic() - start:.0f} s)")

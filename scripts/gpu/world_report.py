@@ -50,12 +50,12 @@ class WorldPlan:
     training_layouts: tuple[str, ...] = world_training.LAYOUT_NAMES
     timeout: float = 150.0
     training_timeout: float = 300.0
-    recovery_timeout: float = 100.0
+    recovery_timeout: float = 90.0
     ladder_sizes: tuple[int, ...] = (8, 16, 32, 48, 64)
     ladder_timeout: float = 150.0
     sharing_values: tuple[str, ...] = ("unset", "safe", "1")
     sharing_training: str = "safe"
-    sharing_timeout: float = 100.0
+    sharing_timeout: float = 90.0
 
     def worlds(self, backend: str) -> list[tuple[int, str, str, float]]:
         """``(size, mode, what, timeout)`` of every world, in the order they run."""

@@ -89,7 +89,8 @@ def sharing_section(
             (
                 f"{tag} sharing {label}: every getter's group all-reduced",
                 s["ok"],
-                f"usable in {s['usable_s']:.2f} s; {s['calls']} calls per rank; groups hold {s['held_mib']} MiB",
+                f"usable in {s['usable_s']:.2f} s; {s['calls']} calls per rank; groups hold "
+                + ("- (no device)" if s["held_mib"] is None else f"{s['held_mib']} MiB"),
             )
         )
     if training_value:

@@ -46,12 +46,13 @@ PREPARED = [
 def test_the_prepared_call_fits_its_budget_in_priority_order():
     args = check.parse_args(PREPARED)
     assert check.world_plan(args).worlds("nccl") == [
-        (8, "bound", "recovery", 100.0),
+        (8, "bound", "recovery", 90.0),
         (64, "bound", "ladder", 150.0),
-        (8, "bound", "sharing", 100.0),
+        (8, "bound", "sharing", 90.0),
     ]
-    assert check.worst_case(args) == check.START_S + 100 + 150 + 100 + 3 * WORLD_SLACK_S
-    assert check.budget_text(args) == "start 15 s, 8 bound recovery 115 s, 64 bound ladder 165 s, 8 bound sharing 115 s"
+    # 390 s: 75 s of the 480 are left for the nonblocking death (docs/gpus.md, "The prepared call")
+    assert check.worst_case(args) == check.START_S + 90 + 150 + 90 + 3 * WORLD_SLACK_S == 390
+    assert check.budget_text(args) == "start 15 s, 8 bound recovery 105 s, 64 bound ladder 165 s, 8 bound sharing 105 s"
     # the order given is the order run; the default checks stay the first four
     args = check.parse_args([*PREPARED[:7], "sharing,recovery"])
     assert [w[2] for w in check.world_plan(args).worlds("nccl")] == ["sharing", "recovery"]
@@ -69,7 +70,7 @@ def test_the_prepared_call_fits_its_budget_in_priority_order():
         (["--world", "8", "--world-checks", "ladder", "--ladder-sizes", "8,12"], "multiples of 8"),
         (["--world", "6", "--world-checks", "recovery"], "first --world size of 4 or 8k"),
         (["--world", "8", "--world-checks", "sharing", "--sharing-values", ","], "--sharing-values is empty"),
-        ([*PREPARED[:-1], "300"], "over --budget 300 s: start 15 s, 8 bound recovery 115 s"),
+        ([*PREPARED[:-1], "300"], "over --budget 300 s: start 15 s, 8 bound recovery 105 s"),
     ],
 )
 def test_bad_options_of_the_parts_are_refused(capsys, options, message):
@@ -133,6 +134,9 @@ def test_the_projection_is_calls_times_cost_per_call():
     assert mcore["create_s"] == pytest.approx(mcore["calls"] * mcore["per_call_s"])
     assert ours["calls"] == 20 and ours["create_s"] == pytest.approx(20 * 1.034)
     assert model["compat"][65536]["nccl_split_s"] == pytest.approx(0.01 + 0.00125 * 65536)
+    # a cost that falls with the world (noise) is projected flat at its mean, never below zero
+    by_size[16]["compat"] = _summary(20, 20 * 0.010, 0.01)
+    assert projection(by_size)["compat"][65536]["per_call_s"] == pytest.approx(0.014)
     lines = projection_lines(model)
     assert "  MCore at 1,024 ranks: 7,461 calls x 1.0340 s = 7,714.7 s, NCCL per split 1.290 s" in lines
 
@@ -210,9 +214,10 @@ needs_megatron = pytest.mark.skipif(
 def test_dry_run_of_recovery_in_place(tmp_path):
     # 4 gloo ranks, tp1 pp2 dp2, bound (the split path through the gloo stand-in), rank 3 killed:
     # shrink through the gloo stand-in of shrink_group, the plan's layout split, training on
-    text, checks = _world_dry_run(tmp_path, "--world-modes", "bound", "--world-checks", "recovery", "--budget", "480")
+    options = ["--world-modes", "bound", "--world-checks", "recovery", "--recovery-timeout", "200", "--budget", "480"]
+    text, checks = _world_dry_run(tmp_path, *options)  # 200 s: 4 processes training on 2 loaded cores
     assert len(checks) == 4 and all(line.startswith("PASS") for line in checks), checks
-    assert "worst case 130 s: start 15 s, 4 bound recovery 115 s" in text
+    assert "worst case 230 s: start 15 s, 4 bound recovery 215 s" in text
     assert "kept (old, new): [(0, 0), (2, 1)]; left out [1], holding no group: True" in text
     assert "creation path ['split'] (expected split)" in text
     assert re.search(r"after the shrink (\[[^]]+\]); fresh run \1; parameters equal on every kept rank: True", text)
