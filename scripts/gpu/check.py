@@ -143,6 +143,8 @@ def _once_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--ladder-sizes must be 4 (tp1 pp2 ep2) or multiples of 8 (tp2 pp2 ep2), got {args.ladder_sizes}")
     args.sharing_values = tuple(v.strip() for v in args.sharing_values.split(",") if v.strip())
     args.sharing_training = args.sharing_training.strip()
+    if "ladder" in args.world_checks and not args.world:
+        p.error("--world-checks ladder runs with the N-rank checks: give --world (its sizes are --ladder-sizes)")
     once = [c for c in args.world_checks if c in ("recovery", "sharing")]
     if once and (not args.world or args.world[0] % 4 or (args.world[0] > 4 and args.world[0] % 8)):
         p.error(f"--world-checks {','.join(once)} needs a first --world size of 4 or 8k, got {args.world}")

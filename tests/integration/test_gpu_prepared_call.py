@@ -69,6 +69,7 @@ def test_the_prepared_call_fits_its_budget_in_priority_order():
     [
         (["--world", "8", "--world-checks", "ladder", "--ladder-sizes", "8,12"], "multiples of 8"),
         (["--world", "6", "--world-checks", "recovery"], "first --world size of 4 or 8k"),
+        (["--cpu-dry-run", "--world-checks", "ladder"], "give --world"),
         (["--world", "8", "--world-checks", "sharing", "--sharing-values", ","], "--sharing-values is empty"),
         ([*PREPARED[:-1], "300"], "over --budget 300 s: start 15 s, 8 bound recovery 105 s"),
     ],
