@@ -10,9 +10,11 @@ of :mod:`scripts.examples.gpt` at tp2 pp2 dp2, compat installed into Megatron):
    detection inside a collective is the death checks' subject), plan the new layout with
    :func:`~parallel_state_ng.layout.rebuild.plan_rebuild` (tp, pp kept, dp shrunk to the
    replicas left whole), abort compat's groups and rejoin by shrinking the default group
-   (:func:`~parallel_state_ng.groups.recovery.rejoin`, ``method="shrink"``: torch's
+   (:func:`~parallel_state_ng.groups.recovery.rejoin`, ``method="auto"``: torch's
    ``shrink_group`` on NCCL, the gloo stand-in of ``tests/support/worlds/shrink_stand_in.py``
-   in the dry run). A survivor the plan leaves out aborts everything and stops.
+   in the dry run; where the group cannot shrink, the re-initialization it falls back to, whose
+   reason the report shows, so that the rest still runs and the shrink's row fails). A survivor
+   the plan leaves out aborts everything and stops.
 3. The kept ranks build the plan's layout (``initialize_model_parallel``: splits from the shrunk
    group on a bound device), all-reduce once per getter's group, restore the copy into a new
    model and optimizer, and train the remaining steps.
@@ -205,8 +207,8 @@ def _recover(ctx: RankContext, cfg: TrainConfig, victim: int, device: str) -> di
         from tests.support.worlds.shrink_stand_in import gloo_shrink
 
         shrink = gloo_shrink
-    done = rejoin(plan, rank=ctx.rank, epoch=1, method="shrink", shrink=shrink)
-    out.update(new_rank=done.rank, method=done.method, rejoin_s=done.seconds)
+    done = rejoin(plan, rank=ctx.rank, epoch=1, method="auto", shrink=shrink)
+    out.update(new_rank=done.rank, method=done.method, reason=done.reason, rejoin_s=done.seconds)
     if done.rank is None:
         out["initialized"] = dist.is_initialized()
         return out
@@ -257,8 +259,10 @@ def recovery_rows(tag: str, victim: int, expected_path: str, results: list[dict[
     shrunk = all(r["method"] == "shrink" and r["shrink"]["sums_ok"] for r in kept)
     renumbered = sorted((r["rank"], r["new_rank"]) for r in kept)
     left_out = all(not r["initialized"] for r in out)
+    methods = sorted({f"{r['method']} ({r['reason']})" for r in kept})
     detail = (
-        f"kept (old, new): {renumbered}; left out {sorted(r['rank'] for r in out)}, holding no group: {left_out}; "
+        f"rejoined by {methods}; kept (old, new): {renumbered}; "
+        f"left out {sorted(r['rank'] for r in out)}, holding no group: {left_out}; "
         f"new layout {kept[0]['layout']}, creation path {paths} (expected {expected_path}); "
         f"{kept[0]['shrink']['touched']} getters' groups all-reduced"
     )

@@ -171,6 +171,7 @@ def test_a_case_is_summarized_over_the_ranks():
 
 def _survivor(rank: int, new_rank: int | None, fresh: list[float] | None = None) -> dict:
     out = {"rank": rank, "dead": [5], "detect_s": 5.1, "new_rank": new_rank, "method": "shrink", "rejoin_s": 0.4}
+    out["reason"] = "shrink_group: the default group shrinks in place"
     if new_rank is None:
         return {**out, "initialized": False}
     usable = {"init_s": 0.5, "touch_s": 0.2, "touched": 14, "sums_ok": True, "path": "split", "total_s": 1.2}
@@ -201,6 +202,11 @@ def test_recovery_rows_pass_only_when_training_after_the_shrink_equals_a_fresh_r
     rows = recovery_rows("t", 5, "split", results)
     assert not rows[2][1] and "fresh run [4.9, 4.7]" in rows[2][2]
     assert not recovery_rows("t", 5, "member", results)[1][1]  # the creation path after the shrink
+    for r in results:
+        if r is not None and r["new_rank"] is not None:
+            r.update(method="reinit", reason="re-initializing over a new store prefix: cannot shrink")
+    ok, detail = recovery_rows("t", 5, "split", results)[1][1:]
+    assert not ok and "rejoined by ['reinit (re-initializing over a new store prefix: cannot shrink)']" in detail
 
 
 needs_megatron = pytest.mark.skipif(
