@@ -18,6 +18,7 @@ same way. A benchmark: its figures are reported, never asserted.
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import time
@@ -41,8 +42,10 @@ def does_not_fit(
 
     ``done``: ``(size, wall seconds, device MiB in use at the peak)`` of the sizes run, in order;
     ``left_s``: the ladder's time left. The next world is predicted from the last one: time
-    grows as (size ratio)^1.5 (more processes to start on the same cores, more creation calls
-    and wider splits), memory as the size ratio times the last per-rank growth (at least 1).
+    grows as (size ratio)^k, k the growth measured between the last two sizes (within 1 and 2),
+    else 1.5 (more processes to start on the same cores, more creation calls, wider splits);
+    memory as the size ratio times the last per-rank growth (at least 1). A world predicted to
+    fit may still run past the time left: it is then stopped at that limit, within the ladder's.
     """
     if left_s <= 0:
         return "no time left"
@@ -50,7 +53,10 @@ def does_not_fit(
         return None
     last_size, last_s, last_mib = done[-1]
     ratio = size / last_size
-    predicted_s = last_s * ratio**1.5
+    power = 1.5
+    if len(done) > 1 and done[-2][1] > 0 and done[-2][0] != last_size:
+        power = min(2.0, max(1.0, math.log(last_s / done[-2][1]) / math.log(last_size / done[-2][0])))
+    predicted_s = last_s * ratio**power
     if predicted_s > left_s:
         return f"predicted {predicted_s:.0f} s (from {last_s:.0f} s at {last_size} ranks), {left_s:.0f} s left"
     if last_mib is not None and total_mib:

@@ -111,6 +111,13 @@ def test_the_ladder_stops_before_a_size_that_would_not_fit():
     # time: 40 s at 16 ranks predicts 40 * 2**1.5 = 113 s at 32
     assert does_not_fit(32, [(16, 40.0, None)], 120.0, None) is None
     assert does_not_fit(32, [(16, 40.0, None)], 100.0, None) == "predicted 113 s (from 40 s at 16 ranks), 100 s left"
+    # two sizes: the growth measured between them (30 s to 45 s: power 0.58, taken as 1), within 1 and 2
+    assert does_not_fit(32, [(8, 30.0, None), (16, 45.0, None)], 91.0, None) is None
+    assert (
+        does_not_fit(32, [(8, 30.0, None), (16, 45.0, None)], 89.0, None)
+        == "predicted 90 s (from 45 s at 16 ranks), 89 s left"
+    )
+    assert does_not_fit(32, [(8, 10.0, None), (16, 45.0, None)], 179.0, None).startswith("predicted 180 s")
     # memory: 26,000 MiB at 16 ranks, per-rank use grew 1.25x from 8 to 16: 65,000 MiB predicted at 32
     done = [(8, 10.0, 10_400), (16, 20.0, 26_000)]
     assert does_not_fit(32, done, 1000.0, 143_000) is None
