@@ -4,7 +4,8 @@
 ``groups`` (compat against MCore on each layout) and ``builders`` in one world, ``training``
 (the tiny GPT under MCore then compat, :mod:`scripts.gpu.world_training`) in a world of its
 own, then in the bound mode ``death``, a rank's death inside the split sequence (first size
-only), with ``TORCH_NCCL_USE_COMM_NONBLOCKING=1`` and without. It returns report lines and
+only), with ``TORCH_NCCL_USE_COMM_NONBLOCKING=1`` and without; then, once per mode in the order
+given, :data:`ONCE_CHECKS` (recovery in place, the scale ladder, the sharing policies). It returns report lines and
 ``(check, passed, detail)`` rows. On gloo (the CPU dry run) the same bodies run; the bound mode
 there splits through the gloo stand-in. :func:`worst_case_s` bounds a plan's wall time.
 """
