@@ -7,8 +7,10 @@ phases are printed per world size; from two or more sizes each phase is fitted a
 ``a + b * W`` (MCore's creation as calls(W) x seconds per call(W): its calls grow with the
 world, and on a bound device each is a world-wide split) and extrapolated to 1,024 and 65,536
 ranks. A benchmark: it asserts nothing about time. ``--launcher gloo`` runs CPU gloo worlds;
-``--launcher gpu`` is the hook for the one-GPU NCCL world (:func:`gpu_world`). Method and
-figures: docs/performance.md ("Phases and a scale model").
+``--launcher gpu`` the one-GPU NCCL world of :mod:`scripts.gpu.world` (:func:`gpu_world`, a
+device-bound default group). Method and figures: docs/performance.md ("Phases and a scale
+model"); on NCCL, time to usable groups per world size and its projection are the GPU check's
+ladder (:mod:`scripts.gpu.world_ladder`, which fits with :func:`fit`).
 """
 
 from __future__ import annotations
@@ -37,18 +39,21 @@ def gloo_world(world: int, fn: Callable[..., Any], args: Sequence[Any], timeout:
         return gloo.run(fn, *args)
 
 
-def gpu_world(world: int, fn: Callable[..., Any], args: Sequence[Any], timeout: float) -> list[Any]:
-    """HOOK for the lead: ``fn(*args)`` on every rank of the one-GPU NCCL world.
+def _plain(ctx: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """A body of :func:`scripts.gpu.world.run_world` that calls ``fn(*args)`` (the default group is made)."""
+    return fn(*args)
 
-    To be wired to ``scripts/gpu/world.py`` (issue 34: N ranks on one GPU, each its own
-    ``NCCL_HOSTID``, a bound or lazy default group). ``fn`` takes plain arguments and uses the
-    default process group, so any launcher that runs a module-level function on every rank fits.
+
+def gpu_world(
+    world: int, fn: Callable[..., Any], args: Sequence[Any], timeout: float, backend: str = "nccl"
+) -> list[Any]:
+    """``fn(*args)`` on every rank of the one-GPU NCCL world (:func:`scripts.gpu.world.run_world`:
+    each rank its own ``NCCL_HOSTID``, a default group bound to ``cuda:0``); results by rank.
+    ``backend="gloo"``: the same launcher on CPU processes (its dry run).
     """
-    try:
-        from scripts.gpu import world as launcher  # type: ignore[attr-defined]
-    except ImportError as exc:
-        raise SystemExit(f"--launcher gpu needs scripts/gpu/world.py (issue 34): {exc}") from None
-    return launcher.run(world, fn, *args, timeout=timeout)
+    from scripts.gpu.world import run_world
+
+    return run_world(world, _plain, (fn, *args), backend=backend, mode="bound", timeout=timeout)
 
 
 LAUNCHERS: dict[str, Launcher] = {"gloo": gloo_world, "gpu": gpu_world}
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     started, load = time.time(), os.getloadavg()[0]
     print(f"time to usable groups by phase, slowest rank, seconds ({a.launcher}, {a.layout}); load {load:.1f}")
     results = {
-        w: [r for rank in run_world(LAUNCHERS[a.launcher], w, a.layout, cases, a.rounds, a.store) for r in rank]  # type: ignore[arg-type]
+        w: [r for rank in run_world(LAUNCHERS[a.launcher], w, a.layout, cases, a.rounds, a.store) for r in rank]
         for w in (int(x) for x in a.worlds.split(","))
     }
     out = report(results)

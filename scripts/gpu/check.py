@@ -24,7 +24,7 @@ from typing import Any
 
 from parallel_state_ng.testing.megatron_cpu import MEGATRON_PATH_ENV, use_megatron_path
 from scripts.examples.gpt.processes import run_ranks
-from scripts.gpu.world_report import WORLD_CHECKS, WORLD_SLACK_S, WorldPlan
+from scripts.gpu.world_report import DEFAULT_WORLD_CHECKS, WORLD_CHECKS, WORLD_SLACK_S, WorldPlan
 from scripts.gpu.world_training import LAYOUT_NAMES
 
 MODES = ("lazy", "bound")
@@ -68,10 +68,33 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--world-modes", default="lazy,bound", help="comma-separated modes of the N-rank worlds")
     p.add_argument(
         "--world-checks",
-        default=",".join(WORLD_CHECKS),
+        default=",".join(DEFAULT_WORLD_CHECKS),
         help=f"comma-separated N-rank checks, of {', '.join(WORLD_CHECKS)}: groups and builders share a world, "
-        "training has its own, death and death-nonblocking run in the bound mode at the first size",
+        "training has its own, death and death-nonblocking run in the bound mode at the first size; recovery, "
+        "ladder and sharing run once per mode, in the order given, after the others (recovery and sharing at the "
+        "first size)",
     )
+    p.add_argument("--recovery-timeout", type=float, default=90.0, help="seconds for the recovery world")
+    p.add_argument(
+        "--ladder-sizes", default="8,16,32,48,64", help="the ladder's world sizes, in order (4 or multiples of 8)"
+    )
+    p.add_argument(
+        "--ladder-timeout",
+        type=float,
+        default=150.0,
+        help="seconds for the whole ladder (it stops at a size that would not fit)",
+    )
+    p.add_argument(
+        "--sharing-values",
+        default="unset,safe,1",
+        help="PSNG_SHARE_GROUPS values compared (unset: the variable removed)",
+    )
+    p.add_argument(
+        "--sharing-training",
+        default="safe",
+        help="PSNG_SHARE_GROUPS value of the sharing world's training (MCore against compat, dense); empty: none",
+    )
+    p.add_argument("--sharing-timeout", type=float, default=90.0, help="seconds for the sharing world")
     p.add_argument(
         "--training-layouts",
         default=",".join(LAYOUT_NAMES),
@@ -104,10 +127,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.training_layouts = _choices(p, "--training-layouts", args.training_layouts, LAYOUT_NAMES)
     if "training" in args.world_checks and any(n % 4 for n in args.world):
         p.error(f"--world-checks training needs world sizes that are multiples of 4, got {args.world}")
+    _once_options(p, args)
     worst = worst_case(args)
     if args.budget is not None and worst > args.budget:
         p.error(f"the selected parts may take {worst:.0f} s, over --budget {args.budget:.0f} s: {budget_text(args)}")
     return args
+
+
+def _once_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Parse and check the options of the recovery, ladder and sharing checks."""
+    try:
+        args.ladder_sizes = tuple(int(n) for n in args.ladder_sizes.split(",") if n.strip())
+    except ValueError:
+        p.error(f"--ladder-sizes takes comma-separated ints, got {args.ladder_sizes!r}")
+    if not args.ladder_sizes or any(n != 4 and (n < 8 or n % 8) for n in args.ladder_sizes):
+        p.error(f"--ladder-sizes must be 4 (tp1 pp2 ep2) or multiples of 8 (tp2 pp2 ep2), got {args.ladder_sizes}")
+    args.sharing_values = tuple(v.strip() for v in args.sharing_values.split(",") if v.strip())
+    args.sharing_training = args.sharing_training.strip()
+    if "ladder" in args.world_checks and not args.world:
+        p.error("--world-checks ladder runs with the N-rank checks: give --world (its sizes are --ladder-sizes)")
+    once = [c for c in args.world_checks if c in ("recovery", "sharing")]
+    if once and (not args.world or args.world[0] % 4 or (args.world[0] > 4 and args.world[0] % 8)):
+        p.error(f"--world-checks {','.join(once)} needs a first --world size of 4 or 8k, got {args.world}")
+    if "sharing" in args.world_checks and not args.sharing_values:
+        p.error("--sharing-values is empty")
 
 
 def _choices(p: argparse.ArgumentParser, flag: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -127,6 +170,12 @@ def world_plan(args: argparse.Namespace) -> WorldPlan:
         args.training_layouts,
         args.world_timeout,
         args.training_timeout,
+        args.recovery_timeout,
+        args.ladder_sizes,
+        args.ladder_timeout,
+        args.sharing_values,
+        args.sharing_training,
+        args.sharing_timeout,
     )
 
 
@@ -335,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     title = "GPU check (CPU DRY RUN: gloo, stand-in NCCL options)" if args.cpu_dry_run else "GPU check"
     lines = [f"# {title}", *environment(device)]
     lines.append(f"worst case {worst_case(args):.0f} s: {budget_text(args)}")
+    print(lines[-1], file=sys.stderr, flush=True)  # first, before anything runs
     checks: list[tuple[str, bool, str]] = []
     for mode in () if args.world_only else args.modes:
         lines += ["", f"## mode {mode}: init_process_group({'nccl' if device == 'cuda' else 'gloo'}"]

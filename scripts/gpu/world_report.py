@@ -5,13 +5,15 @@
 (the tiny GPT under MCore then compat, :mod:`scripts.gpu.world_training`) in a world of its
 own, then in the bound mode ``death``, a rank's death inside the split sequence (first size
 only), and ``death-nonblocking``, the same with ``TORCH_NCCL_USE_COMM_NONBLOCKING=1``
-(:mod:`scripts.gpu.world_nonblocking`). It returns report lines and
-``(check, passed, detail)`` rows. On gloo (the CPU dry run) the same bodies run; the bound mode
+(:mod:`scripts.gpu.world_nonblocking`); then, once per mode in the order given,
+:data:`ONCE_CHECKS` (recovery in place, the scale ladder, the sharing policies). It returns
+report lines and ``(check, passed, detail)`` rows. On gloo (the CPU dry run) the same bodies run; the bound mode
 there splits through the gloo stand-in. :func:`worst_case_s` bounds a plan's wall time.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +26,13 @@ DEATH_BOUND_S = 20.0
 DEATH_SLACK_S = 15.0
 #: Seconds allowed per world over its timeout (starting the ranks, killing them after a timeout).
 WORLD_SLACK_S = 15.0
-#: What an N-rank world can check (``--world-checks``).
-WORLD_CHECKS = ("groups", "builders", "training", "death", "death-nonblocking")
+#: What an N-rank world checks by default (``--world-checks``).
+DEFAULT_WORLD_CHECKS = ("groups", "builders", "training", "death", "death-nonblocking")
+#: Checks that run once per mode, in the order given, after the per-size ones: recovery in place
+#: (:mod:`scripts.gpu.world_recovery`), the scale ladder (:mod:`scripts.gpu.world_ladder`, its
+#: own sizes) and the sharing policies (:mod:`scripts.gpu.world_sharing`), at the first size.
+ONCE_CHECKS = ("recovery", "ladder", "sharing")
+WORLD_CHECKS = (*DEFAULT_WORLD_CHECKS, *ONCE_CHECKS)
 #: On NCCL, the training world's ranks need a cuBLAS workspace for deterministic algorithms.
 TRAINING_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 Check = tuple[str, bool, str]
@@ -47,6 +54,12 @@ class WorldPlan:
     training_layouts: tuple[str, ...] = world_training.LAYOUT_NAMES
     timeout: float = 150.0
     training_timeout: float = 300.0
+    recovery_timeout: float = 90.0
+    ladder_sizes: tuple[int, ...] = (8, 16, 32, 48, 64)
+    ladder_timeout: float = 150.0
+    sharing_values: tuple[str, ...] = ("unset", "safe", "1")
+    sharing_training: str = "safe"
+    sharing_timeout: float = 90.0
 
     def worlds(self, backend: str) -> list[tuple[int, str, str, float]]:
         """``(size, mode, what, timeout)`` of every world, in the order they run."""
@@ -61,6 +74,10 @@ class WorldPlan:
                     out += [
                         (size, mode, f"{check} ({how})", self.timeout) for check, how in _DEATHS if check in self.checks
                     ]
+        limits = {"recovery": self.recovery_timeout, "ladder": self.ladder_timeout, "sharing": self.sharing_timeout}
+        for what in (c for c in self.checks if c in ONCE_CHECKS):
+            for mode in self.modes:
+                out.append((self.ladder_sizes[-1] if what == "ladder" else self.sizes[0], mode, what, limits[what]))
         return out
 
 
@@ -220,6 +237,39 @@ def _run_world_rows(
     return _every_check_rows(tag, "split" if mode == "bound" else "member", results)
 
 
+def _once_rows(what: str, size: int, backend: str, mode: str, plan: WorldPlan) -> tuple[list[str], list[Check]]:
+    """One of :data:`ONCE_CHECKS`: its report lines and rows."""
+    from scripts.gpu import world_ladder, world_recovery, world_sharing
+
+    tag = f"{size} ranks {backend} {mode}"
+    expected = "split" if mode == "bound" else "member"
+    if what == "ladder":
+        return world_ladder.ladder_section(
+            plan.ladder_sizes, backend, mode, plan.ladder_timeout, f"{backend} {mode}", _failure_summary
+        )
+    if what == "sharing":
+        return world_sharing.sharing_section(
+            size, backend, mode, plan.sharing_values, plan.sharing_training, plan.sharing_timeout, tag, _failure_summary
+        )
+    victim = world_recovery.victim_of(size)
+    env = TRAINING_ENV if backend == "nccl" else {}
+    args = (world_recovery.recovery_config(size), victim)
+    try:
+        results = run_world(
+            size,
+            world_recovery.recovery,
+            args,
+            backend=backend,
+            mode=mode,
+            timeout=plan.recovery_timeout,
+            may_die=(victim,),
+            env=env,
+        )
+    except WorldError as err:
+        return [f"FAILED {tag} recovery: {err}"[:6000]], [(f"{tag} recovery: the world", False, _failure_summary(err))]
+    return [], world_recovery.recovery_rows(tag, victim, expected, results)
+
+
 def world_section(plan: WorldPlan, backend: str) -> tuple[list[str], list[Check]]:
     """Report lines and check rows for every world of ``plan`` (module docstring)."""
     lines: list[str] = [
@@ -232,7 +282,12 @@ def world_section(plan: WorldPlan, backend: str) -> tuple[list[str], list[Check]
         start = time.monotonic()
         if what.startswith("death"):
             rows += _death_rows(tag, size, backend, mode, what.startswith("death-nonblocking"), plan.timeout)
+        elif what in ONCE_CHECKS:
+            more, found = _once_rows(what, size, backend, mode, plan)
+            lines += more
+            rows += found
         else:
             rows += _run_world_rows(tag, what, size, backend, mode, plan, lines)
         lines.append(f"{tag} {what}: {time.monotonic() - start:.1f} s")
+        print(lines[-1], file=sys.stderr, flush=True)  # progress, in case the call is stopped
     return lines, rows
