@@ -28,6 +28,31 @@ WORLD_CHECKS = ("groups", "builders", "training", "death")
 #: On NCCL, the training world's ranks need a cuBLAS workspace for deterministic algorithms.
 TRAINING_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 Check = tuple[str, bool, str]
+#: The slowest world of each kind measured at 8 ranks on one GPU, in seconds (one NVIDIA H200,
+#: torch 2.11.0+cu130, NCCL 2.28.9, megatron-core 0.19.2, 2026-11-28; docs/gpu-runs/2026-11-28-h200):
+#: the bound groups/builders world and the bound training world (both layouts).
+MEASURED_8_RANKS_S = {"groups": 51.6, "training": 58.2}
+#: Default limits on a GPU: this many times the measured 8-rank time, per size (below).
+LIMIT_MARGIN = 2.0
+#: Default limits of the dry run (gloo on CPUs), where the GPU's times say nothing: the 2-core
+#: machine's 8-rank training world took 158 s at load average 23-30 (docs/gpus.md).
+DRY_RUN_LIMITS_S = {"groups": 150.0, "training": 300.0}
+
+
+def default_limit_s(size: int, what: str, backend: str) -> float:
+    """The default time limit of one N-rank world (``what``: ``groups``, ``training``, ``death``).
+
+    On NCCL: :data:`LIMIT_MARGIN` times the measured 8-rank time of its kind, scaled by
+    ``size / 8`` for larger worlds (their ranks share the one GPU and MCore's world-wide
+    ``new_group`` calls grow with the size), rounded up to 10 s: groups 110 s at 8 ranks and
+    210 s at 16, training 120 s and 240 s. A death world gets the groups limit. On gloo (the dry
+    run): :data:`DRY_RUN_LIMITS_S`, whatever the size.
+    """
+    kind = "training" if what == "training" else "groups"
+    if backend != "nccl":
+        return DRY_RUN_LIMITS_S[kind]
+    scaled = LIMIT_MARGIN * MEASURED_8_RANKS_S[kind] * max(size, 8) / 8
+    return float(-(-scaled // 10) * 10)
 
 
 @dataclass(frozen=True)
@@ -35,29 +60,35 @@ class WorldPlan:
     """Which N-rank worlds to run: sizes, modes, checks, training layouts and time limits.
 
     ``timeout`` bounds each groups/builders world and each death world, ``training_timeout``
-    each training world (seconds; a world past its limit fails as a whole, its ranks killed).
+    each training world (seconds; a world past its limit fails as a whole, its ranks killed);
+    ``None``: :func:`default_limit_s` of each world's size.
     """
 
     sizes: tuple[int, ...]
     modes: tuple[str, ...] = ("lazy", "bound")
     checks: tuple[str, ...] = WORLD_CHECKS
     training_layouts: tuple[str, ...] = world_training.LAYOUT_NAMES
-    timeout: float = 150.0
-    training_timeout: float = 300.0
+    timeout: float | None = None
+    training_timeout: float | None = None
+
+    def limit_s(self, size: int, what: str, backend: str) -> float:
+        """The time limit of one world: the one given, else :func:`default_limit_s`."""
+        given = self.training_timeout if what == "training" else self.timeout
+        return given if given is not None else default_limit_s(size, what, backend)
 
     def worlds(self, backend: str) -> list[tuple[int, str, str, float]]:
         """``(size, mode, what, timeout)`` of every world, in the order they run."""
-        out: list[tuple[int, str, str, float]] = []
+        out: list[tuple[int, str, str]] = []
         for size in self.sizes:
             for mode in self.modes:
                 if "groups" in self.checks or "builders" in self.checks:
-                    out.append((size, mode, "groups", self.timeout))
+                    out.append((size, mode, "groups"))
                 if "training" in self.checks:
-                    out.append((size, mode, "training", self.training_timeout))
+                    out.append((size, mode, "training"))
                 if "death" in self.checks and mode == "bound" and size == self.sizes[0]:
                     for how in ("nonblocking", "blocking") if backend == "nccl" else ("blocking",):
-                        out.append((size, mode, f"death ({how})", self.timeout))
-        return out
+                        out.append((size, mode, f"death ({how})"))
+        return [(size, mode, what, self.limit_s(size, what, backend)) for size, mode, what in out]
 
 
 def worst_case_s(plan: WorldPlan, backend: str) -> float:
@@ -192,17 +223,17 @@ def _failure_summary(err: WorldError, limit: int = 600) -> str:
 
 
 def _run_world_rows(
-    tag: str, what: str, size: int, backend: str, mode: str, plan: WorldPlan, lines: list[str]
+    tag: str, what: str, size: int, backend: str, mode: str, plan: WorldPlan, timeout: float, lines: list[str]
 ) -> list[Check]:
     """One groups/builders world or one training world; its rows (a failed world: one row)."""
     if what == "training":
         body: Any = world_training.training
         args: tuple = (world_training.training_layouts(size, plan.training_layouts),)
-        timeout, env = plan.training_timeout, TRAINING_ENV if backend == "nccl" else {}
+        env = TRAINING_ENV if backend == "nccl" else {}
     else:
         body = world_checks.every_check
         layouts = _layouts(size) if "groups" in plan.checks else {}
-        args, timeout, env = (layouts, "builders" in plan.checks), plan.timeout, {}
+        args, env = (layouts, "builders" in plan.checks), {}
     try:
         results = run_world(size, body, args, backend=backend, mode=mode, timeout=timeout, env=env)
     except WorldError as err:
@@ -220,12 +251,12 @@ def world_section(plan: WorldPlan, backend: str) -> tuple[list[str], list[Check]
         f"worst case {worst_case_s(plan, backend):.0f} s"
     ]
     rows: list[Check] = []
-    for size, mode, what, _ in plan.worlds(backend):
+    for size, mode, what, timeout in plan.worlds(backend):
         tag = f"{size} ranks {backend} {mode}"
         start = time.monotonic()
         if what.startswith("death"):
-            rows += _death_rows(tag, size, backend, mode, what == "death (nonblocking)", plan.timeout)
+            rows += _death_rows(tag, size, backend, mode, what == "death (nonblocking)", timeout)
         else:
-            rows += _run_world_rows(tag, what, size, backend, mode, plan, lines)
+            rows += _run_world_rows(tag, what, size, backend, mode, plan, timeout, lines)
         lines.append(f"{tag} {what}: {time.monotonic() - start:.1f} s")
     return lines, rows
