@@ -69,7 +69,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="seconds for each groups or death world; default on a GPU twice the slowest measured 8-rank world "
         "(51.6 s, H200, 2026-11-28) times size/8 for larger worlds, rounded up to 10 s: 110 s at 8 ranks, "
-        "210 s at 16; in the dry run 150 s",
+        "210 s at 16; in the dry run 150 s at 8 ranks, scaled the same way",
     )
     p.add_argument("--world-only", action="store_true", help="skip the world-size-1 modes (with --world)")
     p.add_argument("--world-modes", default="lazy,bound", help="comma-separated modes of the N-rank worlds")
@@ -90,7 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="seconds for each N-rank training world; default on a GPU twice the slowest measured 8-rank "
         "training world (58.2 s, H200, 2026-11-28) times size/8 for larger worlds, rounded up to 10 s: "
-        "120 s at 8 ranks, 240 s at 16; in the dry run 300 s",
+        "120 s at 8 ranks, 240 s at 16; in the dry run 300 s at 8 ranks, scaled the same way",
     )
     p.add_argument(
         "--budget",

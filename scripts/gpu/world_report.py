@@ -34,8 +34,9 @@ Check = tuple[str, bool, str]
 MEASURED_8_RANKS_S = {"groups": 51.6, "training": 58.2}
 #: Default limits on a GPU: this many times the measured 8-rank time, per size (below).
 LIMIT_MARGIN = 2.0
-#: Default limits of the dry run (gloo on CPUs), where the GPU's times say nothing: the 2-core
-#: machine's 8-rank training world took 158 s at load average 23-30 (docs/gpus.md).
+#: Default 8-rank limits of the dry run (gloo on CPUs), where the GPU's times say nothing: on the
+#: 2-core machine the 8-rank groups world took 52.7 s and the training world up to 186 s under
+#: load (docs/testing.md, "The GPU check's dry runs"); scaled by size / 8 as on a GPU.
 DRY_RUN_LIMITS_S = {"groups": 150.0, "training": 300.0}
 
 
@@ -46,12 +47,11 @@ def default_limit_s(size: int, what: str, backend: str) -> float:
     ``size / 8`` for larger worlds (their ranks share the one GPU and MCore's world-wide
     ``new_group`` calls grow with the size), rounded up to 10 s: groups 110 s at 8 ranks and
     210 s at 16, training 120 s and 240 s. A death world gets the groups limit. On gloo (the dry
-    run): :data:`DRY_RUN_LIMITS_S`, whatever the size.
+    run): :data:`DRY_RUN_LIMITS_S` at 8 ranks or fewer, scaled by ``size / 8`` above.
     """
     kind = "training" if what == "training" else "groups"
-    if backend != "nccl":
-        return DRY_RUN_LIMITS_S[kind]
-    scaled = LIMIT_MARGIN * MEASURED_8_RANKS_S[kind] * max(size, 8) / 8
+    at_8 = LIMIT_MARGIN * MEASURED_8_RANKS_S[kind] if backend == "nccl" else DRY_RUN_LIMITS_S[kind]
+    scaled = at_8 * max(size, 8) / 8
     return float(-(-scaled // 10) * 10)
 
 

@@ -324,7 +324,7 @@ def _eight() -> dict[str, dict[str, Any]]:
 
 
 def _eight_without_mistakes() -> dict[str, dict[str, Any]]:
-    """compat's module and a DeviceMesh with a flattened dim on 8 ranks (every release)."""
+    """The compat module and a DeviceMesh with a flattened dim on 8 ranks (every release)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     import compat.parallel_state as cps

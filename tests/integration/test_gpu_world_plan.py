@@ -60,12 +60,16 @@ def test_default_limits_are_twice_the_measured_8_rank_worlds_per_size():
     for size, *_, limit in plan.worlds("nccl"):
         what = "training" if limit in (120.0, 240.0) else "groups"
         assert limit >= LIMIT_MARGIN * MEASURED_8_RANKS_S[what] * max(size, 8) / 8
-    # the dry run (gloo on CPUs) keeps its own limits at every size; a given limit wins everywhere
-    assert {(w[2], w[3]) for w in plan.worlds("gloo")} == {
-        ("groups", 150.0),
-        ("training", 300.0),
-        ("death (blocking)", 150.0),
-    }
+    # the dry run (gloo on CPUs) has 8-rank limits of its own, scaled alike; a given limit wins everywhere
+    assert [(w[0], w[2], w[3]) for w in plan.worlds("gloo")] == [
+        (4, "groups", 150.0),
+        (4, "training", 300.0),
+        (4, "death (blocking)", 150.0),
+        (8, "groups", 150.0),
+        (8, "training", 300.0),
+        (16, "groups", 300.0),
+        (16, "training", 600.0),
+    ]
     given = WorldPlan((16,), ("lazy",), ("groups", "training"), timeout=180, training_timeout=200)
     assert given.worlds("nccl") == [(16, "lazy", "groups", 180), (16, "lazy", "training", 200)]
     assert default_limit_s(64, "groups", "nccl") == 830.0  # 2 x 51.6 x 8, rounded up to 10 s
@@ -84,7 +88,8 @@ def test_options_select_worlds_and_refuse_a_call_over_its_budget(capsys):
     assert "may take 285 s, over --budget 250 s: start 15 s, 8 lazy training 135 s, 8 bound training 135 s" in (
         capsys.readouterr().err
     )
-    dry = check.parse_args(["--dry-run", "--world", "4", "--world-only", "--no-tests", "--world-modes", "lazy", "--world-checks", "training"])
+    dry_run = "--dry-run --world 4 --world-only --no-tests --world-modes lazy --world-checks training"
+    dry = check.parse_args(dry_run.split())
     assert check.worst_case(dry) == check.START_S + 300 + WORLD_SLACK_S  # the dry run's own limit
     for bad in (["--world-checks", "speed"], ["--world-modes", "eager"], ["--training-layouts", "vpp"]):
         with pytest.raises(SystemExit):
