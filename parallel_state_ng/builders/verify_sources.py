@@ -154,7 +154,7 @@ def _from_collection(source: Any, release: Release, dim_kinds: dict[str, str]) -
             )
     else:
         names = [f.name for f in dataclasses.fields(source)]
-        values = {name: getattr(source, name, MISSING) for name in names}
+        values = {name: _field_value(source, name) for name in names}
         what = type(source).__qualname__
     names = list(dict.fromkeys([*expected_fields, *values]))
     entries, unchecked = [], []
@@ -166,6 +166,20 @@ def _from_collection(source: Any, release: Release, dim_kinds: dict[str, str]) -
         kind, global_name = FIELD_KINDS[name]
         entries.append(Entry(name, f"field {name!r}", kind, global_name, values.get(name, MISSING)))
     return Source(what, entries, unchecked)
+
+
+def _field_value(collection: Any, name: str) -> Any:
+    """A collection field's value, :data:`MISSING` where it was never set.
+
+    Read from the instance's own attributes: 0.19's ``ProcessGroupCollection`` answers ``None``
+    for a declared field that was never set (its ``__getattr__``), where earlier releases raise
+    ``AttributeError``, so ``getattr`` alone would call the same unset field "missing" on one
+    release and ``None`` on another.
+    """
+    own = getattr(collection, "__dict__", None)
+    if own is None:  # a dataclass with slots: no __getattr__ fallback to see through
+        return getattr(collection, name, MISSING)
+    return own.get(name, MISSING)
 
 
 def _from_kinds(groups: MegatronGroups, release: Release) -> Source:
@@ -251,16 +265,25 @@ def kind_of_dims(
     """The group kind whose ``get_ranks`` dims are ``dims`` (``dim_kinds[name]`` first).
 
     Dense kinds unless ``expert`` (a grid view), a dim is ``ep`` or an expert alias (``etp``,
-    ``edp``). Raises ``ValueError`` naming the dim when no kind has these dims.
+    ``edp``). On a release with the GTP axis, dims without ``gtp_remat`` that no kind has
+    exactly name the kind spanning ``gtp_remat`` besides them (``dp-tp`` is ``tp_dp``, whose
+    dims there are tp, gtp_remat, dp). Raises ``ValueError`` naming the dim when no kind has
+    these dims.
     """
     if name in dim_kinds:
         return dim_kinds[name]
     expert = expert or "ep" in dims or any(d in _EXPERT_ALIASES for d in dims)
     plain = sorted(_EXPERT_ALIASES.get(d, d) for d in dims)
     view = "expert" if expert else "dense"
-    for kind, (kind_view, kind_dims) in token_kind_dims(release_facts(release.series).gtp_remat_axis).items():
-        if kind_view == view and sorted(kind_dims) == plain:
-            return kind
+    gtp_axis = release_facts(release.series).gtp_remat_axis
+    # A dim without gtp_remat is a group of gtp_remat size 1: on 0.19, where tp_dp, tp_dp_cp and
+    # mp also span gtp_remat, it is the kind with gtp_remat dropped (the membership check then
+    # tells whether the stated layout's gtp_remat is 1 too).
+    tables = [gtp_axis] + ([False] if gtp_axis and GTP_TOKEN not in plain else [])
+    for axis in tables:
+        for kind, (kind_view, kind_dims) in token_kind_dims(axis).items():
+            if kind_view == view and sorted(kind_dims) == plain:
+                return kind
     tokens = sorted({t for _, d in token_kind_dims(True).values() for t in d} | set(_EXPERT_ALIASES))
     raise ValueError(
         f"dim {name!r} (dims {dims}) matches no {view} group kind of megatron-core {release.series}; name "

@@ -63,7 +63,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="comma-separated world sizes of N ranks on one GPU (scripts/gpu/world.py), each in --world-modes; "
         "default 8,16 on a GPU, none in the dry run; 0: none",
     )
-    p.add_argument("--world-timeout", type=float, default=150.0, help="seconds for each groups or death world")
+    p.add_argument(
+        "--world-timeout",
+        type=float,
+        default=None,
+        help="seconds for each groups or death world; default on a GPU twice the slowest measured 8-rank world "
+        "(51.6 s, H200, 2026-11-28) times size/8 for larger worlds, rounded up to 10 s: 110 s at 8 ranks, "
+        "210 s at 16; in the dry run 150 s at 8 ranks, scaled the same way",
+    )
     p.add_argument("--world-only", action="store_true", help="skip the world-size-1 modes (with --world)")
     p.add_argument("--world-modes", default="lazy,bound", help="comma-separated modes of the N-rank worlds")
     p.add_argument(
@@ -100,7 +107,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=",".join(LAYOUT_NAMES),
         help="dense (tp2 pp2 dp rest), moe (tp1 pp2 ep2, 4 experts) or both; world sizes a multiple of 4",
     )
-    p.add_argument("--training-timeout", type=float, default=300.0, help="seconds for each N-rank training world")
+    p.add_argument(
+        "--training-timeout",
+        type=float,
+        default=None,
+        help="seconds for each N-rank training world; default on a GPU twice the slowest measured 8-rank "
+        "training world (58.2 s, H200, 2026-11-28) times size/8 for larger worlds, rounded up to 10 s: "
+        "120 s at 8 ranks, 240 s at 16; in the dry run 300 s at 8 ranks, scaled the same way",
+    )
     p.add_argument(
         "--budget",
         type=float,

@@ -38,6 +38,31 @@ TRAINING_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 Check = tuple[str, bool, str]
 #: The death checks and the NCCL init mode each runs in (one world each).
 _DEATHS = (("death", "blocking"), ("death-nonblocking", "nonblocking"))
+#: The slowest world of each kind measured at 8 ranks on one GPU, in seconds (one NVIDIA H200,
+#: torch 2.11.0+cu130, NCCL 2.28.9, megatron-core 0.19.2, 2026-11-28; docs/gpu-runs/2026-11-28-h200):
+#: the bound groups/builders world and the bound training world (both layouts).
+MEASURED_8_RANKS_S = {"groups": 51.6, "training": 58.2}
+#: Default limits on a GPU: this many times the measured 8-rank time, per size (below).
+LIMIT_MARGIN = 2.0
+#: Default 8-rank limits of the dry run (gloo on CPUs), where the GPU's times say nothing: on the
+#: 2-core machine the 8-rank groups world took 52.7 s and the training world up to 186 s under
+#: load (docs/testing.md, "The GPU check's dry runs"); scaled by size / 8 as on a GPU.
+DRY_RUN_LIMITS_S = {"groups": 150.0, "training": 300.0}
+
+
+def default_limit_s(size: int, what: str, backend: str) -> float:
+    """The default time limit of one N-rank world (``what``: ``groups``, ``training``, ``death``).
+
+    On NCCL: :data:`LIMIT_MARGIN` times the measured 8-rank time of its kind, scaled by
+    ``size / 8`` for larger worlds (their ranks share the one GPU and MCore's world-wide
+    ``new_group`` calls grow with the size), rounded up to 10 s: groups 110 s at 8 ranks and
+    210 s at 16, training 120 s and 240 s. A death world gets the groups limit. On gloo (the dry
+    run): :data:`DRY_RUN_LIMITS_S` at 8 ranks or fewer, scaled by ``size / 8`` above.
+    """
+    kind = "training" if what == "training" else "groups"
+    at_8 = LIMIT_MARGIN * MEASURED_8_RANKS_S[kind] if backend == "nccl" else DRY_RUN_LIMITS_S[kind]
+    scaled = at_8 * max(size, 8) / 8
+    return float(-(-scaled // 10) * 10)
 
 
 @dataclass(frozen=True)
@@ -45,15 +70,16 @@ class WorldPlan:
     """Which N-rank worlds to run: sizes, modes, checks, training layouts and time limits.
 
     ``timeout`` bounds each groups/builders world and each death world, ``training_timeout``
-    each training world (seconds; a world past its limit fails as a whole, its ranks killed).
+    each training world (seconds; a world past its limit fails as a whole, its ranks killed);
+    ``None``: :func:`default_limit_s` of each world's size.
     """
 
     sizes: tuple[int, ...]
     modes: tuple[str, ...] = ("lazy", "bound")
     checks: tuple[str, ...] = WORLD_CHECKS
     training_layouts: tuple[str, ...] = world_training.LAYOUT_NAMES
-    timeout: float = 150.0
-    training_timeout: float = 300.0
+    timeout: float | None = None
+    training_timeout: float | None = None
     recovery_timeout: float = 90.0
     ladder_sizes: tuple[int, ...] = (8, 16, 32, 48, 64)
     ladder_timeout: float = 150.0
@@ -62,23 +88,36 @@ class WorldPlan:
     sharing_timeout: float = 90.0
 
     def worlds(self, backend: str) -> list[tuple[int, str, str, float]]:
-        """``(size, mode, what, timeout)`` of every world, in the order they run."""
-        out: list[tuple[int, str, str, float]] = []
+        """``(size, mode, what, timeout)`` of every world, in the order they run.
+
+        First the per-size worlds (groups/builders, training), then the worlds that run once, in
+        the order ``checks`` gives them: the deaths (bound mode, first size) and :data:`ONCE_CHECKS`
+        (each mode; recovery and sharing at the first size, the ladder at its own sizes).
+        """
+        out: list[tuple[int, str, str]] = []
         for size in self.sizes:
             for mode in self.modes:
                 if "groups" in self.checks or "builders" in self.checks:
-                    out.append((size, mode, "groups", self.timeout))
+                    out.append((size, mode, "groups"))
                 if "training" in self.checks:
-                    out.append((size, mode, "training", self.training_timeout))
-                if mode == "bound" and size == self.sizes[0]:
-                    out += [
-                        (size, mode, f"{check} ({how})", self.timeout) for check, how in _DEATHS if check in self.checks
-                    ]
-        limits = {"recovery": self.recovery_timeout, "ladder": self.ladder_timeout, "sharing": self.sharing_timeout}
-        for what in (c for c in self.checks if c in ONCE_CHECKS):
-            for mode in self.modes:
-                out.append((self.ladder_sizes[-1] if what == "ladder" else self.sizes[0], mode, what, limits[what]))
-        return out
+                    out.append((size, mode, "training"))
+        deaths = dict(_DEATHS)
+        for check in self.checks:
+            if check in deaths and "bound" in self.modes:
+                out.append((self.sizes[0], "bound", f"{check} ({deaths[check]})"))
+            elif check in ONCE_CHECKS:
+                out += [
+                    (self.ladder_sizes[-1] if check == "ladder" else self.sizes[0], mode, check) for mode in self.modes
+                ]
+        return [(size, mode, what, self.limit_s(size, what, backend)) for size, mode, what in out]
+
+    def limit_s(self, size: int, what: str, backend: str) -> float:
+        """The time limit of one world: the one given, else :func:`default_limit_s`."""
+        once = {"recovery": self.recovery_timeout, "ladder": self.ladder_timeout, "sharing": self.sharing_timeout}
+        if what in once:
+            return once[what]
+        given = self.training_timeout if what == "training" else self.timeout
+        return given if given is not None else default_limit_s(size, what, backend)
 
 
 def worst_case_s(plan: WorldPlan, backend: str) -> float:
@@ -216,17 +255,17 @@ def _failure_summary(err: WorldError, limit: int = 600) -> str:
 
 
 def _run_world_rows(
-    tag: str, what: str, size: int, backend: str, mode: str, plan: WorldPlan, lines: list[str]
+    tag: str, what: str, size: int, backend: str, mode: str, plan: WorldPlan, timeout: float, lines: list[str]
 ) -> list[Check]:
     """One groups/builders world or one training world; its rows (a failed world: one row)."""
     if what == "training":
         body: Any = world_training.training
         args: tuple = (world_training.training_layouts(size, plan.training_layouts),)
-        timeout, env = plan.training_timeout, TRAINING_ENV if backend == "nccl" else {}
+        env = TRAINING_ENV if backend == "nccl" else {}
     else:
         body = world_checks.every_check
         layouts = _layouts(size) if "groups" in plan.checks else {}
-        args, timeout, env = (layouts, "builders" in plan.checks), plan.timeout, {}
+        args, env = (layouts, "builders" in plan.checks), {}
     try:
         results = run_world(size, body, args, backend=backend, mode=mode, timeout=timeout, env=env)
     except WorldError as err:
@@ -277,17 +316,17 @@ def world_section(plan: WorldPlan, backend: str) -> tuple[list[str], list[Check]
         f"worst case {worst_case_s(plan, backend):.0f} s"
     ]
     rows: list[Check] = []
-    for size, mode, what, _ in plan.worlds(backend):
+    for size, mode, what, timeout in plan.worlds(backend):
         tag = f"{size} ranks {backend} {mode}"
         start = time.monotonic()
         if what.startswith("death"):
-            rows += _death_rows(tag, size, backend, mode, what.startswith("death-nonblocking"), plan.timeout)
+            rows += _death_rows(tag, size, backend, mode, what.startswith("death-nonblocking"), timeout)
         elif what in ONCE_CHECKS:
             more, found = _once_rows(what, size, backend, mode, plan)
             lines += more
             rows += found
         else:
-            rows += _run_world_rows(tag, what, size, backend, mode, plan, lines)
+            rows += _run_world_rows(tag, what, size, backend, mode, plan, timeout, lines)
         lines.append(f"{tag} {what}: {time.monotonic() - start:.1f} s")
         print(lines[-1], file=sys.stderr, flush=True)  # progress, in case the call is stopped
     return lines, rows

@@ -205,7 +205,9 @@ def _reduce_every_field(kwargs: dict) -> dict:
         if kwargs.get("create_gloo_process_groups"):
             twin = groups.group("dp_gloo")
             out["dp_gloo"] = (dist.get_process_group_ranks(twin), dist.get_backend(twin))
-        for name, group in groups.field_values().items():
+        # the collection's fields; before 0.15 (no collection) the groups by kind
+        values = groups.field_values() or {k: g for k, g in groups.state.groups.items() if not k.endswith("_gloo")}
+        for name, group in values.items():
             if group is None or isinstance(group, list):
                 continue
             members = dist.get_process_group_ranks(group)

@@ -10,11 +10,15 @@ between real processes, the traps and the bad-input table are in
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from parallel_state_ng import HyperCommGrid, build_megatron_groups, verify_groups
 from parallel_state_ng.builders.verify import TRAPS, Mismatch, check_rank_groups
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
+from parallel_state_ng.releases import SUPPORTED_SERIES
 from tests.support.served import has_collection, skip_unless
 
 BIG: dict = {
@@ -122,3 +126,54 @@ def test_nothing_to_check_is_an_error(fake_world):
     with build_megatron_groups(tensor_model_parallel_size=2) as groups:
         with pytest.raises(ValueError, match=r"nothing to check: this MegatronGroups .*\(fields=\[\]\)"):
             check_rank_groups(groups, fields=[], tensor_model_parallel_size=2)
+
+
+@pytest.mark.parametrize("release", SUPPORTED_SERIES)
+def test_flattened_grid_and_mesh_dims_name_their_kind_on_every_release(release, fake_world):
+    # 0.19's tp_dp and mp span gtp_remat too: a dim without it is the kind at gtp_remat size 1
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fake_world(5, 8)
+    cfg = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
+    grid = HyperCommGrid([2, 2, 2], ["tp", "dp", "pp"])
+    for dims in ("tp", "dp", "pp", ["dp", "tp"], ["tp", "pp"]):
+        grid.create_pg(dims)
+    try:
+        check = check_rank_groups(grid, release=release, **cfg)
+    finally:
+        grid.destroy()
+    assert check.checked == 5 and check.mismatches == []
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+    mesh["dp", "tp"]._flatten("dp_tp")
+    check = check_rank_groups(mesh, release=release, **cfg)
+    assert check.checked == 4 and check.mismatches == []
+    moved = check_rank_groups(mesh, release=release, **{**cfg, "order": "dp-tp-cp-ep-pp"})
+    assert {m.where for m in moved.mismatches} == {"mesh dim 'tp'", "mesh dim 'dp'"}  # dp x tp: the same ranks
+
+
+def test_an_unset_field_is_missing_even_where_the_collection_reads_it_as_none(fake_world):
+    # 0.19's ProcessGroupCollection answers None for a declared field never set (its __getattr__)
+    skip_unless(has_collection(), "has no ProcessGroupCollection (it came in 0.15)")
+    fake_world(1, 4)
+
+    @dataclasses.dataclass(init=False)
+    class Collection019:
+        tp: Any = dataclasses.field(init=False)
+        dp: Any = dataclasses.field(init=False)
+        mp: Any = dataclasses.field(init=False)
+
+        def __init__(self, **groups: Any) -> None:
+            for name, group in groups.items():
+                setattr(self, name, group)
+
+        def __getattr__(self, name: str) -> Any:
+            if name in {f.name for f in dataclasses.fields(type(self))}:
+                return None
+            raise AttributeError(name)
+
+    with build_megatron_groups(tensor_model_parallel_size=2) as groups:
+        values = groups.field_values()
+        partial = Collection019(tp=values["tp"], dp=values["dp"])
+        assert partial.mp is None
+        found = check_rank_groups(partial, fields=["tp", "dp", "mp"], tensor_model_parallel_size=2)
+    assert [(m.where, m.trap) for m in found.mismatches] == [("field 'mp'", "missing")]

@@ -10,7 +10,15 @@ import pytest
 
 from scripts.gpu import check, world_nonblocking
 from scripts.gpu.world import WorldError
-from scripts.gpu.world_report import WORLD_SLACK_S, WorldPlan, _failure_summary, worst_case_s
+from scripts.gpu.world_report import (
+    LIMIT_MARGIN,
+    MEASURED_8_RANKS_S,
+    WORLD_SLACK_S,
+    WorldPlan,
+    _failure_summary,
+    default_limit_s,
+    worst_case_s,
+)
 from scripts.gpu.world_training import training_layouts, training_rows
 
 
@@ -22,11 +30,11 @@ def test_the_plan_lists_each_world_with_its_limit():
         (8, "lazy", "training", 200),
         (8, "bound", "groups", 100),
         (8, "bound", "training", 200),
-        (8, "bound", "death (blocking)", 100),
         (16, "lazy", "groups", 100),
         (16, "lazy", "training", 200),
         (16, "bound", "groups", 100),
         (16, "bound", "training", 200),
+        (8, "bound", "death (blocking)", 100),  # the worlds that run once come last, at the first size
     ]
     assert worst_case_s(plan, "nccl") == 5 * 100 + 4 * 200 + 9 * WORLD_SLACK_S
     # the nonblocking death is a check of its own, one world, on NCCL and on gloo (the stand-in waits as torch)
@@ -37,22 +45,56 @@ def test_the_plan_lists_each_world_with_its_limit():
             (8, "bound", "death-nonblocking (nonblocking)", 100),
         ]
     assert worst_case_s(both, "nccl") == 2 * (100 + WORLD_SLACK_S)
-    assert WorldPlan((8,), ("bound",), ("builders",)).worlds("nccl") == [(8, "bound", "groups", 150.0)]
+    assert WorldPlan((8,), ("bound",), ("builders",)).worlds("nccl") == [(8, "bound", "groups", 110.0)]
+
+
+def test_default_limits_are_twice_the_measured_8_rank_worlds_per_size():
+    # 2 x 51.6 s (groups) and 2 x 58.2 s (training) at 8 ranks on the H200, times size / 8, up to 10 s
+    assert MEASURED_8_RANKS_S == {"groups": 51.6, "training": 58.2} and LIMIT_MARGIN == 2.0
+    plan = WorldPlan((4, 8, 16), ("bound",), ("groups", "training", "death"))
+    assert plan.worlds("nccl") == [
+        (4, "bound", "groups", 110.0),
+        (4, "bound", "training", 120.0),
+        (8, "bound", "groups", 110.0),
+        (8, "bound", "training", 120.0),
+        (16, "bound", "groups", 210.0),
+        (16, "bound", "training", 240.0),
+        (4, "bound", "death (blocking)", 110.0),
+    ]
+    for size, *_, limit in plan.worlds("nccl"):
+        what = "training" if limit in (120.0, 240.0) else "groups"
+        assert limit >= LIMIT_MARGIN * MEASURED_8_RANKS_S[what] * max(size, 8) / 8
+    # the dry run (gloo on CPUs) has 8-rank limits of its own, scaled alike; a given limit wins everywhere
+    assert [(w[0], w[2], w[3]) for w in plan.worlds("gloo")] == [
+        (4, "groups", 150.0),
+        (4, "training", 300.0),
+        (8, "groups", 150.0),
+        (8, "training", 300.0),
+        (16, "groups", 300.0),
+        (16, "training", 600.0),
+        (4, "death (blocking)", 150.0),
+    ]
+    given = WorldPlan((16,), ("lazy",), ("groups", "training"), timeout=180, training_timeout=200)
+    assert given.worlds("nccl") == [(16, "lazy", "groups", 180), (16, "lazy", "training", 200)]
+    assert default_limit_s(64, "groups", "nccl") == 830.0  # 2 x 51.6 x 8, rounded up to 10 s
 
 
 def test_options_select_worlds_and_refuse_a_call_over_its_budget(capsys):
     args = check.parse_args(
         ["--world", "8", "--world-only", "--no-tests", "--world-modes", "bound", "--world-checks", "training"]
     )
-    assert check.world_plan(args).worlds("nccl") == [(8, "bound", "training", 300.0)]
-    assert check.worst_case(args) == check.START_S + 300 + WORLD_SLACK_S
+    assert check.world_plan(args).worlds("nccl") == [(8, "bound", "training", 120.0)]
+    assert check.worst_case(args) == check.START_S + 120 + WORLD_SLACK_S
     with pytest.raises(SystemExit):
         check.parse_args(
-            ["--world", "8", "--world-only", "--no-tests", "--world-checks", "training", "--budget", "400"]
+            ["--world", "8", "--world-only", "--no-tests", "--world-checks", "training", "--budget", "250"]
         )
-    assert "may take 645 s, over --budget 400 s: start 15 s, 8 lazy training 315 s, 8 bound training 315 s" in (
+    assert "may take 285 s, over --budget 250 s: start 15 s, 8 lazy training 135 s, 8 bound training 135 s" in (
         capsys.readouterr().err
     )
+    dry_run = "--dry-run --world 4 --world-only --no-tests --world-modes lazy --world-checks training"
+    dry = check.parse_args(dry_run.split())
+    assert check.worst_case(dry) == check.START_S + 300 + WORLD_SLACK_S  # the dry run's own limit
     for bad in (["--world-checks", "speed"], ["--world-modes", "eager"], ["--training-layouts", "vpp"]):
         with pytest.raises(SystemExit):
             check.parse_args(["--world", "8", *bad])

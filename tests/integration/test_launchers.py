@@ -193,7 +193,7 @@ def _two_nodes(tmp_path: Path, name: str, program: list[str], env: dict[str, str
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.network
-@pytest.mark.rotating(9, 10)  # end-to-end part 10 of 10 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(6, 10)  # end-to-end part 7 of 10 (docs/testing.md, "Rotating parts")
 def test_megatron_pretrain_through_the_runner_on_two_torchrun_nodes_is_bit_identical(tmp_path):
     wheel = str(release_dir("0.17.1"))
     env = _env(PYTHONPATH=os.pathsep.join([wheel, str(ROOT)]))
