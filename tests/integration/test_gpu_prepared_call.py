@@ -255,17 +255,22 @@ def test_dry_run_of_recovery_in_place(tmp_path):
 @pytest.mark.rotating(9, 10)  # end-to-end part 10 of 10 (docs/testing.md, "Rotating parts")
 def test_dry_run_of_the_ladder_and_the_sharing_policies(tmp_path):
     # the ladder at 4 and 8 gloo ranks (two sizes: the projection), the sharing world at 4 with the
-    # values this tree accepts (the prepared call compares unset, safe and 1; trains under safe)
+    # prepared call's values (unset, safe and 1), training under safe
     options = ["--world-modes", "bound", "--world-checks", "ladder,sharing", "--ladder-sizes", "4,8"]
     options += ["--ladder-timeout", "300"]  # starting 8 processes on 2 loaded cores takes a while
-    options += ["--sharing-values", "unset,1", "--sharing-training", "1", "--budget", "480"]
+    options += ["--sharing-values", "unset,safe,1", "--sharing-training", "safe", "--budget", "480"]
     text, checks = _world_dry_run(tmp_path, *options)
     assert checks and all(line.startswith("PASS") for line in checks), checks
     assert "PASS  gloo bound ladder: every size ran: sizes run [4, 8]" in text
     assert "  MCore at 65,536 ranks: " in text and "  compat at 65,536 ranks: 20 calls x " in text
-    for label in ("MCore", "compat PSNG_SHARE_GROUPS=unset", "compat PSNG_SHARE_GROUPS=1"):
+    for label in (
+        "MCore",
+        "compat PSNG_SHARE_GROUPS=unset",
+        "compat PSNG_SHARE_GROUPS=safe",
+        "compat PSNG_SHARE_GROUPS=1",
+    ):
         assert f"PASS  4 ranks gloo bound sharing {label}: every getter's group all-reduced" in text
-    assert "PASS  4 ranks gloo bound PSNG_SHARE_GROUPS=1 training tp2 pp2 dp1: bit-identical to MCore" in text
+    assert "PASS  4 ranks gloo bound PSNG_SHARE_GROUPS=safe training tp2 pp2 dp1: bit-identical to MCore" in text
 
 
 @pytest.mark.slow
