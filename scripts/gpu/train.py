@@ -12,20 +12,15 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from parallel_state_ng.testing.megatron_cpu import CpuShims
 from scripts.examples.gpt.config import TrainConfig
 from scripts.examples.gpt.model import (
-    ddp_config,
     digest,
-    optimizer_config,
-    set_weights_from_global_names,
     train_steps,
-    transformer_config,
 )
-from scripts.examples.gpt.training import build_model, parallel_state_impl
+from scripts.examples.gpt.training import parallel_state_impl, seeded_model_and_optimizer
 
 #: The model trained: train_gpt's tiny GPT, one process (tp 1, pp 1, dp 1), weights from names.
 CONFIG = TrainConfig(steps=3, num_layers=2, init_from_names=True)
@@ -46,25 +41,11 @@ def _on_device(device: str) -> Iterator[None]:
 def _train(cfg: TrainConfig, device: str) -> dict[str, Any]:
     """``cfg.steps`` steps through Megatron's globals (whichever parallel_state megatron uses)."""
     from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.optimizer import get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     try:
-        torch.manual_seed(cfg.seed)
-        model_parallel_cuda_manual_seed(cfg.seed)
-        tcfg = transformer_config(cfg)
-        chunks = build_model(cfg, tcfg)
-        set_weights_from_global_names(cfg, chunks)
-        if device != "cpu":
-            chunks = [chunk.to(device) for chunk in chunks]
-        model = [DistributedDataParallel(tcfg, ddp_config(cfg), chunk) for chunk in chunks]
-        tcfg.no_sync_func = model[0].no_sync
-        tcfg.finalize_model_grads_func = finalize_model_grads
-        optimizer = get_megatron_optimizer(optimizer_config(cfg), model)
+        chunks, model, optimizer = seeded_model_and_optimizer(cfg, cfg.seed, device)
         losses, grad_norms = train_steps(
             cfg,
             model,

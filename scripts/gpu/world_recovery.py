@@ -61,38 +61,18 @@ def victim_of(size: int) -> int:
 
 def _setup(cfg: TrainConfig, device: str) -> dict[str, Any]:
     """Model (weights from their global names), DDP, optimizer and schedule over the current state."""
-    import torch
     from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel
-    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-    from megatron.core.optimizer import get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    from scripts.examples.gpt.model import (
-        ddp_config,
-        optimizer_config,
-        set_weights_from_global_names,
-        transformer_config,
-    )
-    from scripts.examples.gpt.training import build_model
+    from scripts.examples.gpt.training import seeded_model_and_optimizer
 
     seed = cfg.seed + 100 * ps.get_pipeline_model_parallel_rank()
-    torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
-    tcfg = transformer_config(cfg)
-    chunks = build_model(cfg, tcfg)
-    set_weights_from_global_names(cfg, chunks)
-    if device != "cpu":
-        chunks = [chunk.to(device) for chunk in chunks]
-    model = [DistributedDataParallel(tcfg, ddp_config(cfg), chunk) for chunk in chunks]
-    tcfg.no_sync_func = model[0].no_sync
-    tcfg.finalize_model_grads_func = finalize_model_grads
+    chunks, model, optimizer = seeded_model_and_optimizer(cfg, seed, device)
     return {
         "cfg": cfg,
         "chunks": chunks,
         "model": model,
-        "optimizer": get_megatron_optimizer(optimizer_config(cfg), model),
+        "optimizer": optimizer,
         "forward_backward": get_forward_backward_func(),
         "last": ps.is_pipeline_last_stage(ignore_virtual=True),
         "dp_group": ps.get_data_parallel_group(),

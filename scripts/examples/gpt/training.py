@@ -71,6 +71,30 @@ def build_model(cfg: TrainConfig, tcfg) -> list:
     return chunks
 
 
+def seeded_model_and_optimizer(cfg: TrainConfig, seed: int, device: str = "cpu") -> tuple[list, list, Any]:
+    """``(chunks, model, optimizer)`` over the current state: torch and Megatron's RNGs seeded with
+    ``seed``, weights from their global names, the chunks on ``device``, each wrapped in Megatron's
+    ``DistributedDataParallel`` (the config's no-sync and grad-finalize hooks set), then Megatron's
+    optimizer.
+    """
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+    tcfg = transformer_config(cfg)
+    chunks = build_model(cfg, tcfg)
+    set_weights_from_global_names(cfg, chunks)
+    if device != "cpu":
+        chunks = [chunk.to(device) for chunk in chunks]
+    model = [DistributedDataParallel(tcfg, ddp_config(cfg), chunk) for chunk in chunks]
+    tcfg.no_sync_func = model[0].no_sync
+    tcfg.finalize_model_grads_func = finalize_model_grads
+    return chunks, model, get_megatron_optimizer(optimizer_config(cfg), model)
+
+
 def _facts(ps) -> dict[str, str]:
     """Which parallel_state module megatron's training code resolved to (while initialized)."""
     from megatron.core import package_info
