@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -121,17 +123,35 @@ def test_train_gpt_refuses_sizes_that_are_not_the_launchers_world(torchrun_of, c
 # --------------------------------------------------------------- real launches
 
 
+def _run_session(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run a launcher in a session of its own; past ``timeout`` the whole session is killed (the
+    launcher's ranks too, which a kill of the launcher alone would orphan), then the timeout raised.
+    """
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc)
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s session (it was started with ``start_new_session``) and reap ``proc``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_the_demo_under_torchrun_is_one_world_reported_once():
-    done = subprocess.run(
+    done = _run_session(
         [*TORCHRUN, "--standalone", "--nproc-per-node", "4", "-m", "scripts.examples.demo"]
         + ["--tp", "2", "--dp", "2", "--pp", "1", "--ep", "1"],
-        capture_output=True,
-        text=True,
         timeout=300,
-        env=_env(),
-        cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     lines = done.stdout.splitlines()
@@ -149,13 +169,19 @@ def _start_all(
     try:
         for i, (command, env) in enumerate(commands):
             log = open(tmp_path / f"{name}-{i}.log", "w")  # noqa: SIM115  (closed below)
-            started.append((log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)))
+            started.append(
+                (
+                    log,
+                    subprocess.Popen(
+                        command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+                    ),
+                )
+            )
         codes = [proc.wait(timeout=timeout) for _, proc in started]
     finally:
         for log, proc in started:
             if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+                _kill_session(proc)
             log.close()
     outputs = [(tmp_path / f"{name}-{i}.log").read_text() for i in range(len(commands))]
     assert codes == [0] * len(commands), "".join(out[-4000:] for out in outputs)
@@ -234,7 +260,7 @@ def _digest_and_losses(stdout: str) -> tuple[str, str]:
 def test_train_gpt_under_torchrun_trains_as_its_own_processes_do():
     options = ["-m", "scripts.examples.train_gpt", "--tp", "2", "--pp", "2", "--steps", "2"]
     runs = [
-        subprocess.run(command, capture_output=True, text=True, timeout=600, env=_env(), cwd=ROOT)
+        _run_session(command, timeout=600)
         for command in ([sys.executable, *options], [*TORCHRUN, "--standalone", "--nproc-per-node", "4", *options])
     ]
     assert all(run.returncode == 0 for run in runs), [run.stderr[-3000:] for run in runs]
