@@ -1,0 +1,158 @@
+"""The pytest plugin each rank of :mod:`scripts.matrix.megatron_unit_tests` loads (``-p``).
+
+It runs inside a rank started by torchrun, before the user's test module is collected, and
+changes nothing in the user's files. At configure time: the CPU stand-ins for Megatron's CUDA
+assumptions (:class:`parallel_state_ng.testing.megatron_cpu.CpuShims`), plus what a unit-test
+harness written for one GPU per rank needs on gloo: ``torch.cuda.set_device`` does nothing,
+``torch.cuda.device_count()`` is the world size, and ``init_process_group`` / ``new_group`` asked
+for NCCL get gloo (with a bounded timeout, so that a rank left alone in a collective fails
+instead of hanging). Then, when ``PSNG_MUT_IMPL=compat``, ``compat.install()``; then
+``megatron.core.parallel_state`` is imported, so that the release is fixed before collection.
+
+It records every test's outcome (passed, failed, skipped, error, xfailed, xpassed, with a one-line
+reason) and writes them, with the release and the module that served ``parallel_state``, to
+``$PSNG_MUT_OUT/rank<RANK>.json`` as it goes (with the test it is in, for a run stopped by its
+timeout). The rank's exit status is 0 whatever the outcomes: the JSON carries them, and a launcher
+like torchrun would otherwise stop every rank when one rank's tests fail.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: The environment the parent sets for every rank.
+ENV_IMPL = "PSNG_MUT_IMPL"
+ENV_OUT = "PSNG_MUT_OUT"
+ENV_TIMEOUT = "PSNG_MUT_COLLECTIVE_TIMEOUT"
+
+_results: dict[str, dict[str, str]] = {}
+_info: dict[str, Any] = {}
+
+
+def _gloo(backend: Any) -> Any:
+    """``backend`` with NCCL replaced by gloo (``"nccl"``, ``"cpu:gloo,cuda:nccl"``, ``None``)."""
+    if backend is None or "nccl" in str(backend).lower():
+        return "gloo"
+    return backend
+
+
+def _install_cpu_stand_ins(world_size: int, timeout_s: float) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from parallel_state_ng.testing.megatron_cpu import CpuShims
+
+    CpuShims().__enter__()  # for the life of this rank's process
+    torch.cuda.set_device = lambda *args, **kwargs: None
+    torch.cuda.device_count = lambda: world_size
+    init, new_group = dist.init_process_group, dist.new_group
+    timeout = datetime.timedelta(seconds=timeout_s)
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (_gloo(args[0]), *args[1:])
+        else:
+            kwargs["backend"] = _gloo(kwargs.get("backend"))
+        kwargs.setdefault("timeout", timeout)
+        return init(*args, **kwargs)
+
+    def new_group_on_gloo(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 2:
+            args = (*args[:2], _gloo(args[2]) if args[2] is not None else None, *args[3:])
+        elif kwargs.get("backend") is not None:
+            kwargs["backend"] = _gloo(kwargs["backend"])
+        return new_group(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+    dist.new_group = new_group_on_gloo
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Stand-ins, compat when asked for, then ``megatron.core.parallel_state`` imported."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    _install_cpu_stand_ins(world_size, float(os.environ.get(ENV_TIMEOUT, "120")))
+    impl = os.environ.get(ENV_IMPL, "mcore")
+    if impl == "compat":
+        import compat
+
+        compat.install()
+    import megatron.core
+    import megatron.core.parallel_state as ps
+
+    _info.update(
+        impl=impl,
+        share=os.environ.get("PSNG_SHARE_GROUPS", ""),
+        megatron_version=str(getattr(megatron.core, "__version__", "?")),
+        megatron_file=str(getattr(megatron.core, "__file__", "?")),
+        parallel_state=ps.__name__,
+        rank=int(os.environ.get("RANK", "0")),
+        world_size=world_size,
+    )
+
+
+def _reason(report: Any) -> str:
+    text = str(getattr(report, "longreprtext", "") or "")
+    if report.skipped and isinstance(report.longrepr, tuple):
+        text = str(report.longrepr[2])
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("E ")]
+    return (errors[-1] if errors else lines[-1] if lines else "")[:300]
+
+
+def _outcome(report: Any) -> str | None:
+    """This phase's outcome, or None for a setup/teardown that passed."""
+    xfail = hasattr(report, "wasxfail")
+    if report.when == "call":
+        if xfail:
+            return "xfailed" if report.skipped else "xpassed"
+        return str(report.outcome)
+    if report.failed:
+        return "error"
+    if report.skipped:
+        return "xfailed" if xfail else "skipped"
+    return None
+
+
+def _write(running: str = "", exitstatus: int | None = None) -> None:
+    """This rank's outcomes so far (and the test it is in) to ``$PSNG_MUT_OUT/rank<RANK>.json``."""
+    out = os.environ.get(ENV_OUT)
+    if out:
+        rank = _info.get("rank", int(os.environ.get("RANK", "0")))
+        data = dict(_info, running=running, exitstatus=exitstatus, results=_results)
+        path = Path(out, f"rank{rank}.json")
+        path.with_suffix(".tmp").write_text(json.dumps(data, indent=1, sort_keys=True))
+        path.with_suffix(".tmp").replace(path)
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    """Say which test this rank is in (what a run killed by its timeout reports)."""
+    _write(running=nodeid)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keep each test's outcome: the call's, unless setup or teardown went wrong."""
+    outcome = _outcome(report)
+    if outcome is None:
+        return
+    known = _results.get(report.nodeid)
+    if known is None or (outcome == "error" and known["outcome"] != "error"):
+        _results[report.nodeid] = {"outcome": outcome, "reason": _reason(report)}
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A module that cannot be collected counts as one error."""
+    if report.failed:
+        _results[f"{report.nodeid}::<collection>"] = {"outcome": "error", "reason": _reason(report)}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Write this rank's outcomes; exit 0 (a launcher may stop every rank when one fails)."""
+    _write(exitstatus=int(exitstatus))
+    session.exitstatus = 0
