@@ -18,7 +18,10 @@ on the ranks' ``sys.path`` after ``--megatron-path``: a checkout with ``megatron
 megatron-core, otherwise the installed one (or ``--megatron-path``'s) is used; the table names the
 release each setting ran. The checkout's ``conftest.py`` is skipped unless ``--conftest``.
 
-Prints the outcome counts per setting and every test whose outcome differs between settings
+Between tests the plugin makes the ranks meet and destroys the process groups the test left
+alive (renewing WORLD after a test that did not pass everywhere), so that one test's failure on
+some ranks does not carry into the next. Prints the outcome counts per setting, with how many
+groups the tests left alive ("groups left"), and every test whose outcome differs between settings
 (a test's outcome is the same on every rank, or it is listed per rank). Exit status: 0 when every
 test has one outcome under every verdict setting (all but ``1``), 1 when some differ or a setting
 did not report, 2 on bad input.
@@ -84,6 +87,18 @@ class SettingRun:
                 if result["outcome"] != "passed" and result.get("reason") and test not in found:
                     found[test] = result["reason"]
         return found
+
+    def left_groups(self) -> int:
+        """Process groups the tests left alive, summed over tests (the most any rank left)."""
+        per_test: dict[str, int] = {}
+        for data in self.ranks.values():
+            for test, result in data.get("results", {}).items():
+                per_test[test] = max(per_test.get(test, 0), int(result.get("left_groups", 0)))
+        return sum(per_test.values())
+
+    def unsynced(self) -> list[str]:
+        """Tests after which some rank's between-tests barrier ran out."""
+        return sorted({t for d in self.ranks.values() for t, r in d.get("results", {}).items() if r.get("unsynced")})
 
     def release(self) -> str:
         """The megatron-core release and the module that served ``parallel_state`` (rank 0's)."""
@@ -260,17 +275,20 @@ def run_setting(args: argparse.Namespace, setting: str, out: Path) -> SettingRun
 
 def report(runs: Mapping[str, SettingRun], nproc: int) -> tuple[str, bool]:
     """The outcome-count table, the differing tests, and whether the verdict settings agree."""
-    lines = ["| setting | release (parallel_state) | tests | " + " | ".join(OUTCOMES) + " | mixed | seconds |"]
-    lines.append("|---" * (len(OUTCOMES) + 5) + "|")
+    head = ["setting", "release (parallel_state)", "tests", *OUTCOMES, "mixed", "groups left", "seconds"]
+    lines = ["| " + " | ".join(head) + " |"]
+    lines.append("|---" * (len(OUTCOMES) + 6) + "|")
     for name, run in runs.items():
         tally = counts(run, nproc)
         cells = " | ".join(str(tally[o]) for o in OUTCOMES)
-        lines.append(
-            f"| {name} | {run.release()} | {sum(tally.values())} | {cells} | {tally['mixed']} | {run.seconds:.0f} |"
-        )
+        tail = f"{tally['mixed']} | {run.left_groups()} | {run.seconds:.0f}"
+        lines.append(f"| {name} | {run.release()} | {sum(tally.values())} | {cells} | {tail} |")
     for name, run in runs.items():
         if run.note:
             lines.append(f"{name}: {run.note}")
+        if run.unsynced():
+            missed = run.unsynced()
+            lines.append(f"{name}: the ranks did not meet after {len(missed)} tests: {', '.join(missed)}")
     verdict_runs = {n: r for n, r in runs.items() if SETTINGS[n][2]}
     verdict = differences(verdict_runs, nproc)
     every = differences(runs, nproc)

@@ -9,6 +9,17 @@ for NCCL get gloo (with a bounded timeout, so that a rank left alone in a collec
 instead of hanging). Then, when ``PSNG_MUT_IMPL=compat``, ``compat.install()``; then
 ``megatron.core.parallel_state`` is imported, so that the release is fixed before collection.
 
+Between tests the ranks meet (a bounded barrier on the launcher's TCPStore, longer than the
+groups' timeout) and every process group the test left behind is destroyed, after
+``destroy_model_parallel()`` when the test left ``parallel_state`` initialized. Megatron's tests
+assume every rank runs every line of every test: without the meeting, a test that fails on some
+ranks before a collective leaves the others waiting in it, and every later test fails out of step.
+Without the clean-up, MCore's ``destroy_model_parallel`` leaves its (here gloo) groups alive,
+each with its own threads, and a run of the whole file slows to a stall. The number of groups
+destroyed this way is recorded per test (``left_groups``); a barrier that ran out is recorded as
+``unsynced``. After a test that did not pass (or skip) on every rank, WORLD is renewed too: a
+rank whose WORLD collective timed out no longer counts WORLD's collectives as the others do.
+
 It records every test's outcome (passed, failed, skipped, error, xfailed, xpassed, with a one-line
 reason) and writes them, with the release and the module that served ``parallel_state``, to
 ``$PSNG_MUT_OUT/rank<RANK>.json`` as it goes (with the test it is in, for a run stopped by its
@@ -21,6 +32,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +43,12 @@ ENV_IMPL = "PSNG_MUT_IMPL"
 ENV_OUT = "PSNG_MUT_OUT"
 ENV_TIMEOUT = "PSNG_MUT_COLLECTIVE_TIMEOUT"
 
-_results: dict[str, dict[str, str]] = {}
+#: Seconds a between-tests barrier waits beyond the groups' timeout.
+SYNC_MARGIN_S = 60.0
+
+_results: dict[str, dict[str, Any]] = {}
 _info: dict[str, Any] = {}
+_sync: dict[str, Any] = {"store": None, "index": 0, "unsynced": []}
 
 
 def _gloo(backend: Any) -> Any:
@@ -96,6 +112,108 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def _sync_store() -> Any:
+    """A client of the launcher's TCPStore (``MASTER_ADDR``/``MASTER_PORT``)."""
+    if _sync["store"] is None:
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=_sync_timeout_s())
+        _sync["store"] = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, timeout, wait_for_workers=False
+        )
+    return _sync["store"]
+
+
+def _sync_timeout_s() -> float:
+    return float(os.environ.get(ENV_TIMEOUT, "120")) + SYNC_MARGIN_S
+
+
+def meet_after(nodeid: str, clean: bool) -> tuple[bool, bool]:
+    """Wait (bounded) until every rank has finished this test; return (all met, all clean).
+
+    ``clean``: this rank's test passed or was skipped. A rank that never arrives makes the
+    barrier run out: the result is then (False, False).
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1 or "MASTER_PORT" not in os.environ:
+        return True, clean
+    import torch.distributed as dist
+
+    index = _sync["index"]
+    _sync["index"] += 1
+    store = dist.PrefixStore(f"psng-mut-sync/{index}", _sync_store())
+    store.add("unclean", 0 if clean else 1)
+    if store.add("arrived", 1) == world_size:
+        store.set("all", nodeid)
+    try:
+        store.wait(["all"], datetime.timedelta(seconds=_sync_timeout_s()))
+    except Exception:  # noqa: BLE001 - a rank that never arrives: go on, and say so
+        _sync["unsynced"].append(nodeid)
+        return False, False
+    return True, store.add("unclean", 0) == 0
+
+
+def destroy_left_groups() -> int:
+    """``destroy_model_parallel()`` if still initialized, then destroy every group but WORLD.
+
+    Returns how many process groups were still alive after ``destroy_model_parallel``.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return 0
+    ps = sys.modules.get("megatron.core.parallel_state")
+    if ps is not None and ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    default = dist.distributed_c10d._get_default_group()
+    left = [pg for pg in list(dist.distributed_c10d._world.pg_map) if pg is not default]
+    for pg in left:
+        dist.destroy_process_group(pg)
+    return len(left)
+
+
+def renew_world() -> None:
+    """Replace WORLD by a fresh group of the same ranks, on every rank at once.
+
+    After a test that did not pass everywhere, WORLD's ranks may disagree on how many
+    collectives they ran (one timed out waiting for a rank that had failed before joining it),
+    and on gloo every later collective on WORLD would then wait in vain.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    _sync["worlds"] = _sync.get("worlds", 0) + 1
+    store = dist.PrefixStore(f"psng-mut-world/{_sync['worlds']}", _sync_store())
+    timeout = datetime.timedelta(seconds=float(os.environ.get(ENV_TIMEOUT, "120")))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """After the test's own teardown: meet the other ranks, then destroy the groups it left.
+
+    When the test did not pass (or skip) on every rank, WORLD is renewed as well.
+    """
+    yield
+    result = _results.get(item.nodeid)
+    clean = result is not None and result["outcome"] in ("passed", "skipped")
+    try:
+        synced, all_clean = meet_after(item.nodeid, clean)
+        left = destroy_left_groups()
+        if synced and not all_clean:
+            renew_world()
+    except Exception as exc:  # noqa: BLE001 - the harness must not turn into a test outcome
+        _results.setdefault(item.nodeid, {"outcome": "error", "reason": ""})["harness"] = repr(exc)[:300]
+        return
+    if result is not None:
+        result["left_groups"] = left
+        if not synced:
+            result["unsynced"] = True
+
+
 def _reason(report: Any) -> str:
     text = str(getattr(report, "longreprtext", "") or "")
     if report.skipped and isinstance(report.longrepr, tuple):
@@ -141,8 +259,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if outcome is None:
         return
     known = _results.get(report.nodeid)
-    if known is None or (outcome == "error" and known["outcome"] != "error"):
+    if known is None:
         _results[report.nodeid] = {"outcome": outcome, "reason": _reason(report)}
+    elif outcome == "error" and known["outcome"] != "error":
+        known.update(outcome=outcome, reason=_reason(report))
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:

@@ -150,6 +150,21 @@ _STAND_IN = textwrap.dedent(
     def test_skipped_under_build_sharing():
         if os.environ.get("PSNG_SHARE_GROUPS") == "1":
             pytest.skip("stand-in: skipped under 1")
+
+
+    def test_rank_one_fails_before_a_collective():
+        _join()
+        torch.distributed.new_group(backend="nccl")  # left alive
+        assert int(os.environ["RANK"]) != 1
+        torch.distributed.barrier()  # rank 0 waits here until the groups' timeout
+
+
+    def test_in_step_again_with_nothing_left():
+        _join()
+        torch.distributed.barrier()
+        assert list(torch.distributed.distributed_c10d._world.pg_map) == [
+            torch.distributed.distributed_c10d._get_default_group()
+        ]
     """
 )
 
@@ -162,6 +177,7 @@ def test_a_stand_in_file_on_two_ranks(tmp_path):
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "scripts.matrix.megatron_unit_tests", "--tests-dir", str(tests)]
     cmd += ["--nproc", "2", "--settings", "mcore,safe,1", "--json", str(out), "--timeout", "240"]
+    cmd += ["--collective-timeout", "10"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
@@ -183,7 +199,15 @@ def test_a_stand_in_file_on_two_ranks(tmp_path):
             "test_tp_groups": {"passed"},
             "test_rank_one_fails": {"passed", "failed"},
             "test_skipped_under_build_sharing": {"passed"},
+            "test_rank_one_fails_before_a_collective": {"failed"},  # rank 0: the barrier timed out
+            "test_in_step_again_with_nothing_left": {"passed"},
         }
+        left = {
+            test.split("::")[-1]: max(r["results"][test]["left_groups"] for r in data[name]["ranks"].values())
+            for test in data[name]["ranks"]["0"]["results"]
+        }
+        assert left["test_rank_one_fails_before_a_collective"] == 1
+        assert left["test_in_step_again_with_nothing_left"] == 0
     assert outcomes["1"]["test_skipped_under_build_sharing"] == {"skipped"}
     assert "test_skipped_under_build_sharing" in proc.stdout  # differs under 1, listed
     assert "verdict: every test has one outcome under mcore, safe" in proc.stdout
