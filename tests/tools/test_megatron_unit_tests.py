@@ -117,6 +117,19 @@ def test_a_setting_that_did_not_report_fails_the_verdict():
     assert not agree and "0 of 1 ranks reported" in text
 
 
+def test_groups_left_and_unmet_barriers_are_reported():
+    run = _run({0: {"a": "passed", "b": "failed"}, 1: {"a": "passed", "b": "failed"}}, "mcore")
+    run.ranks[0]["results"]["a"].update(left_groups=3)
+    run.ranks[1]["results"]["a"].update(left_groups=5)
+    run.ranks[1]["results"]["b"].update(left_groups=2, unsynced=True)
+    assert run.left_groups() == 5 + 2  # per test the most any rank left, summed
+    assert run.unsynced() == ["b"]
+    text, _ = mut.report({"mcore": run}, 2)
+    assert "| groups left |" in text.splitlines()[0]
+    assert text.splitlines()[2].split(" | ")[-2] == "7"
+    assert "mcore: the ranks did not meet after 1 tests: b" in text
+
+
 _STAND_IN = textwrap.dedent(
     """
     import os
