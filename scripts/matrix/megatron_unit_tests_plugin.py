@@ -5,8 +5,9 @@ changes nothing in the user's files. At configure time: the CPU stand-ins for Me
 assumptions (:class:`parallel_state_ng.testing.megatron_cpu.CpuShims`), plus what a unit-test
 harness written for one GPU per rank needs on gloo: ``torch.cuda.set_device`` does nothing,
 ``torch.cuda.device_count()`` is the world size, and ``init_process_group`` / ``new_group`` asked
-for NCCL get gloo (with a bounded timeout, so that a rank left alone in a collective fails
-instead of hanging). Then, when ``PSNG_MUT_IMPL=compat``, ``compat.install()``; then
+for NCCL get gloo, every group with its timeout capped at ``--collective-timeout`` (Megatron asks
+for 30 minutes), so that a rank left alone in a collective or a group's creation fails instead of
+hanging. Then, when ``PSNG_MUT_IMPL=compat``, ``compat.install()``; then
 ``megatron.core.parallel_state`` is imported, so that the release is fixed before collection.
 
 Between tests the ranks meet (a bounded barrier on the launcher's TCPStore, longer than the
@@ -83,6 +84,10 @@ def _install_cpu_stand_ins(world_size: int, timeout_s: float) -> None:
             args = (*args[:2], _gloo(args[2]) if args[2] is not None else None, *args[3:])
         elif kwargs.get("backend") is not None:
             kwargs["backend"] = _gloo(kwargs["backend"])
+        if len(args) > 1:
+            args = (args[0], min(args[1] or timeout, timeout), *args[2:])
+        else:
+            kwargs["timeout"] = min(kwargs.get("timeout") or timeout, timeout)
         return new_group(*args, **kwargs)
 
     dist.init_process_group = init_process_group

@@ -132,6 +132,7 @@ def test_groups_left_and_unmet_barriers_are_reported():
 
 _STAND_IN = textwrap.dedent(
     """
+    import datetime
     import os
 
     import pytest
@@ -170,6 +171,13 @@ _STAND_IN = textwrap.dedent(
         torch.distributed.new_group(backend="nccl")  # left alive
         assert int(os.environ["RANK"]) != 1
         torch.distributed.barrier()  # rank 0 waits here until the groups' timeout
+
+
+    def test_rank_one_fails_before_a_group():
+        _join()
+        assert int(os.environ["RANK"]) != 1
+        # rank 0 waits for rank 1 here: Megatron's 30 minutes, capped at --collective-timeout
+        torch.distributed.new_group([0, 1], timeout=datetime.timedelta(minutes=30), backend="nccl")
 
 
     def test_in_step_again_with_nothing_left():
@@ -213,6 +221,7 @@ def test_a_stand_in_file_on_two_ranks(tmp_path):
             "test_rank_one_fails": {"passed", "failed"},
             "test_skipped_under_build_sharing": {"passed"},
             "test_rank_one_fails_before_a_collective": {"failed"},  # rank 0: the barrier timed out
+            "test_rank_one_fails_before_a_group": {"failed"},  # rank 0: the group's creation timed out
             "test_in_step_again_with_nothing_left": {"passed"},
         }
         left = {
