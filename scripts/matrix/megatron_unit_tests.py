@@ -21,10 +21,11 @@ release each setting ran. The checkout's ``conftest.py`` is skipped unless ``--c
 Between tests the plugin makes the ranks meet and destroys the process groups the test left
 alive (renewing WORLD after a test that did not pass everywhere), so that one test's failure on
 some ranks does not carry into the next. Prints the outcome counts per setting, with how many
-groups the tests left alive ("groups left"), and every test whose outcome differs between settings
-(a test's outcome is the same on every rank, or it is listed per rank). Exit status: 0 when every
-test has one outcome under every verdict setting (all but ``1``), 1 when some differ or a setting
-did not report, 2 on bad input.
+groups the tests left alive ("groups left"), every test whose outcome differs between settings
+(a test's outcome is the same on every rank, or it is listed per rank), and every test that failed
+alike but with another message (object addresses left out; for information, not in the verdict).
+Exit status: 0 when every test has one outcome under every verdict setting (all but ``1``), 1 when
+some differ or a setting did not report, 2 on bad input.
 
     python -m scripts.matrix.megatron_unit_tests --tests-dir ~/Megatron-LM/tests/unit_tests --nproc 8
 """
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -145,6 +147,36 @@ def differences(runs: Mapping[str, SettingRun], nproc: int) -> dict[str, dict[st
         row = {name: combined(table.get(test, {}), nproc) for name, table in tables.items()}
         if len(set(row.values())) > 1:
             found[test] = row
+    return found
+
+
+def _plain(reason: str) -> str:
+    """A failure message without object addresses (whole, or as pytest's ``...`` cuts them)."""
+    return re.sub(r"\.\.\.[0-9a-f]+>", "...>", re.sub(r"0x[0-9a-f]+", "0x", reason))
+
+
+def message_differences(runs: Mapping[str, SettingRun]) -> dict[str, dict[str, str]]:
+    """Tests that did not pass, with the same outcome, but whose first message differs somewhere.
+
+    Per test, rank by rank, each setting's message (object addresses left out) against the first
+    setting's; the row gives each setting's message on the first rank where they differ.
+    """
+    names = list(runs)
+    found: dict[str, dict[str, str]] = {}
+    if len(names) < 2:
+        return found
+    first = runs[names[0]]
+    for rank, data in sorted(first.ranks.items()):
+        for test, result in data.get("results", {}).items():
+            if result["outcome"] == "passed" or test in found:
+                continue
+            row = {names[0]: _plain(result.get("reason", ""))}
+            for name in names[1:]:
+                other = runs[name].ranks.get(rank, {}).get("results", {}).get(test)
+                if other is not None and other["outcome"] == result["outcome"]:
+                    row[name] = _plain(other.get("reason", ""))
+            if len(set(row.values())) > 1:
+                found[test] = row
     return found
 
 
@@ -302,6 +334,13 @@ def report(runs: Mapping[str, SettingRun], nproc: int) -> tuple[str, bool]:
                 reason = run.reasons().get(test)
                 if reason and row[name] != "passed":
                     lines.append(f"    {name}: {reason}")
+    messages = message_differences(runs)
+    if messages:
+        lines.append(f"tests with one outcome but other failure messages ({len(messages)}):")
+        for test, row in messages.items():
+            lines.append(f"- {test}: " + "; ".join(f"{n}: {m}" for n, m in row.items()))
+    else:
+        lines.append("every test that did not pass failed with the same message under every setting")
     names = ", ".join(verdict_runs)
     lines.append(
         f"verdict: every test has one outcome under {names}"

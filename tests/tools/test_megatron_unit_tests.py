@@ -111,6 +111,23 @@ def test_differences_and_verdict():
     assert "safe=missing" in text
 
 
+def test_failure_messages_are_compared_without_object_addresses():
+    same = {0: {"a": "failed"}, 1: {"a": "failed"}}
+    runs = {"mcore": _run(same, "mcore"), "safe": _run(same, "safe")}
+    runs["mcore"].ranks[1]["results"]["a"]["reason"] = "E  x = <Group at 0x7f1b0> in Coll(...eac70>)"
+    runs["safe"].ranks[1]["results"]["a"]["reason"] = "E  x = <Group at 0x7fd59> in Coll(...c5370>)"
+    assert mut.message_differences(runs) == {}
+    text, agree = mut.report(runs, 2)
+    assert agree and "failed with the same message under every setting" in text
+    runs["safe"].ranks[1]["results"]["a"]["reason"] = "E  TypeError: another message"
+    assert mut.message_differences(runs) == {
+        "a": {"mcore": "E  x = <Group at 0x> in Coll(...>)", "safe": "E  TypeError: another message"}
+    }
+    text, agree = mut.report(runs, 2)
+    assert agree, text  # for information: the outcomes agree
+    assert "other failure messages (1):" in text and "safe: E  TypeError: another message" in text
+
+
 def test_a_setting_that_did_not_report_fails_the_verdict():
     runs = {"mcore": _run({0: {"a": "passed"}}, "mcore"), "safe": mut.SettingRun("safe", note="0 of 1 ranks reported")}
     text, agree = mut.report(runs, 1)
