@@ -76,7 +76,7 @@ def psng_simulated_rank() -> Iterator[Callable[[int, int], None]]:
     """``init(rank, world_size)``: this process becomes that rank of a fake world (destroyed after the test)."""
     import torch.distributed as dist
 
-    from parallel_state_ng.testing.simulated import init_simulated_rank
+    from parallel_state_ng.testing.simulated import destroy_simulated_world, init_simulated_rank
 
     def init(rank: int, world_size: int) -> None:
         init_simulated_rank(rank, world_size, replace=True)
@@ -84,7 +84,7 @@ def psng_simulated_rank() -> Iterator[Callable[[int, int], None]]:
     yield init
     _destroy_left_model_parallelism()
     if dist.is_initialized():
-        dist.destroy_process_group()
+        destroy_simulated_world()
 
 
 #: Modules whose ``destroy_model_parallel`` a simulated rank's teardown calls if left initialized.

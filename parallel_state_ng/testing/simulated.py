@@ -55,12 +55,36 @@ def _existing(dist: Any) -> str:
     )
 
 
+def destroy_simulated_world() -> None:
+    """Destroy the default process group (and every group over it) and what torch keeps of its meshes.
+
+    Before torch 2.10 (``TORCH_FACTS["device_mesh_flatten_mapping"]``) a DeviceMesh's flattened
+    dims and sub-meshes are kept process-wide, under their root mesh, and meshes compare by value:
+    a mesh of the next world equal to one of this world would find this world's flattened dims,
+    whose groups are destroyed here. Those records are dropped with the world.
+    """
+    import torch.distributed as dist
+
+    from parallel_state_ng.groups.torch_support import torch_has
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if not torch_has("device_mesh_flatten_mapping"):
+        from torch.distributed import device_mesh
+
+        resources = getattr(device_mesh, "_mesh_resources", None)
+        for table in ("child_to_root_mapping", "root_to_flatten_mapping", "flatten_name_to_root_dims"):
+            records = getattr(resources, table, None)
+            if isinstance(records, dict):
+                records.clear()
+
+
 def init_simulated_rank(rank: int, world_size: int, *, replace: bool = False) -> None:
     """Initialize the default process group as rank ``rank`` of a ``world_size``-rank fake world.
 
-    The caller destroys it (``torch.distributed.destroy_process_group()``); :func:`simulated_rank`
-    does that for a ``with`` block. ``replace=True`` first destroys any default group (and every
-    group made over it); otherwise an existing default group is refused.
+    The caller destroys it (:func:`destroy_simulated_world`); :func:`simulated_rank` does that for
+    a ``with`` block. ``replace=True`` first destroys any default group (and every group made over
+    it); otherwise an existing default group is refused.
 
     Raises:
         TypeError, ValueError: ``rank`` or ``world_size`` is not an int, ``world_size < 1``, or
@@ -77,7 +101,7 @@ def init_simulated_rank(rank: int, world_size: int, *, replace: bool = False) ->
             raise RuntimeError(
                 f"{_existing(dist)}: destroy it first (torch.distributed.destroy_process_group()) or pass replace=True"
             )
-        dist.destroy_process_group()
+        destroy_simulated_world()
     dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
     install_gloo_stand_in()
 
@@ -162,5 +186,4 @@ def simulated_rank(rank: int, world_size: int) -> Iterator[Any]:
     try:
         yield dist.group.WORLD
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        destroy_simulated_world()

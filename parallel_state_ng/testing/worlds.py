@@ -30,7 +30,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from parallel_state_ng.testing.forking import run_in_environ, worker_context
-from parallel_state_ng.testing.simulated import check_int, check_seconds, init_simulated_rank, simulated_rank
+from parallel_state_ng.testing.simulated import (
+    check_int,
+    check_seconds,
+    destroy_simulated_world,
+    init_simulated_rank,
+    simulated_rank,
+)
 from parallel_state_ng.testing.world_failures import (
     WorkerDiedError,
     WorkerError,
@@ -48,6 +54,7 @@ __all__ = [
     "WorldClosedError",
     "WorldError",
     "WorldTimeoutError",
+    "destroy_simulated_world",
     "init_simulated_rank",
     "simulated_rank",
 ]

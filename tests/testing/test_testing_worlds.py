@@ -23,6 +23,7 @@ from parallel_state_ng.testing.worlds import (
     WorkerError,
     WorldClosedError,
     WorldTimeoutError,
+    destroy_simulated_world,
     init_simulated_rank,
     simulated_rank,
 )
@@ -61,6 +62,26 @@ def test_the_fixture_reinitializes(psng_simulated_rank):
     psng_simulated_rank(0, 4)
     psng_simulated_rank(6, 1024)
     assert (dist.get_rank(), dist.get_world_size()) == (6, 1024)
+
+
+def test_an_equal_mesh_of_the_next_world_has_live_flattened_dims(psng_simulated_rank):
+    # Before torch 2.10 torch keeps flattened dims process-wide under the (value-compared) root mesh
+    from torch.distributed.device_mesh import init_device_mesh
+
+    def flattened_dp_tp() -> list[int]:
+        mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+        mesh["dp", "tp"]._flatten("dp_tp")
+        return dist.get_process_group_ranks(mesh.get_group("dp_tp"))
+
+    psng_simulated_rank(5, 8)
+    assert flattened_dp_tp() == [4, 5, 6, 7]
+    psng_simulated_rank(5, 8)  # replaces the world
+    assert flattened_dp_tp() == [4, 5, 6, 7]
+    destroy_simulated_world()
+    with simulated_rank(5, 8):
+        assert flattened_dp_tp() == [4, 5, 6, 7]
+    with simulated_rank(5, 8):
+        assert flattened_dp_tp() == [4, 5, 6, 7]
 
 
 @pytest.mark.parametrize(
