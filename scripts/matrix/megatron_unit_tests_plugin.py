@@ -49,7 +49,7 @@ SYNC_MARGIN_S = 60.0
 
 _results: dict[str, dict[str, Any]] = {}
 _info: dict[str, Any] = {}
-_sync: dict[str, Any] = {"store": None, "index": 0, "unsynced": []}
+_sync: dict[str, Any] = {"store": None, "index": 0, "worlds": 0}
 
 
 def _gloo(backend: Any) -> Any:
@@ -152,8 +152,7 @@ def meet_after(nodeid: str, clean: bool) -> tuple[bool, bool]:
         store.set("all", nodeid)
     try:
         store.wait(["all"], datetime.timedelta(seconds=_sync_timeout_s()))
-    except Exception:  # noqa: BLE001 - a rank that never arrives: go on, and say so
-        _sync["unsynced"].append(nodeid)
+    except Exception:  # noqa: BLE001 - a rank that never arrives: go on (the caller records it)
         return False, False
     return True, store.add("unclean", 0) == 0
 
@@ -190,7 +189,7 @@ def renew_world() -> None:
         return
     rank, world_size = dist.get_rank(), dist.get_world_size()
     dist.destroy_process_group()
-    _sync["worlds"] = _sync.get("worlds", 0) + 1
+    _sync["worlds"] += 1
     store = dist.PrefixStore(f"psng-mut-world/{_sync['worlds']}", _sync_store())
     timeout = datetime.timedelta(seconds=float(os.environ.get(ENV_TIMEOUT, "120")))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
