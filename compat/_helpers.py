@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from parallel_state_ng.groups.creation import new_member_group
+from parallel_state_ng.groups.factory import member_only_group
 from parallel_state_ng.groups.megatron_groups import nccl_options_from_config
 from parallel_state_ng.layout.kinds import GROUP_KINDS
 from parallel_state_ng.layout.megatron_layout import normalize_order
@@ -104,7 +104,7 @@ def create_group(
 
 def member_group(ranks: list[int], **kwargs: Any) -> Any:
     """A group created by its members only, recorded for ``update_pg_timeout``."""
-    group = new_member_group(ranks, **kwargs)
+    group = member_only_group(ranks, **kwargs)
     _record(group)
     return group
 

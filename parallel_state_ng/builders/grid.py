@@ -15,14 +15,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from parallel_state_ng.groups.creation import destroy_groups, new_member_group, track_group
 from parallel_state_ng.groups.device_mesh import MeshDimsArg, mesh_over_groups
+from parallel_state_ng.groups.factory import GroupFactory
 from parallel_state_ng.groups.pipeline import agree, check_nvlink_domains
-from parallel_state_ng.groups.sharing import GroupPool
 from parallel_state_ng.groups.split import creation_path as resolve_creation_path
-from parallel_state_ng.groups.split import pooled_split, split_member
 from parallel_state_ng.layout.named_layout import DimsArg, Layout, UnknownDimError
-from parallel_state_ng.layout.plan import SPLIT_BACKENDS
 from parallel_state_ng.layout.sharing_policy import kind_of_desc
 
 # UnknownDimError: megatron raises ValueError for an unknown name in a list and KeyError for an
@@ -161,9 +158,12 @@ class HyperCommGrid:
         self._views: dict[str, Layout] = {BASE_VIEW: layout}
         self._shared: dict[str, frozenset[str]] = {BASE_VIEW: frozenset()}
         self._pgs: dict[GroupKey, Any] = {}
-        self._split = resolve_creation_path(creation_path) == "split"
-        # shares groups between dims sets only when sharing is on
-        self._pool = GroupPool(create=split_member if self._split else None)
+        # every create_pg is a request of its own to the grid's factory (settings read per request)
+        self._factory = GroupFactory(path=resolve_creation_path(creation_path))
+
+    def _hold_with(self, lease: Any) -> None:
+        """Take registry communicators under ``lease`` from now on (a builder's one lease for several grids)."""
+        self._factory = GroupFactory(path=self._factory.path, lease=lease)
 
     # ----------------------------------------------------------------- views
     @property
@@ -331,22 +331,12 @@ class HyperCommGrid:
                 f"be compared, so a second create_pg for the same dims is refused. Use get_pg."
             )
         backend = kwargs.pop("backend", self.backend)
-        rank = dist.get_rank()
-        pg = None
         if all_ranks:
-            for ranks in layout.enumerate_groups(dims).tolist():
-                group = track_group(dist.new_group(ranks=ranks, backend=backend, **kwargs))
-                if rank in ranks:
-                    pg = group
-        elif self._split and backend in SPLIT_BACKENDS:  # every rank joins the dims set's one split
+            pg = self._factory.every_group(layout.enumerate_groups(dims).tolist(), backend=backend, **kwargs)
+        else:
+            rank = dist.get_rank()
             ranks = layout.group_ranks(rank, dims) if layout.contains(rank) else None
-            pg, _ = pooled_split(self._pool, ranks, backend=backend, kind=self._role(key, kwargs), **kwargs)
-        elif layout.contains(rank):
-            ranks = layout.group_ranks(rank, dims)
-            if set(kwargs) <= {"timeout", "pg_options", "group_desc"}:
-                pg, _ = self._pool.get(ranks, backend=backend, kind=self._role(key, kwargs), **kwargs)
-            else:  # options sharing cannot compare: never shared
-                pg = new_member_group(ranks, backend=backend, **kwargs)
+            pg, _ = self._factory.group(ranks, backend=backend, kind=self._role(key, kwargs), **kwargs)
         self._pgs[key] = pg
         return pg
 
@@ -438,9 +428,9 @@ class HyperCommGrid:
             handle.destroy()
         pgs, self._pgs = self._pgs, {}
         adopted = self.__dict__.pop("_adopted", set())
-        # forget the destroyed groups: a later create_pg makes new ones
-        pool, self._pool = self._pool, GroupPool(create=split_member if self._split else None)
-        destroy_groups([pg for key, pg in pgs.items() if key not in adopted], lease=pool.lease)
+        # forget the destroyed groups: a later create_pg makes new ones, through a new factory
+        factory, self._factory = self._factory, GroupFactory(path=self._factory.path)
+        factory.destroy([pg for key, pg in pgs.items() if key not in adopted])
 
     def __repr__(self) -> str:
         return f"HyperCommGrid({self.layout!r}, views={self.views}, groups={list(self._pgs)})"

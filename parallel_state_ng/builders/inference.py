@@ -26,11 +26,10 @@ import torch.distributed as dist
 
 from parallel_state_ng.builders.grid import HyperCommGrid
 from parallel_state_ng.groups.creation import destroy_groups
+from parallel_state_ng.groups.factory import GroupFactory
 from parallel_state_ng.groups.pipeline import agree
 from parallel_state_ng.groups.registry import Lease
-from parallel_state_ng.groups.sharing import GroupPool
 from parallel_state_ng.groups.split import creation_path as resolve_creation_path
-from parallel_state_ng.groups.split import pooled_split, split_member
 from parallel_state_ng.layout.shard_spec import ShardSpec, parse_shard_specs
 from parallel_state_ng.releases import current_release
 from parallel_state_ng.releases import inference_shards as facts
@@ -238,7 +237,8 @@ def build_inference_collection(
             f"{dense.layout.group_at(0, 'pp')} against {expert.layout.group_at(0, 'pp')}"
         )
     lease = Lease()  # the build's one hold on registry communicators (PSNG_SHARE_GROUPS=process)
-    dense._pool.lease = expert._pool.lease = lease
+    dense._hold_with(lease)
+    expert._hold_with(lease)
     inside = dense.layout.contains(rank)
     if inside or path == "split":
         fields_compared = dict(sizes, world_size=world_size, use_tp_pp_dp_mapping=mapping, rank_offset=rank_offset)
@@ -316,13 +316,11 @@ def _embedding_groups(
         "embd": None if pipeline is None else pipeline[:1] if len(pipeline) == 1 else [pipeline[0], pipeline[-1]],
         "pos_embd": None if pipeline is None else pipeline[:1],
     }
-    pool = GroupPool(create=split_member if split else None, lease=lease)
+    # on the split path every rank of the world joins each kind's one split
+    factory = GroupFactory(path="split" if split else "member", lease=lease)
     for name, ranks in wanted.items():
         member = ranks if ranks is not None and rank in ranks else None
-        if split:  # every rank of the world joins the kind's one split
-            out[name], _ = pooled_split(pool, member, kind=name, **group_options)
-        else:
-            out[name] = None if member is None else pool.get(member, kind=name, **group_options)[0]
+        out[name], _ = factory.group(member, kind=name, **group_options)
     return out
 
 

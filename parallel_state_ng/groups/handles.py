@@ -14,7 +14,8 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from parallel_state_ng.groups.creation import destroy_groups, new_member_group
+from parallel_state_ng.groups.creation import destroy_groups
+from parallel_state_ng.groups.factory import member_only_group
 from parallel_state_ng.groups.objects import broadcast_object
 
 __all__ = ["GroupHandle"]
@@ -197,7 +198,7 @@ class GroupHandle:
         a companion.
         """
         if self._cpu_group is None:
-            pg = new_member_group(list(self._ranks), backend="gloo")
+            pg = member_only_group(self._ranks, backend="gloo")
             if not _is_process_group(pg):  # cannot happen for a member; guard the invariant
                 raise RuntimeError(f"creating the CPU group of {self!r} returned {pg!r}")
             self._cpu_group = pg

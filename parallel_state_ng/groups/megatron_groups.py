@@ -9,7 +9,6 @@ Megatron module global would hold for one; compat and
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,17 +18,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from parallel_state_ng.groups.creation import creation_round, destroy_groups, new_member_group, sync_world
+from parallel_state_ng.groups.creation import creation_round, destroy_groups, sync_world
+from parallel_state_ng.groups.factory import GroupFactory
 from parallel_state_ng.groups.handles import GroupHandle
 from parallel_state_ng.groups.liveness import CreationContext, InitWatch
 from parallel_state_ng.groups.nccl_config import LEGACY_NCCL_DEFAULTS
 from parallel_state_ng.groups.registry import Lease
-from parallel_state_ng.groups.sharing import GroupPool
-from parallel_state_ng.groups.split import CreationPath, pooled_split, split_member
+from parallel_state_ng.groups.split import CreationPath
 from parallel_state_ng.layout.kinds import GROUP_KINDS, Fill, fills
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.plan import (
-    SPLIT_BACKENDS,
     PlanOptions,
     SetCollnet,
     SharpBarrier,
@@ -166,73 +164,42 @@ def nccl_options_from_config(pg_name: str, nccl_comm_cfgs: dict[str, Any], *, le
 
 
 class _Creator:
-    """Creates this rank's groups and records them for rollback and ``update_pg_timeout``.
+    """The plan executor's side of one build: the build's factory, and the groups it listed.
 
-    On the split path a group whose backend splits is made by :func:`split_member`; a request
-    the pool answers with a shared group still joins its kind's split, without a colour.
+    Every group comes from the build's :class:`~parallel_state_ng.groups.factory.GroupFactory`;
+    a group new to the build is listed once in ``state.created`` (rollback, destroy) and in
+    ``state.process_group_list`` (``update_pg_timeout``), a shared answer is not.
     """
 
-    def __init__(
-        self,
-        state: ModelParallelGroups,
-        timeout: timedelta,
-        context: CreationContext | None = None,
-        path: CreationPath = "member",
-    ) -> None:
+    def __init__(self, state: ModelParallelGroups, timeout: timedelta, context: CreationContext | None = None) -> None:
         self.state = state
         self.timeout = timeout
-        self.split = path == "split"
         if context is None:  # one group made on request: its own context, in the current world
             sync_world()
             context = CreationContext.current()
-        member = functools.partial(new_member_group, context=context)
-        # shares a group between kinds only when sharing is on; one creation context per build.
-        # A partial, not a bound method: the pool must not refer back to this object (a cycle
-        # would keep every group alive until the garbage collector runs).
-        self.context = context
-        create = functools.partial(_create_group, member=member, split=self.split, context=context)
-        self.pool = GroupPool(create=create, lease=state.lease)
+        self.factory = GroupFactory(path=state.creation_path, lease=state.lease, context=context)
 
     def make(
         self,
-        ranks: list[int],
+        ranks: list[int] | None,
         desc: str,
         *,
         backend: str | None = None,
         pg_options: Any = None,
         timeout: Any = "default",
     ) -> Any:
-        pg, new = self._get(ranks, desc, backend=backend, pg_options=pg_options, timeout=timeout)
+        """This rank's group of one plan step (``ranks=None``: none; on the split path it joins the split)."""
+        pg, new = self.factory.group(
+            ranks,
+            backend=backend,
+            pg_options=pg_options,
+            timeout=self.timeout if timeout == "default" else timeout,
+            group_desc=desc,
+        )
         if new:  # a shared group is listed (and destroyed) once
             self.state.created.append(pg)
             self.state.process_group_list.append(pg)
         return pg
-
-    def sit_out(self, desc: str, *, pg_options: Any = None, timeout: Any = "default") -> None:
-        """Join a kind's split without a colour: this rank is in none of its groups."""
-        self._get(None, desc, pg_options=pg_options, timeout=timeout)
-
-    def _get(self, ranks: list[int] | None, desc: str, *, backend: str | None = None, **kwargs: Any) -> tuple:
-        kwargs["timeout"] = self.timeout if kwargs.get("timeout") == "default" else kwargs.get("timeout")
-        if self.split and backend in SPLIT_BACKENDS:
-            return pooled_split(self.pool, ranks, backend=backend, group_desc=desc, context=self.context, **kwargs)
-        assert ranks is not None, "the member path makes no group for a rank outside it"
-        return self.pool.get(ranks, backend=backend, group_desc=desc, **kwargs)
-
-
-def _create_group(
-    ranks: list[int],
-    *,
-    member: Callable[..., Any],
-    split: bool,
-    context: CreationContext,
-    backend: str | None = None,
-    **kwargs: Any,
-) -> Any:
-    """One group of a build: split from the default group on the split path, else by its members."""
-    if split and backend in SPLIT_BACKENDS:
-        return split_member(ranks, context=context, backend=backend, **kwargs)
-    return member(ranks, backend=backend, **kwargs)
 
 
 def create_model_groups(
@@ -263,7 +230,7 @@ def create_model_groups(
     """
     state = ModelParallelGroups(layout=layout, rank=rank, creation_path=path)
     sync_world()
-    creator = _Creator(state, timeout, CreationContext.current(), path)
+    creator = _Creator(state, timeout, CreationContext.current())
     if path == "split":
         participants: Sequence[int] = range(dist.get_world_size())
     else:
@@ -279,7 +246,7 @@ def create_model_groups(
         watch.finish()
     except BaseException as exc:
         error = watch.fail(exc)
-        destroy_groups(state.created, lease=state.lease)
+        creator.factory.destroy(state.created)
         if error is exc:
             raise
         raise error from exc
@@ -294,12 +261,7 @@ def add_group(
     On the split path every rank of the world calls it; a rank in no group of the kind passes
     ``ranks=None`` and gets ``None``. On the member path only members call it.
     """
-    creator = _Creator(state, timeout, path=state.creation_path)
-    if ranks is None:
-        if state.creation_path == "split":
-            creator.sit_out(desc, pg_options=pg_options, timeout=timeout)
-        return None
-    return creator.make(ranks, desc, pg_options=pg_options)
+    return _Creator(state, timeout).make(ranks, desc, pg_options=pg_options)
 
 
 def _execute(step: Step, state: ModelParallelGroups, creator: _Creator, nccl_options: Callable[[str], Any]) -> None:
@@ -311,7 +273,8 @@ def _execute(step: Step, state: ModelParallelGroups, creator: _Creator, nccl_opt
         _sharp_barrier(state.groups[step.key], step.legacy)
         return
     if isinstance(step, SplitOut):
-        creator.sit_out(
+        creator.make(
+            None,
             step.desc,
             pg_options=None if step.nccl_key is None else nccl_options(step.nccl_key),
             timeout="default" if step.timeout == "init" else None,

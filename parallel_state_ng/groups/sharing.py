@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from parallel_state_ng.groups import registry
-from parallel_state_ng.groups.creation import new_member_group
 from parallel_state_ng.layout.bounded_input import shown
 from parallel_state_ng.layout.kinds import ALL_GATHER_KINDS
 from parallel_state_ng.layout.sharing_policy import kind_of_desc, safe_class
@@ -216,8 +215,10 @@ class GroupPool:
     """Creates the groups of one build; with sharing on, reuses a group for an equal request.
 
     ``share=None`` takes :func:`group_sharing_mode` (else a bool or a mode, as
-    :func:`set_group_sharing` takes). ``create`` makes a group (default
-    :func:`parallel_state_ng.groups.creation.new_member_group`). Under ``build`` sharing, groups
+    :func:`set_group_sharing` takes). ``create(ranks, backend=, timeout=, pg_options=,
+    group_desc=)`` makes a group: the build's
+    :class:`~parallel_state_ng.groups.factory.GroupFactory` passes its path's maker (a pool
+    that only records, inside :func:`record_requests`, needs none). Under ``build`` sharing, groups
     of different pools (different grids or inits) are never shared, so destroying one cannot
     touch another's. Under ``process`` sharing every request goes through the process-wide
     registry (:mod:`parallel_state_ng.groups.registry`) under the pool's :attr:`lease`
@@ -240,7 +241,7 @@ class GroupPool:
         self.share = self.mode != "off"
         #: This pool's hold on registry communicators (empty unless the mode is ``process``).
         self.lease = registry.Lease() if lease is None else lease
-        self._create = create or new_member_group
+        self._create = create
         self._groups: dict[tuple, Any] = (
             _recording_registry if self._plan is not None and self.mode == "process" else {}
         )
@@ -271,6 +272,8 @@ class GroupPool:
 
         def create() -> Any:
             if self._plan is None:
+                if self._create is None:
+                    raise RuntimeError("a GroupPool outside record_requests() needs create= (use GroupFactory)")
                 made = self._create(
                     ranks, timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc
                 )

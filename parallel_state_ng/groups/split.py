@@ -27,7 +27,6 @@ __all__ = [
     "creation_path",
     "world_splits",
     "split_member",
-    "pooled_split",
 ]
 
 #: Environment variable: ``auto`` (default), ``member`` or ``split``; the argument of a builder wins.
@@ -182,25 +181,3 @@ def split_member(
         lambda kw: dist.split_group(None, split_ranks, **kw), range(world), name, kwargs, context, collective=True
     )
     return creation.track_group(group) if ranks is not None else None
-
-
-def pooled_split(
-    pool: Any, ranks: list[int] | None, *, context: liveness.CreationContext | None = None, **kwargs: Any
-) -> tuple[Any, bool]:
-    """One kind's split through a build's pool (whose ``create`` is :func:`split_member`).
-
-    Returns ``(group, new)``: a group created now by this split, or one the pool shares
-    (``new``: whether it is new to the pool; under ``process`` sharing a group another
-    layout holds is). When the pool made no group, this rank still joins the kind's split
-    without a colour, so that every rank of the world makes the same splits whatever it
-    reuses; ``(None, False)`` for a rank in no group of the kind. ``kwargs`` go to the pool
-    (``kind``, the sharing policy's, to the pool only).
-    """
-    kind = kwargs.pop("kind", None)  # the sharing policy's, not the split's
-    if ranks is not None:
-        made = pool.created
-        group, new = pool.get(ranks, kind=kind, **kwargs)
-        if pool.created > made:
-            return group, True
-    split_member(None, context=context, **kwargs)
-    return (group if ranks is not None else None), (new if ranks is not None else False)

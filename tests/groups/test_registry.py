@@ -22,6 +22,7 @@ import compat.parallel_state as ps
 from parallel_state_ng import HyperCommGrid, build_megatron_groups
 from parallel_state_ng.builders.inference import build_inference_collection, destroy_inference_collection
 from parallel_state_ng.groups import creation, registry, sharing
+from parallel_state_ng.groups.factory import GroupFactory
 
 _WORLD = dist.distributed_c10d._world
 
@@ -196,10 +197,10 @@ def test_different_timeouts_or_options_get_different_communicators(fake_world, m
     short = build_megatron_groups(tensor_model_parallel_size=2, distributed_timeout_minutes=5)
     long = build_megatron_groups(tensor_model_parallel_size=2, distributed_timeout_minutes=6)
     assert short.group("tp") is not long.group("tp")
-    pools = [sharing.GroupPool(), sharing.GroupPool()]
-    a, _ = pools[0].get([0, 1], timeout=timedelta(minutes=1))
-    b, _ = pools[1].get([0, 1], timeout=timedelta(minutes=2))
-    c, new = pools[1].get([0, 1], timeout=timedelta(minutes=1))
+    pools = [GroupFactory(), GroupFactory()]
+    a, _ = pools[0].group([0, 1], timeout=timedelta(minutes=1))
+    b, _ = pools[1].group([0, 1], timeout=timedelta(minutes=2))
+    c, new = pools[1].group([0, 1], timeout=timedelta(minutes=1))
     assert a is not b and c is a and new and registry.holders(a) == 2
     assert sharing.sharing_key([0, 1], "gloo", None, None) != sharing.sharing_key([0, 1], None, None, None)
     for pool in pools:

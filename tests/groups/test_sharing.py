@@ -24,6 +24,7 @@ import torch.distributed as dist
 import compat.parallel_state as ps
 from parallel_state_ng.__main__ import main as cli_main
 from parallel_state_ng.groups import creation, sharing
+from parallel_state_ng.groups.factory import GroupFactory
 from parallel_state_ng.releases import parallel_state as release_api
 from tests.support.served import served
 
@@ -271,13 +272,13 @@ def test_sharing_on_gloo_world_same_members_and_results(gloo_world, kwargs):
 
 def _differing_options_on_gloo() -> dict:
     world_ranks = list(range(dist.get_world_size()))
-    pool = sharing.GroupPool(share=True)
+    factory = GroupFactory(share=True)
     created = []
     try:
-        a, _ = pool.get(world_ranks, timeout=timedelta(minutes=5))
-        b, _ = pool.get(world_ranks, timeout=timedelta(minutes=6))
-        c, _ = pool.get(world_ranks, backend="gloo", timeout=timedelta(minutes=5))
-        d, new_d = pool.get(world_ranks, timeout=timedelta(minutes=5))
+        a, _ = factory.group(world_ranks, timeout=timedelta(minutes=5))
+        b, _ = factory.group(world_ranks, timeout=timedelta(minutes=6))
+        c, _ = factory.group(world_ranks, backend="gloo", timeout=timedelta(minutes=5))
+        d, new_d = factory.group(world_ranks, timeout=timedelta(minutes=5))
         created = [a, b, c]
         sums = []
         for group in created:

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from parallel_state_ng.groups.sharing import GroupPool, PlannedGroup, record_requests
+from parallel_state_ng.groups.factory import GroupFactory
+from parallel_state_ng.groups.sharing import PlannedGroup, record_requests
 from parallel_state_ng.layout.kinds import GROUP_KINDS
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.plan import CreateGroup, PlanOptions, group_plan
@@ -56,10 +57,10 @@ def _request_plan(layout: MegatronLayout, rank: int, gloo: bool, all_gather: boo
     init_timeout = timedelta(minutes=30)
     facts = layout.facts
     in_init = all_gather and facts.all_gather_group_in_init
-    pool = GroupPool()
+    factory = GroupFactory()
     for step in group_plan(layout, rank, PlanOptions(create_gloo_process_groups=gloo, create_all_gather_group=in_init)):
         if isinstance(step, CreateGroup):
-            pool.get(
+            factory.group(
                 step.ranks,
                 timeout=init_timeout if step.timeout == "init" else None,
                 backend=step.backend,
@@ -71,7 +72,7 @@ def _request_plan(layout: MegatronLayout, rank: int, gloo: bool, all_gather: boo
         for kind in kinds:
             members = layout.group(kind, rank)
             if members is not None:  # add_group: one pool per group made on request
-                GroupPool().get(members, timeout=init_timeout, group_desc=GROUP_KINDS[kind].desc)
+                GroupFactory().group(members, timeout=init_timeout, group_desc=GROUP_KINDS[kind].desc)
 
 
 def planned_groups(
