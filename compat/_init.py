@@ -8,19 +8,21 @@ release) rejects arguments the release does not have.
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
-from parallel_state_ng.groups.megatron_groups import add_group
+from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, add_group
 from parallel_state_ng.groups.nccl_config import check_nccl_config
-from parallel_state_ng.groups.pipeline import Prepared, build_layout_groups
+from parallel_state_ng.groups.pipeline import Prepared, agree, build, check_options
+from parallel_state_ng.groups.split import creation_path
 from parallel_state_ng.groups.torch_support import empty_group_error
+from parallel_state_ng.layout.init_args import InitArgs
 from parallel_state_ng.layout.kinds import GROUP_KINDS
 from parallel_state_ng.layout.megatron_layout import SHAPE_ARGUMENTS, MegatronLayout
 from parallel_state_ng.layout.order import EmptyGroupAssertionError, EmptyGroupError
@@ -115,65 +117,144 @@ def initialize_model_parallel(
     only the groups it belongs to; a failure destroys whatever was created and leaves the
     module uninitialized; and a later ``destroy_model_parallel`` destroys every group.
     """
-    # Every rank must pass the same arguments: the pipeline compares them across the world
-    # before anything else (a mismatch raises on every rank instead of hanging).
-    args = dict(locals())
+    args = InitArgs(
+        tensor_model_parallel_size=tensor_model_parallel_size,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        pipeline_model_parallel_split_rank=pipeline_model_parallel_split_rank,
+        pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
+        use_sharp=use_sharp,
+        context_parallel_size=context_parallel_size,
+        hierarchical_context_parallel_sizes=hierarchical_context_parallel_sizes,
+        hybrid_context_parallel=hybrid_context_parallel,
+        expert_model_parallel_size=expert_model_parallel_size,
+        gtp_remat_size=gtp_remat_size,
+        expert_gtp_remat_size=expert_gtp_remat_size,
+        num_distributed_optimizer_instances=num_distributed_optimizer_instances,
+        expert_tensor_parallel_size=expert_tensor_parallel_size,
+        nccl_communicator_config_path=nccl_communicator_config_path,
+        distributed_timeout_minutes=distributed_timeout_minutes,
+        order=order,
+        encoder_tensor_model_parallel_size=encoder_tensor_model_parallel_size,
+        encoder_pipeline_model_parallel_size=encoder_pipeline_model_parallel_size,
+        get_embedding_ranks=get_embedding_ranks,
+        get_position_embedding_ranks=get_position_embedding_ranks,
+        create_gloo_process_groups=create_gloo_process_groups,
+        high_priority_stream_groups=high_priority_stream_groups,
+        sharp_enabled_group=sharp_enabled_group,
+        create_all_gather_group=create_all_gather_group,
+        rank_offset=rank_offset,
+        local_world_size=local_world_size,
+    )
     try:
-        layout, state = build_layout_groups(
-            functools.partial(_prepare, args),
-            name="initialize_model_parallel",
-            agreement_fields=args,
-            agree_on="world",
-            empty_outside=True,  # a rank outside local_world_size gets a state with no group, as in MCore
-        )
+        state = _build(args)
     except EmptyGroupError as err:  # MCore fails in torch's new_group([]): its exception type is torch's
         if empty_group_error() is AssertionError and not isinstance(err, AssertionError):
             raise EmptyGroupAssertionError(str(err)) from None
         raise
+    _publish(state, args)
+
+
+def _build(args: InitArgs) -> ModelParallelGroups:
+    """The pipeline's steps for one call, in one direction: agree, prepare, check options, build."""
+    path = creation_path()
+    # 1. Every rank must pass the same arguments: compared across the world before anything
+    # else, so a mismatch raises on every rank instead of hanging.
+    agreed = agree(args.fields(), name=_NAME, creation=path)
+    _announce(args)
+    # 2. The release's checks and the layout: a pure function of the arguments and the world.
+    prepared = _prepare(args, _World.now())
+    # What the checks let through touches files and the environment, as MCore does after them.
+    prepared = prepared.with_nccl_config(
+        _load_nccl_config(args.nccl_communicator_config_path),
+        source=f"nccl_communicator_config_path {args.nccl_communicator_config_path!r}",
+    )
+    if args.pipeline_model_parallel_comm_backend == "ucc":
+        _set_ucc_environment()
+    check_options(prepared)  # 3. NCCL values the installed NCCL refuses
+    # 4. This rank's groups (a rank outside local_world_size gets a state with no group, as in MCore).
+    state = build(prepared, name=_NAME, path=path, agreed=agreed, empty_outside=True)
     assert state is not None
+    return state
+
+
+def _publish(state: ModelParallelGroups, args: InitArgs) -> None:
+    """The last step: the state becomes the module's, with the globals that are not groups."""
     _scoping.set_active(state)
-    if pipeline_model_parallel_split_rank is not None:  # 0.12-0.13; kept across destroy, as in MCore
-        ps._PIPELINE_MODEL_PARALLEL_SPLIT_RANK = pipeline_model_parallel_split_rank
-    if virtual_pipeline_model_parallel_size is not None:
+    if args.pipeline_model_parallel_split_rank is not None:  # 0.12-0.13; kept across destroy, as in MCore
+        ps._PIPELINE_MODEL_PARALLEL_SPLIT_RANK = args.pipeline_model_parallel_split_rank
+    if args.virtual_pipeline_model_parallel_size is not None:
         ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK = 0
-        ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = virtual_pipeline_model_parallel_size
+        ps._VIRTUAL_PIPELINE_MODEL_PARALLEL_WORLD_SIZE = args.virtual_pipeline_model_parallel_size
     set_global_memory_buffer()
 
 
-def _prepare(args: dict[str, Any]) -> Prepared:
-    """``initialize_model_parallel``'s checks (MCore's exception types), its layout and group options."""
-    if args["encoder_tensor_model_parallel_size"] != 0 or args["encoder_pipeline_model_parallel_size"] != 0:
+_NAME = "initialize_model_parallel"
+
+
+@dataclass(frozen=True)
+class _World:
+    """What prepare reads of the process: the world and whether the module is initialized already."""
+
+    distributed: bool
+    world_size: int
+    initialized: bool
+    memory_buffer: bool
+
+    @classmethod
+    def now(cls) -> _World:
+        distributed = dist.is_initialized()
+        return cls(
+            distributed=distributed,
+            world_size=dist.get_world_size() if distributed else 0,
+            initialized=ps._DATA_PARALLEL_GROUP is not None or _scoping.get_state() is not None,
+            memory_buffer=ps._GLOBAL_MEMORY_BUFFER is not None,
+        )
+
+
+def _announce(args: InitArgs) -> None:
+    """What the release does before its checks: the encoder deprecation, the SHARP variable."""
+    if args.encoder_tensor_model_parallel_size != 0 or args.encoder_pipeline_model_parallel_size != 0:
         if FACTS.encoder_deprecation_warnings:
             warnings.warn(
                 "encoder_tensor_model_parallel_size / encoder_pipeline_model_parallel_size: encoder-specific "
                 "pipeline parallelism is deprecated in megatron-core 0.13 and removed in 0.14",
                 DeprecationWarning,
-                stacklevel=4,  # the caller of initialize_model_parallel (through build_layout_groups)
+                stacklevel=4,  # the caller of initialize_model_parallel (through _build)
             )
-    sharp_enabled_group = _check_sharp(
-        args["use_sharp"], args["sharp_enabled_group"], args["num_distributed_optimizer_instances"]
-    )
     if not FACTS.sharp_collnet_zero:  # 0.14+ starts without the SHARP variable
         os.environ.pop("NCCL_COLLNET_ENABLE", None)
-    if not dist.is_initialized():
-        raise AssertionError("torch.distributed is not initialized: call init_process_group() first")
-    validate_initialize_args({**args, "sharp_enabled_group": sharp_enabled_group})
 
-    vpp, pp = args["virtual_pipeline_model_parallel_size"], args["pipeline_model_parallel_size"]
+
+def _prepare(args: InitArgs, world: _World) -> Prepared:
+    """``initialize_model_parallel``'s checks (MCore's exception types), its layout and group options.
+
+    Pure: it reads only ``args``, ``world`` and the served release's facts. The NCCL config is
+    read from its file afterwards (:meth:`Prepared.with_nccl_config`).
+    """
+    sharp_enabled_group = _check_sharp(
+        args.use_sharp, args.sharp_enabled_group, args.num_distributed_optimizer_instances
+    )
+    if not world.distributed:
+        raise AssertionError("torch.distributed is not initialized: call init_process_group() first")
+    args = args.replace(sharp_enabled_group=sharp_enabled_group)
+    validate_initialize_args(args)
+
+    vpp, pp = args.virtual_pipeline_model_parallel_size, args.pipeline_model_parallel_size
     if vpp is not None and not pp > 1:
         raise RuntimeError(
             f"virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 (got {pp}): "
             f"the interleaved schedule interleaves pipeline stages"
         )
     layout = MegatronLayout(
-        world_size=dist.get_world_size(), release=RELEASE.series, **{name: args[name] for name in _LAYOUT_ARGS}
+        world_size=world.world_size, release=RELEASE.series, **{name: getattr(args, name) for name in _LAYOUT_ARGS}
     )
-    if ps._DATA_PARALLEL_GROUP is not None or _scoping.get_state() is not None:
+    if world.initialized:
         raise AssertionError(
             "data parallel group is already initialized: call destroy_model_parallel() before initializing again"
         )
-    cp = args["context_parallel_size"]
-    if args["hybrid_context_parallel"] and (layout.data_parallel_size * cp) % 2 != 0:
+    cp = args.context_parallel_size
+    if args.hybrid_context_parallel and (layout.data_parallel_size * cp) % 2 != 0:
         raise AssertionError(
             f"hybrid_context_parallel needs an even data_parallel_size x context_parallel_size, got "
             f"{layout.data_parallel_size} x {cp}"
@@ -183,31 +264,26 @@ def _prepare(args: dict[str, Any]) -> Prepared:
             f"use_sharp with sharp_enabled_group='dp' fails in megatron-core {VERSION}: its SHARP "
             f"barrier reads the data parallel group with CP (with GTP_remat) before it is initialized"
         )
-    backend = args["pipeline_model_parallel_comm_backend"]
+    backend = args.pipeline_model_parallel_comm_backend
     if backend not in (None, "nccl", "ucc"):
         raise AssertionError(
             f'"{backend}" backend for PP communication is not supported '
             f"(pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc')"
         )
-    if ps._GLOBAL_MEMORY_BUFFER is not None:
+    if world.memory_buffer:
         raise AssertionError("global memory buffer is already initialized: call destroy_model_parallel() first")
-
-    nccl_comm_cfgs = _load_nccl_config(args["nccl_communicator_config_path"])
-    if backend == "ucc":
-        _set_ucc_environment()
     return Prepared(
         layout=layout,
-        timeout=timedelta(minutes=args["distributed_timeout_minutes"]),
+        timeout=timedelta(minutes=args.distributed_timeout_minutes),
         options=PlanOptions(
-            create_gloo_process_groups=args["create_gloo_process_groups"],
-            create_all_gather_group=bool(args["create_all_gather_group"]),
+            create_gloo_process_groups=args.create_gloo_process_groups,
+            create_all_gather_group=bool(args.create_all_gather_group),
             pipeline_model_parallel_comm_backend=backend,
             sharp_enabled_group=sharp_enabled_group,
-            hybrid_context_parallel=args["hybrid_context_parallel"],
+            hybrid_context_parallel=args.hybrid_context_parallel,
         ),
-        nccl_comm_cfgs=nccl_comm_cfgs,
-        high_priority_stream_groups=args["high_priority_stream_groups"] or (),
-        nccl_config_source=f"nccl_communicator_config_path {args['nccl_communicator_config_path']!r}",
+        nccl_comm_cfgs={},
+        high_priority_stream_groups=args.high_priority_stream_groups or (),
     )
 
 

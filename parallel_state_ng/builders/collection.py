@@ -8,7 +8,6 @@ no module global; :meth:`MegatronGroups.collection` (the only megatron import) f
 
 from __future__ import annotations
 
-import functools
 import importlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -20,7 +19,9 @@ import torch.distributed as dist
 from parallel_state_ng.builders.scope import Scope, no_globals
 from parallel_state_ng.groups.handles import GroupHandle
 from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, destroy_model_groups, global_values
-from parallel_state_ng.groups.pipeline import Prepared, build_layout_groups
+from parallel_state_ng.groups.pipeline import Prepared, agree, build, check_options, layout_participants
+from parallel_state_ng.groups.split import creation_path as creation_path_of
+from parallel_state_ng.layout.init_args import InitArgs
 from parallel_state_ng.layout.kinds import fills
 from parallel_state_ng.layout.megatron_layout import SHAPE_ARGUMENTS, MegatronLayout
 from parallel_state_ng.layout.plan import PlanOptions
@@ -246,30 +247,74 @@ def build_megatron_groups(
             nothing has been created.
         ParallelConfigMismatchError: the module's ranks passed different arguments.
     """
-    args = dict(locals())
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("build_megatron_groups needs torch.distributed: call init_process_group() first")
-    fields = {k: v for k, v in args.items() if k not in ("check_agreement_across_ranks", "release", "creation_path")}
-    layout, groups = build_layout_groups(
-        functools.partial(_prepare, args),
-        name="build_megatron_groups",
-        agreement_fields=fields,
-        agree_on="layout",
-        check_agreement=check_agreement_across_ranks,
-        creation=creation_path,
+    args = InitArgs(
+        tensor_model_parallel_size=tensor_model_parallel_size,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
+        context_parallel_size=context_parallel_size,
+        hierarchical_context_parallel_sizes=hierarchical_context_parallel_sizes,
+        expert_model_parallel_size=expert_model_parallel_size,
+        expert_tensor_parallel_size=expert_tensor_parallel_size,
+        gtp_remat_size=gtp_remat_size,
+        expert_gtp_remat_size=expert_gtp_remat_size,
+        num_distributed_optimizer_instances=num_distributed_optimizer_instances,
+        order=order,
+        get_embedding_ranks=get_embedding_ranks,
+        get_position_embedding_ranks=get_position_embedding_ranks,
+        rank_offset=rank_offset,
+        local_world_size=world_size,
+        create_gloo_process_groups=create_gloo_process_groups,
+        high_priority_stream_groups=None if high_priority_stream_groups is None else list(high_priority_stream_groups),
+        pipeline_model_parallel_comm_backend=pipeline_model_parallel_comm_backend,
+        distributed_timeout_minutes=distributed_timeout_minutes,
     )
-    return MegatronGroups(layout, dist.get_rank(), groups)
+    path = creation_path_of(creation_path)
+    # 1. prepare: the module's checks (MCore's exception types) and its layout, before any exchange
+    prepared = _prepare(args, create_embedding_groups, nccl_comm_cfgs, release, dist.get_world_size())
+    check_options(prepared)  # 2. NCCL values the installed NCCL refuses
+    layout, rank = prepared.layout, dist.get_rank()
+    agreed = None
+    if layout.contains(rank) or path == "split":  # 3. the module's ranks (the world, splitting) agree
+        fields = {
+            **args.fields(),
+            "world_size": world_size,
+            "create_embedding_groups": create_embedding_groups,
+            "nccl_comm_cfgs": nccl_comm_cfgs,
+            "release": layout.release,
+        }
+        agreed = agree(
+            fields,
+            name=_NAME,
+            ranks=layout_participants(layout, path),
+            enabled=check_agreement_across_ranks,
+            creation=path,
+        )
+    groups = build(prepared, name=_NAME, path=path, agreed=agreed, rank=rank)  # 4. this rank's groups
+    return MegatronGroups(layout, rank, groups)  # 5. publish: an object, no global
 
 
-def _prepare(args: dict[str, Any]) -> Prepared:
-    """``build_megatron_groups``' checks (MCore's exception types), the module's layout and group options."""
-    validate_initialize_args(_as_initialize_args(args))
-    nccl_comm_cfgs, backend = args["nccl_comm_cfgs"], args["pipeline_model_parallel_comm_backend"]
+_NAME = "build_megatron_groups"
+
+
+def _prepare(
+    args: InitArgs,
+    create_embedding_groups: bool,
+    nccl_comm_cfgs: dict[str, dict[str, Any]] | None,
+    release: str | Release | None,
+    total: int,
+) -> Prepared:
+    """``build_megatron_groups``' checks (MCore's exception types), the module's layout and group options.
+
+    Pure: it reads only its arguments (``total``: the world's size).
+    """
+    validate_initialize_args(args)
+    backend = args.pipeline_model_parallel_comm_backend
     if nccl_comm_cfgs is not None and not isinstance(nccl_comm_cfgs, dict):
         raise TypeError(f"nccl_comm_cfgs must be a dict of group name -> options, got {nccl_comm_cfgs!r}")
     if backend not in (None, "nccl", "ucc"):
         raise ValueError(f"pipeline_model_parallel_comm_backend must be None, 'nccl' or 'ucc', got {backend!r}")
-    total, rank_offset, world_size = dist.get_world_size(), args["rank_offset"], args["world_size"]
+    rank_offset, world_size = args.rank_offset, args.local_world_size
     if world_size is None:
         world_size = total - rank_offset if isinstance(rank_offset, int) else None
     if isinstance(world_size, int) and rank_offset + world_size > total:
@@ -278,54 +323,34 @@ def _prepare(args: dict[str, Any]) -> Prepared:
             f"exceeds the {total} ranks of torch.distributed's world"
         )
     return Prepared(
-        layout=_layout(args, total, world_size, args["release"]),
-        timeout=timedelta(minutes=args["distributed_timeout_minutes"]),
+        layout=_layout(args, total, world_size, release),
+        timeout=timedelta(minutes=args.distributed_timeout_minutes),
         options=PlanOptions(
-            create_gloo_process_groups=args["create_gloo_process_groups"],
-            embedding_groups=args["create_embedding_groups"],
+            create_gloo_process_groups=args.create_gloo_process_groups,
+            embedding_groups=create_embedding_groups,
             pipeline_model_parallel_comm_backend=backend,
         ),
         nccl_comm_cfgs=nccl_comm_cfgs or {},
-        high_priority_stream_groups=tuple(args["high_priority_stream_groups"] or ()),
+        high_priority_stream_groups=tuple(args.high_priority_stream_groups or ()),
     )
 
 
-def _as_initialize_args(args: dict[str, Any]) -> dict[str, Any]:
-    """``args`` completed to the argument set ``validate_initialize_args`` checks."""
-    full = dict(args)
-    full.update(
-        virtual_pipeline_model_parallel_size=None,
-        use_sharp=False,
-        hybrid_context_parallel=False,
-        create_all_gather_group=False,
-        local_world_size=args["world_size"],
-        encoder_tensor_model_parallel_size=0,
-        encoder_pipeline_model_parallel_size=0,
-        pipeline_model_parallel_split_rank=None,
-        nccl_communicator_config_path=None,
-        high_priority_stream_groups=None
-        if args["high_priority_stream_groups"] is None
-        else list(args["high_priority_stream_groups"]),
-    )
-    return full
-
-
-def _layout(args: dict[str, Any], total: int, world_size: int | None, release: str | Release | None) -> MegatronLayout:
+def _layout(args: InitArgs, total: int, world_size: int | None, release: str | Release | None) -> MegatronLayout:
     """The module's :class:`MegatronLayout`; ranges other than the whole world need 0.17+."""
     series = as_release(release).series
-    whole_world = args["rank_offset"] == 0 and world_size == total
-    common = {name: args[name] for name in SHAPE_ARGUMENTS}
+    whole_world = args.rank_offset == 0 and world_size == total
+    common = {name: getattr(args, name) for name in SHAPE_ARGUMENTS}
     if whole_world:
         return MegatronLayout(world_size=total, release=series, **common)
     try:
         return MegatronLayout(
-            world_size=total, rank_offset=args["rank_offset"], local_world_size=world_size, release=series, **common
+            world_size=total, rank_offset=args.rank_offset, local_world_size=world_size, release=series, **common
         )
     except TypeError as err:
         if "rank_offset" not in str(err):
             raise
         raise TypeError(
             f"megatron-core {series} cannot place a module on part of the world "
-            f"(rank_offset={args['rank_offset']}, world_size={world_size}, world {total}): its layout has no "
+            f"(rank_offset={args.rank_offset}, world_size={world_size}, world {total}): its layout has no "
             f"rank offset (added in 0.17); use release='0.17' or later, or the whole world"
         ) from None

@@ -1,18 +1,29 @@
-"""The one build pipeline: agreement, layout, NCCL options, then this rank's groups.
+"""The one build pipeline, as explicit steps: agree, prepare, check options, build, publish.
 
-compat's ``initialize_model_parallel``, :func:`~parallel_state_ng.build_megatron_groups` (and
-through it :func:`~parallel_state_ng.build_topology` and a rebuild after a failure) all run
-:func:`build_layout_groups`; what differs between them is a parameter: where the agreement
-check stands, which ranks take part, what the caller validates. See docs/architecture.md.
+compat's ``initialize_model_parallel`` and :func:`~parallel_state_ng.build_megatron_groups`
+(and through it :func:`~parallel_state_ng.build_topology` and a rebuild after a failure) call
+the steps in one direction, each passing the previous step's result to the next:
+
+1. :func:`agree`: the arguments and the process-wide switches, equal on every participant
+   (over the world before prepare, or over :func:`layout_participants` after it);
+2. prepare: the caller's own pure function of its typed arguments (compat:
+   :class:`~parallel_state_ng.layout.init_args.InitArgs`) that validates in the release's
+   exception types and returns a :class:`Prepared` (the layout and how its groups are made);
+3. :func:`check_options`: NCCL values the installed NCCL refuses;
+4. :func:`build`: the NVLink-domain check, then this rank's groups from the group plan
+   through the build's :class:`~parallel_state_ng.groups.factory.GroupFactory`;
+5. publish: the caller's (compat's module globals, a :class:`MegatronGroups` object).
+
+No step calls back up into its caller. See docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 import torch.distributed as dist
 
@@ -21,7 +32,7 @@ from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, create
 from parallel_state_ng.groups.nccl_config import check_nccl_config
 from parallel_state_ng.groups.nvlink_check import CHECK_FIELD, Groups, check_domains, raise_if_invalid, round_arguments
 from parallel_state_ng.groups.sharing import group_sharing_mode
-from parallel_state_ng.groups.split import creation_path
+from parallel_state_ng.groups.split import CreationPath, creation_path
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.named_layout import Layout
 from parallel_state_ng.layout.nvlink_domains import GroupRows, kind_group_blocks
@@ -34,7 +45,9 @@ __all__ = [
     "agree",
     "check_nvlink_domains",
     "nccl_config",
-    "build_layout_groups",
+    "layout_participants",
+    "check_options",
+    "build",
 ]
 
 #: The agreement field that carries this process's group-sharing setting (``off``, ``build`` or
@@ -60,6 +73,10 @@ class Prepared:
     nccl_comm_cfgs: Mapping[str, Mapping[str, Any]]
     high_priority_stream_groups: Sequence[str] = ()
     nccl_config_source: str = "nccl_comm_cfgs"
+
+    def with_nccl_config(self, nccl_comm_cfgs: Mapping[str, Mapping[str, Any]], source: str) -> Prepared:
+        """A copy whose NCCL communicator config is ``nccl_comm_cfgs``, read from ``source``."""
+        return replace(self, nccl_comm_cfgs=nccl_comm_cfgs, nccl_config_source=source)
 
 
 def agree(
@@ -143,59 +160,50 @@ def nccl_config(
     return cfgs
 
 
-def build_layout_groups(
-    prepare: Callable[[], Prepared],
+def layout_participants(layout: MegatronLayout, path: str) -> range | None:
+    """The ranks a layout-level agreement covers: the layout's own, or the world (``None``) on the split path."""
+    return None if path == "split" else range(layout.rank_offset, layout.rank_offset + layout.layout_world_size)
+
+
+def check_options(prepared: Prepared) -> None:
+    """The step between prepare and build: NCCL values the installed NCCL refuses raise here.
+
+    Raises :class:`~parallel_state_ng.groups.nccl_config.NcclConfigError` before any group exists.
+    """
+    check_nccl_config(
+        prepared.nccl_comm_cfgs,
+        source=prepared.nccl_config_source,
+        legacy_defaults=prepared.layout.facts.nccl_config_defaults,
+    )
+
+
+def build(
+    prepared: Prepared,
     *,
     name: str,
-    agreement_fields: Mapping[str, Any],
-    agree_on: Literal["world", "layout"],
-    check_agreement: bool | None = None,
+    path: CreationPath,
+    agreed: AgreementResult | None,
     rank: int | None = None,
     empty_outside: bool = False,
-    creation: str | None = None,
-) -> tuple[MegatronLayout, ModelParallelGroups | None]:
-    """Run the pipeline for one Megatron layout; this rank's groups, or ``None`` outside the layout.
+) -> ModelParallelGroups | None:
+    """The pipeline's build step: this rank's groups for ``prepared``, or ``None`` outside its layout.
 
-    Steps, in order: the agreement check over the whole world when ``agree_on="world"``;
-    ``prepare()`` (the caller's validation, in the release's exception types, and its layout);
-    a rank outside the layout stops here (with ``empty_outside`` it gets a
-    :class:`ModelParallelGroups` holding no group, as compat's globals need); the agreement
-    check over the layout's ranks when ``agree_on="layout"`` (``agreement_fields`` and the
-    layout's ``release``); the NCCL options (values the installed NCCL refuses raise
-    :class:`~parallel_state_ng.groups.nccl_config.NcclConfigError` before any group exists);
-    the creation of this rank's groups (atomic: a failure leaves no group behind). ``name`` (the
-    caller's function) appears in errors.
-
-    ``creation`` chooses the creation path (:func:`~parallel_state_ng.groups.split.creation_path`:
-    ``None`` reads ``$PSNG_CREATION_PATH``, then the world). On the split path every rank of
-    the world takes part: the agreement check covers the world wherever ``agree_on`` puts it,
-    and a rank outside the layout joins each split without a colour.
+    The caller ran the steps before it, in order: :func:`agree` (over the world, or over
+    :func:`layout_participants` once the layout is known), its own prepare (validation in the
+    release's exception types, the layout and the group options) and :func:`check_options`.
+    Here: the NVLink-domain check of the layout against the map ``agreed`` brought, then the
+    creation of this rank's groups (atomic: a failure leaves no group behind). A rank outside
+    the layout gets ``None``, or with ``empty_outside`` a
+    :class:`~parallel_state_ng.groups.megatron_groups.ModelParallelGroups` holding no group (as
+    compat's globals need); on the split path it still joins every split. ``name`` (the caller's
+    function) appears in errors.
     """
-    if agree_on not in ("world", "layout"):
-        raise ValueError(f"agree_on must be 'world' or 'layout', got {agree_on!r}")
-    path = creation_path(creation)
-    agreed = None
-    if agree_on == "world":
-        agreed = agree(agreement_fields, name=name, enabled=check_agreement, creation=path)
-    prepared = prepare()
     layout = prepared.layout
-    # values the installed NCCL refuses: raised here, before any group exists
-    check_nccl_config(
-        prepared.nccl_comm_cfgs, source=prepared.nccl_config_source, legacy_defaults=layout.facts.nccl_config_defaults
-    )
     if rank is None:
         rank = dist.get_rank()
     inside = layout.contains(rank)
     if not inside and not empty_outside and path == "member":
-        return layout, None
-    if agree_on == "layout" and (inside or path == "split"):
-        agreed = agree(
-            {**agreement_fields, "release": layout.release},
-            name=name,
-            ranks=None if path == "split" else range(layout.rank_offset, layout.rank_offset + layout.layout_world_size),
-            enabled=check_agreement,
-            creation=path,
-        )
+        return None
     check_nvlink_domains(agreed, {"": layout}, name=name, rank=rank)  # before any group exists
     cfgs = nccl_config(prepared.nccl_comm_cfgs, prepared.high_priority_stream_groups)
     groups = create_model_groups(
@@ -210,5 +218,5 @@ def build_layout_groups(
         path=path,
     )
     if not inside and not empty_outside:
-        return layout, None  # the split path: it joined every split, and holds no group
-    return layout, groups
+        return None  # the split path: it joined every split, and holds no group
+    return groups
