@@ -16,7 +16,8 @@ feature plugs in here once. What the factory decides for each request, in this o
 2. **Shared or not.** Requests go through the build's
    :class:`~parallel_state_ng.groups.sharing.GroupPool`, which answers an equal request with the
    group it made before when the sharing setting allows it; a request whose options the pool
-   cannot compare (``shareable=False``) is always made anew.
+   cannot compare (``shareable=False``) is always made anew. A shared group's description names
+   every kind it serves (``A+B``), not only the first.
 3. **Which lease.** Under ``PSNG_SHARE_GROUPS=process`` the pool takes the communicator from the
    process-wide registry under the build's lease (:mod:`~parallel_state_ng.groups.registry`);
    :meth:`GroupFactory.destroy` gives that lease back with the groups.
@@ -42,6 +43,7 @@ from parallel_state_ng.groups.registry import Lease
 from parallel_state_ng.groups.sharing import GroupPool, SharingMode
 from parallel_state_ng.groups.split import CreationPath, split_member
 from parallel_state_ng.layout.plan import SPLIT_BACKENDS
+from parallel_state_ng.layout.sharing_policy import merged_desc
 
 __all__ = ["GroupFactory", "member_only_group"]
 
@@ -131,7 +133,15 @@ class GroupFactory:
             return None, False
         if not shareable or torch_kwargs:
             return new_member_group(members, context=self.context, backend=backend, **options), True
-        return self.pool.get(members, kind=kind, backend=backend, **options)
+        return self._pooled(members, kind=kind, backend=backend, **options)
+
+    def _pooled(self, members: list[int], **request: Any) -> tuple[Any, bool]:
+        """The pool's answer; a group it shares with an earlier request names this request's kind too."""
+        made = self.pool.created
+        group, new = self.pool.get(members, **request)
+        if self.pool.created == made:
+            _name_also(group, request.get("group_desc"))
+        return group, new
 
     def _split(
         self, members: list[int] | None, *, kind: str | None, backend: str | None, shareable: bool, options: dict
@@ -139,7 +149,7 @@ class GroupFactory:
         """One request's split: every rank of the world joins it once, whatever the pool shares."""
         if members is not None and shareable and not set(options) - {"pg_options", "timeout", "group_desc"}:
             made = self.pool.created
-            group, new = self.pool.get(members, kind=kind, backend=backend, **options)
+            group, new = self._pooled(members, kind=kind, backend=backend, **options)
             if self.pool.created > made:
                 return group, True  # the pool's own split was this request's split
         elif members is not None:
@@ -168,6 +178,20 @@ class GroupFactory:
     def destroy(self, groups: Sequence[Any]) -> int:
         """Destroy ``groups`` (each once) and give back the build's lease; returns how many went."""
         return destroy_groups(groups, lease=self.pool.lease)
+
+
+def _name_also(group: Any, group_desc: str | None) -> None:
+    """Add ``group_desc`` to a shared group's description: a merged group names all of its kinds.
+
+    Flight-recorder dumps, Megatron-FSDP's logs and the diagnosis read the description; the
+    first kind's alone would name the wrong kind for the others
+    (:func:`~parallel_state_ng.layout.sharing_policy.merged_desc`).
+    """
+    if not group_desc or not isinstance(group, dist.ProcessGroup) or not hasattr(group, "_set_group_desc"):
+        return
+    merged = merged_desc(group.group_desc, group_desc)
+    if merged is not None and merged != group.group_desc:
+        group._set_group_desc(merged)
 
 
 class _Maker:

@@ -26,6 +26,8 @@ from parallel_state_ng.layout.kinds import ALL_GATHER_KINDS, GROUP_KINDS
 
 __all__ = [
     "SharingRule",
+    "IdentityTie",
+    "AUDITED_TIES",
     "ROLES",
     "SAFE_SHARING",
     "NEVER_SHARED",
@@ -34,7 +36,11 @@ __all__ = [
     "role_of",
     "never_rule",
     "safe_class",
+    "tie_between",
+    "merge_rule",
     "apart_reason",
+    "kinds_of_desc",
+    "merged_desc",
 ]
 
 
@@ -87,17 +93,73 @@ ROLES: tuple[SharingRule, ...] = (
     ),
     SharingRule(
         "pipeline",
-        ("pp", "embd", "pos_embd", "mp", "intra_dist_opt_instance"),
-        "pipeline-spanning coincidences (embd = pp at pp 2, mp = pp at tp 1, the optimizer instance "
-        "group = mp or pp): pp carries the schedule's p2p, the others reduce after the schedule "
-        "(embedding grads, grad norm) from the same thread; nothing of them is overlapped",
-        "p2p_communication.py:232-262; finalize_model_grads.py; optimizer/__init__.py:678-685",
+        ("pp", "embd", "pos_embd", "mp"),
+        "pipeline-spanning coincidences (embd = pp at pp 2, mp = pp at tp 1): pp carries the schedule's "
+        "p2p, the others reduce after the schedule (embedding grads, grad norm) from the same thread; "
+        "nothing of them is overlapped. The optimizer instance group is not of this role: the "
+        "grad-statistics tie (AUDITED_TIES) keeps it apart from mp",
+        "p2p_communication.py:232-262; finalize_model_grads.py",
     ),
     SharingRule(
         "expt_pipeline",
         ("tp_ep_pp", "tp_ep_gtp_remat_pp"),
         "the expert optimizer's grad-norm group: the EGTP variant is tp_ep_pp when expert GTP is off",
         "optimizer/__init__.py:1208",
+    ),
+)
+
+@dataclass(frozen=True)
+class IdentityTie:
+    """Kinds whose group objects one audited use of Megatron's compares or keys on.
+
+    ``sides``: the kinds that use sees as one party each (e.g. the dense and the expert
+    optimizer's grad-statistics groups). Under ``safe`` two kinds on different sides of a tie never
+    share, in any class (roles, size 1): a merge would change what that use decides. Kinds on
+    one side may share (the use takes one of them). Device groups only: no audited use compares
+    gloo twins. ``megatron``: where the use is (megatron-core 0.19.2 paths under
+    ``megatron/core/``; the identity audit has every release's lines).
+    """
+
+    name: str
+    sides: tuple[tuple[str, ...], ...]
+    reason: str
+    megatron: str = ""
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Every kind on some side of the tie."""
+        return tuple(kind for side in self.sides for kind in side)
+
+
+#: The audited uses of group objects that can see two kinds at once (docs/compat.md, "Identity
+#: audit"): the kinds on different sides never share under ``safe``.
+AUDITED_TIES: tuple[IdentityTie, ...] = (
+    IdentityTie(
+        "grad_stats",
+        (("mp",), ("intra_dist_opt_instance",), ("tp_ep_pp", "tp_ep_gtp_remat_pp")),
+        "ChainedOptimizer.grads_states_parallel_group_is_shared compares its sub-optimizers' grad-statistics "
+        "groups with ==: the dense optimizer's mp (intra_dist_opt with the distributed optimizer) and the "
+        "expert optimizer's tp_ep_pp (its EGTP variant); equal objects take the combined grad-norm branch "
+        "(another reduction, not bit-identical)",
+        "optimizer/optimizer.py:1744-1749; optimizer/__init__.py:678-685, 882-900",
+    ),
+    IdentityTie(
+        "fsdp_registration",
+        (
+            ("dp_cp", "intra_dp_cp", "gtp_remat_dp_cp"),
+            ("ep_dp", "intra_ep_dp", "ep_gtp_remat_dp"),
+            ("inter_dp_cp",),
+        ),
+        "Megatron-FSDP registers its NCCL memory pool on each group of ubr_groups (the dense and the expert "
+        "FSDP group, the outer one with hybrid FSDP): one object in two entries is registered twice",
+        "distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:2068-2096, 2238-2249",
+    ),
+    IdentityTie(
+        "gtp_streams",
+        (("gtp_remat",), ("expt_gtp_remat",)),
+        "GTP keeps a side stream per group object (id(group)): one object puts the dense and the expert "
+        "weight rematerialization on one stream, serialising what Megatron overlaps",
+        "tensor_parallel/generalized_tensor_parallelism.py:319-346",
     ),
 )
 
@@ -167,6 +229,34 @@ def kind_of_desc(desc: str | None) -> str | None:
     return None
 
 
+#: How a shared group's description names all its kinds: their descriptions joined by this.
+DESC_JOIN = "+"
+
+
+def kinds_of_desc(desc: str | None) -> tuple[str, ...]:
+    """The kinds a (possibly merged, :data:`DESC_JOIN`-joined) ``group_desc`` names, in order.
+
+    A part that is no kind's description is left out.
+    """
+    if not desc:
+        return ()
+    found = (kind_of_desc(part) for part in desc.split(DESC_JOIN))
+    return tuple(kind for kind in found if kind is not None)
+
+
+def merged_desc(current: str | None, added: str | None) -> str | None:
+    """The description of a shared group once ``added``'s request is answered with it too.
+
+    Each part once, in the order the kinds asked; ``None`` stays ``None`` when nothing is added.
+    """
+    if not added:
+        return current
+    if not current:
+        return added
+    parts = current.split(DESC_JOIN)
+    return current if added in parts else DESC_JOIN.join([*parts, added])
+
+
 @functools.cache
 def _role_by_kind() -> dict[str, str]:
     return {kind: rule.name for rule in ROLES for kind in rule.kinds}
@@ -185,20 +275,56 @@ def never_rule(kind: str | None) -> SharingRule | None:
     return None
 
 
+@functools.cache
+def _sides_of(kind: str | None) -> tuple[tuple[str, int], ...]:
+    """``(tie, side)`` for every audited tie ``kind`` is on."""
+    return tuple((tie.name, i) for tie in AUDITED_TIES for i, side in enumerate(tie.sides) if kind in side)
+
+
+def tie_between(kind_a: str | None, kind_b: str | None) -> IdentityTie | None:
+    """The audited tie that has ``kind_a`` and ``kind_b`` on different sides, or ``None``."""
+    sides_b = dict(_sides_of(kind_b))
+    for tie, side in _sides_of(kind_a):
+        if tie in sides_b and sides_b[tie] != side:
+            return next(t for t in AUDITED_TIES if t.name == tie)
+    return None
+
+
+def _is_gloo(backend: str | None) -> bool:
+    return backend is not None and str(backend).lower() == "gloo"
+
+
 def safe_class(kind: str | None, size: int, backend: str | None) -> Hashable | None:
     """What two requests must have in common (beyond the ordinary key) to share under ``safe``.
 
     ``None``: never shared. ``kind`` is the group kind (``None`` or a name outside the table:
-    the request shares only with requests of that same name).
+    the request shares only with requests of that same name). A device group of a kind on an
+    audited tie carries its sides in its size-1 class, so that no class joins two sides of a tie
+    (the roles hold no two sides of one tie: ``tests/groups/test_sharing_policy.py`` checks it).
     """
     if never_rule(kind) is not None:
         return None
-    if backend is not None and str(backend).lower() == "gloo":
+    if _is_gloo(backend):
         return ("gloo",)
     if size == 1:
-        return ("size1",)
+        return ("size1", *_sides_of(kind))
     role = role_of(kind)
     return ("role", role) if role is not None else ("kind", kind)
+
+
+def merge_rule(kind_a: str, kind_b: str, size: int, backend: str | None) -> SharingRule | None:
+    """The :data:`SAFE_SHARING` rule under which ``safe`` gives two kinds one group, or ``None``.
+
+    ``size`` and ``backend``: the shared group's. ``None`` when ``safe`` keeps the two apart (or
+    when they are one kind: nothing to explain).
+    """
+    if kind_a == kind_b:
+        return None
+    cls = safe_class(kind_a, size, backend)
+    if not isinstance(cls, tuple) or cls != safe_class(kind_b, size, backend):
+        return None
+    name = cls[0] if cls[0] in ("gloo", "size1") else cls[1]
+    return next(rule for rule in SAFE_SHARING if rule.name == name)
 
 
 def apart_reason(kind_a: str, kind_b: str) -> str:
@@ -207,6 +333,9 @@ def apart_reason(kind_a: str, kind_b: str) -> str:
         rule = never_rule(kind)
         if rule is not None:
             return f"{kind}: never shared ({rule.name}: {rule.reason.split(';')[0]})"
+    tie = tie_between(kind_a, kind_b)
+    if tie is not None:
+        return f"an audited use sees both ({tie.name}): {tie.reason.split(':')[0]}"
     expert = {k for k in (kind_a, kind_b) if GROUP_KINDS.get(k) is not None and GROUP_KINDS[k].view == "expert"}
     if len(expert) == 1:
         return (

@@ -127,10 +127,53 @@ def test_tp_ep_is_never_shared_under_safe():
     assert not _same("safe", "tp_ep_mp", "ep", ranks=(5,))  # size 1 too
 
 
-def test_size_one_groups_share_under_safe():
-    assert _same("safe", "cp", "ep_dp", ranks=(5,))
+def test_size_one_groups_share_under_safe_unless_an_audited_use_sees_both():
+    assert _same("safe", "cp", "ep", ranks=(5,))
     assert _same("safe", "pos_embd", "tp", ranks=(5,))
-    assert not _same("safe", "cp", "ep_dp", ranks=(5, 7))
+    assert not _same("safe", "cp", "ep", ranks=(5, 7))
+    # tp = pp = ep = 1: ChainedOptimizer's == on the grad-statistics groups
+    assert not _same("safe", "mp", "tp_ep_pp", ranks=(5,))
+    # dp x cp = 1 with the distributed optimizer: mp against the optimizer instance group
+    assert not _same("safe", "mp", "intra_dist_opt_instance", ranks=(5,))
+    assert not _same("safe", "dp_cp", "ep_dp", ranks=(5,))  # Megatron-FSDP's pool registration
+    assert not _same("safe", "gtp_remat", "expt_gtp_remat", ranks=(5,))  # GTP streams by id(group)
+    assert _same("safe", "tp_ep_pp", "tp_ep_gtp_remat_pp", ranks=(5,))  # one side of the tie
+
+
+def test_no_class_joins_two_sides_of_an_audited_tie():
+    kinds = list(GROUP_KINDS)
+    for tie in policy.AUDITED_TIES:
+        assert set(tie.kinds) <= set(GROUP_KINDS) and tie.reason and tie.megatron
+        for role in policy.ROLES:  # a role holds at most one side of each tie
+            sides = {i for i, side in enumerate(tie.sides) for kind in side if kind in role.kinds}
+            assert len(sides) <= 1, (tie.name, role.name)
+    for a in kinds:
+        for b in kinds:
+            for size in (1, 4):
+                rule = policy.merge_rule(a, b, size, None)
+                if policy.tie_between(a, b) is not None:
+                    assert rule is None, (a, b, size)
+                    assert "audited use" in policy.apart_reason(a, b)
+
+
+def test_a_merged_description_names_every_kind():
+    assert policy.merged_desc("TENSOR_MODEL_PARALLEL_GROUP", "POSITION_EMBEDDING_GROUP") == (
+        "TENSOR_MODEL_PARALLEL_GROUP+POSITION_EMBEDDING_GROUP"
+    )
+    assert policy.merged_desc("A+B", "B") == "A+B" and policy.merged_desc(None, "A") == "A"
+    assert policy.kinds_of_desc("TENSOR_MODEL_PARALLEL_GROUP+POSITION_EMBEDDING_GROUP") == ("tp", "pos_embd")
+
+
+def test_a_shared_group_is_described_by_all_its_kinds(fake_world):
+    from parallel_state_ng.groups.factory import GroupFactory
+
+    fake_world(5, 8)
+    factory = GroupFactory(share="safe")
+    tp, _ = factory.group([5], group_desc=_desc("tp"), timeout=T30)
+    pos, new = factory.group([5], group_desc=_desc("pos_embd"), timeout=T30)
+    assert pos is tp and not new
+    assert tp.group_desc == "TENSOR_MODEL_PARALLEL_GROUP+POSITION_EMBEDDING_GROUP"
+    factory.destroy([tp])
 
 
 def test_gloo_twins_share_among_themselves_not_with_main_groups():
@@ -168,7 +211,8 @@ def test_sharp_eligibility_is_part_of_the_safe_key(monkeypatch):
 
 
 def test_pipeline_coincidences_share_but_not_with_expert_or_tp():
-    assert _same("safe", "pp", "embd") and _same("safe", "mp", "pp") and _same("safe", "mp", "intra_dist_opt_instance")
+    assert _same("safe", "pp", "embd") and _same("safe", "mp", "pp")
+    assert not _same("safe", "mp", "intra_dist_opt_instance")  # the grad-statistics tie
     assert not _same("safe", "mp", "tp")  # pp 1: mp = tp, two roles
     assert not _same("safe", "mp", "tp_ep_pp")
 

@@ -81,3 +81,59 @@ def test_safe_sharing_trains_bit_identically(version):
                 assert "dp_cp_ag is dp_cp" in safe
         losses = next(r["mcore"][i]["losses"] for r in reversed(results) if r["mcore"][i]["losses"])
         assert len(losses) == cfg.steps and all(math.isfinite(x) for x in losses)
+
+
+def corner_layouts(version: str) -> list[TrainConfig]:
+    """The size-1 corners where a merge could reach an audited use (docs/compat.md, "Identity audit").
+
+    On 2 ranks: MoE at tp = pp = ep = 1 with the standard optimizer (mp and tp_ep_pp are size-1
+    groups: ChainedOptimizer compares them with ==), and the distributed optimizer at dp x cp = 1
+    (pp 2: mp, the optimizer instance group and tp_ep_pp have the same members). MoE from 0.16 on (see the module
+    docstring); before, the dense corner (tp = pp = 1, standard optimizer) instead.
+    """
+    base = TrainConfig(steps=3, megatron_path=str(release_dir(version)))
+    if _version(version) >= (0, 16):
+        moe = base.replace(experts=2, bias=False)  # bias: see TrainConfig.bias
+        return [moe.replace(dp=2), moe.replace(pp=2, dist_opt=True)]
+    return [base.replace(dp=2), base.replace(tp=2, dist_opt=_version(version) >= (0, 13))]
+
+
+def _check_bit_identical(version: str, cfgs: list[TrainConfig], results: list[dict]) -> None:
+    for i, cfg in enumerate(cfgs):
+        for rank, by_variant in enumerate(results):
+            reference = by_variant["mcore"][i]
+            for variant in ("compat-after", "compat-safe"):
+                run = by_variant[variant][i]
+                assert run["facts"]["schedules.parallel_state"] == "compat.parallel_state", variant
+                assert run["leaked_groups"] == 0, (variant, rank)
+                for key in ("losses", "grad_norms", "digest", "params"):
+                    assert run[key] == reference[key], f"{version} {cfg.label()} rank {rank}: {variant} {key}"
+            safe, unshared = by_variant["compat-safe"][i]["groups"], by_variant["compat-after"][i]["groups"]
+            for key in ("mp is tp_ep_pp", "mp is intra_dist_opt"):  # the grad-statistics tie
+                assert safe.get(key) == unshared.get(key) == reference["groups"].get(key), (cfg.label(), key)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
+@pytest.mark.parametrize("version", TODAY)
+def test_safe_sharing_at_the_size_one_corners(version):
+    from parallel_state_ng.testing.worlds import GlooWorld
+    from scripts.examples.gpt import training as gpt_training
+
+    cfgs = corner_layouts(version)
+    world = GlooWorld(2)
+    try:
+        results = world.run(gpt_training.train_variants, cfgs, VARIANTS, timeout=600)
+    finally:
+        world.close()
+    _check_bit_identical(version, cfgs, results)
+    single = [TrainConfig(steps=3, megatron_path=str(release_dir(version)))]  # a single rank
+    if _version(version) >= (0, 16):
+        single = [single[0].replace(experts=2, bias=False)]
+    world = GlooWorld(1)
+    try:
+        results = world.run(gpt_training.train_variants, single, VARIANTS, timeout=600)
+    finally:
+        world.close()
+    _check_bit_identical(version, single, results)

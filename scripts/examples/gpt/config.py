@@ -62,6 +62,9 @@ class TrainConfig:
     micro_batch: int = 2
     microbatches: int = 4
     dropout: float = 0.0
+    #: Linear layers with biases (Megatron's add_bias_linear). Off for MoE at expert tp 1: Megatron's
+    #: MLP then adds the expert bias in place on a view the tp-1 reduce returned, which autograd refuses.
+    bias: bool = True
     lr: float = 3e-3
     clip_grad: float = 1.0
     init_from_names: bool = False
@@ -94,6 +97,8 @@ class TrainConfig:
             parts.append(f"share={self.share}")
         if self.dropout:
             parts.append(f"dropout{self.dropout:g}")
+        if not self.bias:
+            parts.append("no-bias")
         return " ".join(parts)
 
 

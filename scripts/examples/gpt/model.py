@@ -98,6 +98,7 @@ def transformer_config(cfg: TrainConfig):
         persist_layer_norm=False,
         # batched p2p with the interleaved schedule at pp 2 pairs sends wrongly in MCore itself
         batch_p2p_comm=cfg.vpp is None,
+        add_bias_linear=cfg.bias,
         **moe,
     )
 

@@ -208,6 +208,16 @@ def _group_identities(ps, twins: dict[str, Any]) -> dict[str, bool]:
         "ep is dp_cp": ps.get_expert_model_parallel_group() is dp_cp,
         "tp is tp_cp": ps.get_tensor_model_parallel_group() is ps.get_tensor_and_context_parallel_group(),
     }
+    # the grad-statistics groups ChainedOptimizer compares with == (read as globals: a getter of an
+    # unbuilt group asserts)
+    mp = ps.get_model_parallel_group()
+    for key, name in (
+        ("mp is tp_ep_pp", "_EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"),
+        ("mp is intra_dist_opt", "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"),
+    ):
+        other = getattr(ps, name, None)
+        if other is not None:
+            out[key] = mp is other
     if twins.get("dp_cp_ag") is not None:
         out["dp_cp_ag is dp_cp"] = twins["dp_cp_ag"] is dp_cp
     if twins.get("expt_dp_ag") is not None:
