@@ -108,6 +108,7 @@ ROLES: tuple[SharingRule, ...] = (
     ),
 )
 
+
 @dataclass(frozen=True)
 class IdentityTie:
     """Kinds whose group objects one audited use of Megatron's compares or keys on.
