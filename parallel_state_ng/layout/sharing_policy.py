@@ -347,3 +347,27 @@ def apart_reason(kind_a: str, kind_b: str) -> str:
         f"different roles ({role_of(kind_a) or kind_a} / {role_of(kind_b) or kind_b}): their traffic may be "
         "overlapped (e.g. dp_cp's reduce-scatter beside tp_dp_cp's or cp's collectives)"
     )
+
+
+def policy_table() -> str:
+    """Every identity ``safe`` may change and every tie it respects, as the markdown docs/compat.md prints.
+
+    One row per class that joins kinds (its kinds, why the merge is harmless), then one per
+    audited tie (its sides, what a merge would change). ``tests/groups/test_sharing_policy.py``
+    checks that the page holds exactly this text.
+    """
+    rows = ["| class | kinds it may join | why Megatron cannot tell |", "|---|---|---|"]
+    for rule in SAFE_SHARING:
+        kinds = ", ".join(f"`{k}`" for k in rule.kinds) if rule.kinds else _CLASS_KINDS[rule.name]
+        rows.append(f"| `{rule.name}` | {kinds} | {rule.reason} |")
+    rows += ["", "| audited tie | sides (never joined with each other) | what a merge would change |", "|---|---|---|"]
+    for tie in AUDITED_TIES:
+        sides = " / ".join(", ".join(f"`{k}`" for k in side) for side in tie.sides)
+        rows.append(f"| `{tie.name}` | {sides} | {tie.reason} (`{tie.megatron}`) |")
+    return "\n".join(rows)
+
+
+_CLASS_KINDS = {
+    "size1": "any two kinds whose groups have one rank, unless an audited tie has them on different sides",
+    "gloo": "any two gloo twins",
+}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -20,7 +21,10 @@ from parallel_state_ng.__main__ import main as cli_main
 from parallel_state_ng.groups import registry, sharing
 from parallel_state_ng.layout import sharing_policy as policy
 from parallel_state_ng.layout.kinds import ALL_GATHER_KINDS, GROUP_KINDS
+from tests.support.paths import ROOT
 from tests.support.served import served_facts, skip_unless
+
+ROOT_DOCS = Path(ROOT) / "docs"
 
 T30 = timedelta(minutes=30)
 
@@ -294,3 +298,11 @@ def test_layout_tool_reports_each_setting_and_why_pairs_are_kept_apart(capsys):
     assert cli_main(argv) == 0
     text = capsys.readouterr().out
     assert "kept apart by safe on rank 0 (merged by 1):" in text and "(role pipeline)" in text
+
+
+def test_docs_print_the_policy_table():
+    page = (ROOT_DOCS / "compat.md").read_text(encoding="utf-8")
+    start, end = "<!-- sharing-policy-table -->\n", "\n<!-- /sharing-policy-table -->"
+    assert start in page and end in page
+    printed = page.split(start, 1)[1].split(end, 1)[0]
+    assert printed == policy.policy_table(), "regenerate with parallel_state_ng.layout.sharing_policy.policy_table()"
