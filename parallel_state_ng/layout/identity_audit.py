@@ -11,11 +11,12 @@ line (``snippet``), the kind of use, the group kinds that reach it (names of
 
 Left out as not keyed on the object: collectives, ``size()`` / ``rank()`` and torch's rank-list
 queries (equal members give equal answers), rank-tuple caches (``BridgeCommunicator``,
-resharding), dicts keyed by kind *names* (``ProcessGroupCollection``, ``HyperCommGrid``),
-``lru_cache`` functions (none takes a group), and attributes MCore sets on optimizers or
-parameters (none on a group). MCore's own ``parallel_state.py`` is served by compat; its one
-entry below is for completeness. docs/compat.md ("Identity audit") shows :func:`render_table`;
-a test checks every line against the wheels. Pure data: no ``torch.distributed``.
+resharding, checkpoint shard distributions), dicts keyed by kind *names*
+(``ProcessGroupCollection``, ``HyperCommGrid``), ``lru_cache`` functions (none takes a group),
+and attributes MCore sets on optimizers or parameters (none on a group). MCore's own
+``parallel_state.py`` is served by compat; its entries say what compat does there.
+docs/compat.md ("Identity audit") shows :func:`render_table`; a test checks every line against
+the wheels. Pure data: no ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -179,6 +180,19 @@ IDENTITY_USES: tuple[IdentityUse, ...] = (
         CHANGES + "a group listed twice gets the same pool registered twice; torch may raise",
     ),
     IdentityUse(
+        "fsdp_apex_multigroup",
+        _FSDP_PY,
+        _from("0.14.0", 205, 204, 229, 220, 220, 221),
+        222,
+        "for group in self.groups[1:]:",
+        "registration",
+        _FSDP,
+        "FSDP's own multi-group allocator (APEX allocator path) registers the pool on the first "
+        "group through APEX, then on every further group, with no guard",
+        CHANGES + "a later entry that is the first group's object registers the pool on that "
+        "communicator a second time; the error is not caught",
+    ),
+    IdentityUse(
         "nccl_mem_desc",
         "nccl_allocator.py",
         _from("0.14.0", 163, 194, 236, 236, 236, 236),
@@ -237,6 +251,19 @@ IDENTITY_USES: tuple[IdentityUse, ...] = (
         "the tp_ep group asks, and safe never shares tp_ep",
     ),
     IdentityUse(
+        "nccl_ep_bootstrap",
+        "transformer/moe/fused_a2a.py",
+        _from("0.19.2", 650),
+        656,
+        "te_ep.ep_bootstrap(",
+        "registration",
+        ("tp_ep_mp",),
+        "the NCCL-EP flex backend has TransformerEngine borrow the tp_ep group's NCCL communicator "
+        "once per process; its kernels run outside torch's stream order",
+        CHANGES + "another kind on that object would issue collectives on a communicator TE drives "
+        "unordered with them; safe never shares tp_ep (sharing_policy NEVER_SHARED)",
+    ),
+    IdentityUse(
         "gtp_stream_key_id",
         "tensor_parallel/generalized_tensor_parallelism.py",
         _from("0.19.2", 330),
@@ -290,8 +317,8 @@ IDENTITY_USES: tuple[IdentityUse, ...] = (
         "id(pg) not in destroyed",
         "id-key",
         (),
-        "HyperCommGrid.destroy skips a group object it destroyed already (grid dims, not kinds)",
-        HARMLESS + "a shared object is destroyed once",
+        "HyperCommGrid.destroy skips a group object it destroyed already (kinds: the grid's dims)",
+        HARMLESS + "a shared object is destroyed once (the grid's dims, whatever kinds compat hands it)",
     ),
     IdentityUse(
         "symm_mem_utils",
@@ -361,6 +388,18 @@ IDENTITY_USES: tuple[IdentityUse, ...] = (
         HARMLESS + "as fsdp_mesh_from_group",
     ),
     IdentityUse(
+        "update_pg_timeout_object",
+        "parallel_state.py",
+        _from("0.15.3", 196, 205, 205, 204, 223),
+        223,
+        "_set_pg_timeout(timeout, pg)",
+        "torch-keyed",
+        (),
+        "update_pg_timeout(timeout, pg) sets the timeout on that group object (any kind)",
+        CHANGES + "every kind sharing the object gets the new timeout; compat serves this function "
+        "with the same effect (documented under Observable differences)",
+    ),
+    IdentityUse(
         "destroy_gloo_pg_map",
         "parallel_state.py",
         _from("0.12.3", 2066, 2325, 1969, 2019, 2156, 2112, 2158, 2597),
@@ -404,6 +443,6 @@ def render_table() -> str:
     for u in IDENTITY_USES:
         at = u.line("0.19.2")
         where = f"`{u.path}:{at}`" if at is not None else f"main `{u.path}:{u.main}`"
-        kinds = ", ".join(f"`{k}`" for k in u.kinds) or "grid dims"
+        kinds = ", ".join(f"`{k}`" for k in u.kinds) or "—"
         rows.append(f"| `{u.id}` | {where} | {_span(u)} | {u.use} | {kinds} | {u.verdict} |")
     return "\n".join(rows) + "\n"

@@ -1,7 +1,8 @@
 """The identity audit (parallel_state_ng/layout/identity_audit.py) against the release wheels.
 
 Each recorded line of each recorded file, in every release whose unzipped wheel is in the cache,
-contains the use's snippet; a release without its wheel is skipped by name. The kinds are
+contains the use's snippet; a release without its wheel is skipped by name (main's lines are
+checked when ``PSNG_MEGATRON_LM`` names a Megatron-LM checkout at MAIN_COMMIT). The kinds are
 GROUP_KINDS', the ids unique, and docs/compat.md shows the table the data renders.
 """
 
@@ -17,6 +18,7 @@ from parallel_state_ng.layout.identity_audit import (
     CHANGES,
     HARMLESS,
     IDENTITY_USES,
+    MAIN_COMMIT,
     RELEASES,
     IdentityUse,
     render_table,
@@ -55,6 +57,22 @@ def test_recorded_lines_hold_the_snippets(release: str) -> None:
         if line > len(text) or use.snippet not in text[line - 1]:
             wrong.append(f"{use.id}: {use.path}:{line} lacks {use.snippet!r}")
     assert not wrong, f"megatron-core {release}: " + "; ".join(wrong)
+
+
+def test_main_lines_hold_the_snippets() -> None:
+    checkout = os.environ.get("PSNG_MEGATRON_LM", "")
+    core = os.path.join(checkout, "megatron", "core")
+    if not checkout or not os.path.isdir(core):
+        pytest.skip(f"Megatron-LM main: set PSNG_MEGATRON_LM to a checkout at {MAIN_COMMIT}")
+    wrong = []
+    for use in IDENTITY_USES:
+        if use.main is None:
+            continue
+        path = os.path.join(core, use.path)
+        text = _lines(path) if os.path.isfile(path) else []
+        if use.main > len(text) or use.snippet not in text[use.main - 1]:
+            wrong.append(f"{use.id}: {use.path}:{use.main} lacks {use.snippet!r}")
+    assert not wrong, f"Megatron-LM main ({checkout}): " + "; ".join(wrong)
 
 
 def test_audit_covers_the_cached_releases() -> None:
