@@ -190,7 +190,7 @@ IDENTITY_USES: tuple[IdentityUse, ...] = (
         "FSDP's own multi-group allocator (APEX allocator path) registers the pool on the first "
         "group through APEX, then on every further group, with no guard",
         CHANGES + "a later entry that is the first group's object registers the pool on that "
-        "communicator a second time; the error is not caught",
+        "communicator a second time; torch may refuse it, and nothing here catches that",
     ),
     IdentityUse(
         "nccl_mem_desc",
@@ -245,7 +245,7 @@ IDENTITY_USES: tuple[IdentityUse, ...] = (
         64,
         "_buffer.group != group",
         "eq",
-        ("tp_ep_mp", "ep"),
+        ("tp_ep_mp",),
         "the module-level DeepEP buffer is rebuilt when asked for another group",
         HARMLESS + "a shared object reuses the buffer, which is bound to that communicator; only "
         "the tp_ep group asks, and safe never shares tp_ep",
