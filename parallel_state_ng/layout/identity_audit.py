@@ -9,14 +9,14 @@ release wheels (``megatron/core/``, 0.12.3 ... 0.19.2) and in Megatron-LM main a
 line (``snippet``), the kind of use, the group kinds that reach it (names of
 :data:`~parallel_state_ng.layout.kinds.GROUP_KINDS`) and what a merge of those kinds changes.
 
-Left out as not keyed on the object: collectives, ``size()`` / ``rank()`` and torch's rank-list
-queries (equal members give equal answers), rank-tuple caches (``BridgeCommunicator``,
-resharding, checkpoint shard distributions), dicts keyed by kind *names*
-(``ProcessGroupCollection``, ``HyperCommGrid``), ``lru_cache`` functions (none takes a group),
-and attributes MCore sets on optimizers or parameters (none on a group). MCore's own
-``parallel_state.py`` is served by compat; its entries say what compat does there.
-docs/compat.md ("Identity audit") shows :func:`render_table`; a test checks every line against
-the wheels. Pure data: no ``torch.distributed``.
+Left out: collectives, ``size()`` / ``rank()`` and ``get_process_group_ranks`` (equal members
+give equal answers; the ``get_global_rank`` / ``get_group_rank`` sites are recorded, the first
+line of each file), rank-tuple caches (``BridgeCommunicator``, resharding, checkpoint shard
+distributions), dicts keyed by kind *names* (``ProcessGroupCollection``, ``HyperCommGrid``),
+``lru_cache`` functions (none takes a group), and attributes MCore sets on optimizers or
+parameters (none on a group). MCore's own ``parallel_state.py`` is served by compat; its entries
+say what compat does there. docs/compat.md ("Identity audit") shows :func:`render_table`; a test
+checks every line against the wheels. Pure data: no ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -82,6 +82,17 @@ def _from(first: str, *lines: int) -> tuple[tuple[str, int], ...]:
     if len(releases) != len(lines):
         raise ValueError(f"{len(lines)} lines from {first}: more than the releases from it")
     return tuple(zip(releases, lines, strict=True))
+
+
+_RANK_MAP = "torch's rank map of the group object (a broadcast source or a peer's global rank)"
+_RANK_MAP_VERDICT = HARMLESS + "equal members give the same ranks"
+
+
+def _rank_query(
+    uid: str, path: str, lines: tuple[tuple[str, int], ...], main: int | None, snippet: str, kinds: tuple[str, ...]
+) -> IdentityUse:
+    """A torch rank-map query (``get_global_rank`` / ``get_group_rank``): keyed on the object, harmless."""
+    return IdentityUse(uid, path, lines, main, snippet, "torch-keyed", kinds, _RANK_MAP, _RANK_MAP_VERDICT)
 
 
 _GRAD_STATS = ("mp", "tp_ep_pp", "tp_ep_gtp_remat_pp", "intra_dist_opt_instance")
@@ -354,16 +365,53 @@ IDENTITY_USES: tuple[IdentityUse, ...] = (
         "an FSDP mesh axis's buffer rendezvouses for symmetric memory by the group's torch name",
         HARMLESS + "one rendezvous per buffer; the name only selects the communicator",
     ),
-    IdentityUse(
+    _rank_query(
         "multimodule_group_rank",
         "pipeline_parallel/multimodule_communicator.py",
         _from("0.16.1", 214, 290, 290, 290),
         298,
         "dist.get_group_rank(pp_group",
-        "torch-keyed",
         ("pp",),
-        "a module grid's pp rank from torch's rank map of the group object",
-        HARMLESS + "equal members give the same rank",
+    ),
+    _rank_query(
+        "ddp_broadcast_global_rank",
+        "distributed/distributed_data_parallel.py",
+        _from("0.12.3", 518, 622, 644, 582, 571, 589, 595, 632),
+        719,
+        "get_global_rank(data_parallel_group, 0)",
+        ("dp_cp", "ep_dp"),
+    ),
+    _rank_query(
+        "custom_fsdp_broadcast_global_rank",
+        "distributed/custom_fsdp/fully_sharded_data_parallel.py",
+        _from("0.12.3", 684, 759),
+        None,
+        "get_global_rank(data_parallel_group, 0)",
+        ("dp_cp", "ep_dp"),
+    ),
+    _rank_query(
+        "mfsdp_broadcast_global_rank",
+        "distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py",
+        _from("0.14.0", 1165, 1176, 1315, 1397, 1448, 1479),
+        1512,
+        "get_global_rank(data_parallel_group, 0)",
+        ("dp_cp", "intra_dp_cp", "ep_dp", "intra_ep_dp"),
+    ),
+    _rank_query(
+        "ckpt_exchange_global_rank",
+        "dist_checkpointing/exchange_utils.py",
+        _from("0.12.3", 498, 519, 524, 524, 521, 528, 528, 528),
+        750,
+        "get_global_rank(parallelization_group, rank)",
+        ("dp", "dp_cp", "intra_dp_cp", "ep_dp", "intra_ep_dp"),
+    ),
+    _rank_query(
+        "ckpt_two_stage_global_rank",
+        "dist_checkpointing/strategies/two_stage.py",
+        _from("0.12.3", 210, 210, 210, 210),
+        None,
+        "src_rank = torch.distributed.get_global_rank(",
+        ("dp", "dp_cp"),
     ),
     IdentityUse(
         "fsdp_mesh_from_group",
