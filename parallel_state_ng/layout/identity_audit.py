@@ -112,7 +112,8 @@ IDENTITY_USES: tuple[IdentityUse, ...] = (
         _GRAD_STATS,
         "ChainedOptimizer asks whether every sub-optimizer's grad-stats group is one object; if so "
         "grad norm and zero count are reduced once over all gradients, else per optimizer and combined",
-        CHANGES + "one object for the dense mp and the expert tp_ep_pp (or its EGTP variant) group, "
+        CHANGES + "one object for the dense mp and the expert tp_ep_pp (or its EGTP variant) group "
+        "(no distributed optimizer: with it both already hold the intra_dist_opt object), "
         "or for mp and intra_dist_opt_instance (layer-wise optimizer beside the distributed one, "
         "dp·cp = 1), takes the joint branch: same maths, other rounding, not bit-identical to MCore. "
         "safe reaches it through size-1 groups (mp / tp_ep_pp) and the pipeline role (mp / "
@@ -468,29 +469,21 @@ def uses_tying(a: str, b: str) -> tuple[IdentityUse, ...]:
 
 
 def _span(use: IdentityUse) -> str:
-    """The releases that have the use: ``0.14.0-0.19.2, main``, ``0.13.1``, ``main``."""
-    have = [r for r in RELEASES if use.line(r) is not None]
-    parts = []
-    if have:
-        first, last = RELEASES.index(have[0]), RELEASES.index(have[-1])
-        if RELEASES[first : last + 1] == tuple(have):
-            parts.append(have[0] if first == last else f"{have[0]}-{have[-1]}")
-        else:
-            parts.append(", ".join(have))
-    if use.main is not None:
-        parts.append("main")
-    return ", ".join(parts)
+    """The releases that have the use (contiguous): ``0.14.0-0.19.2, main``, ``0.13.1``, ``main``."""
+    have = [r for r, _ in use.lines]
+    parts = [have[0] if len(have) == 1 else f"{have[0]}-{have[-1]}"] if have else []
+    return ", ".join(parts + ["main"] * (use.main is not None))
 
 
 def render_table() -> str:
     """The Markdown table docs/compat.md shows ("Identity audit"), one row per use."""
     rows = [
-        "| id | file:line (0.19.2, else main) | releases | use | kinds | verdict |",
+        "| id | file:line (0.19.2, else the newest that has it) | releases | use | kinds | verdict |",
         "|---|---|---|---|---|---|",
     ]
     for u in IDENTITY_USES:
-        at = u.line("0.19.2")
-        where = f"`{u.path}:{at}`" if at is not None else f"main `{u.path}:{u.main}`"
+        newest, at = u.lines[-1] if u.lines else ("main", u.main)
+        where = f"`{u.path}:{at}`" + ("" if newest == "0.19.2" else f" ({newest})")
         kinds = ", ".join(f"`{k}`" for k in u.kinds) or "—"
         rows.append(f"| `{u.id}` | {where} | {_span(u)} | {u.use} | {kinds} | {u.verdict} |")
     return "\n".join(rows) + "\n"
