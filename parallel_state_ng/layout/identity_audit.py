@@ -330,7 +330,8 @@ IDENTITY_USES: tuple[IdentityUse, ...] = (
         "id-key",
         (),
         "HyperCommGrid.destroy skips a group object it destroyed already (kinds: the grid's dims)",
-        HARMLESS + "a shared object is destroyed once (the grid's dims, whatever kinds compat hands it)",
+        HARMLESS + "a shared object is destroyed once; MCore's own grid only (compat serves "
+        "HyperCommGrid under install(hyper_comm_grid=True))",
     ),
     IdentityUse(
         "symm_mem_utils",
