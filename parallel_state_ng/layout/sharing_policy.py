@@ -125,6 +125,8 @@ class IdentityTie:
     sides: tuple[tuple[str, ...], ...]
     reason: str
     megatron: str = ""
+    #: The uses of :mod:`~parallel_state_ng.layout.identity_audit` (their ids) this tie answers.
+    audit: tuple[str, ...] = ()
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -143,6 +145,7 @@ AUDITED_TIES: tuple[IdentityTie, ...] = (
         "expert optimizer's tp_ep_pp (its EGTP variant); equal objects take the combined grad-norm branch "
         "(another reduction, not bit-identical)",
         "optimizer/optimizer.py:1744-1749; optimizer/__init__.py:678-685, 882-900",
+        ("chained_grad_stats_eq",),
     ),
     IdentityTie(
         "fsdp_registration",
@@ -152,8 +155,18 @@ AUDITED_TIES: tuple[IdentityTie, ...] = (
             ("inter_dp_cp",),
         ),
         "Megatron-FSDP registers its NCCL memory pool on each group of ubr_groups (the dense and the expert "
-        "FSDP group, the outer one with hybrid FSDP): one object in two entries is registered twice",
+        "FSDP group, the outer one with hybrid FSDP): one object in two entries is registered twice; 0.13's "
+        "custom FSDP asserts that the dense and the expert group are two objects",
         "distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:2068-2096, 2238-2249",
+        (
+            "fsdp_dual_ubr_ne",
+            "fsdp_dual_ubr_register",
+            "fsdp_ubr_groups",
+            "fsdp_multigroup_alloc",
+            "nccl_multigroup_exit",
+            "fsdp_manual_register",
+            "fsdp_apex_multigroup",
+        ),
     ),
     IdentityTie(
         "gtp_streams",
@@ -161,6 +174,7 @@ AUDITED_TIES: tuple[IdentityTie, ...] = (
         "GTP keeps a side stream per group object (id(group)): one object puts the dense and the expert "
         "weight rematerialization on one stream, serialising what Megatron overlaps",
         "tensor_parallel/generalized_tensor_parallelism.py:319-346",
+        ("gtp_stream_key_id",),
     ),
 )
 

@@ -306,3 +306,23 @@ def test_docs_print_the_policy_table():
     assert start in page and end in page
     printed = page.split(start, 1)[1].split(end, 1)[0]
     assert printed == policy.policy_table(), "regenerate with parallel_state_ng.layout.sharing_policy.policy_table()"
+
+
+def test_every_audited_use_that_changes_a_decision_is_answered():
+    """A use of the identity audit that changes a decision sees only kinds ``safe`` keeps apart,
+    or kinds on one side of a tie (Megatron's own aliases: the use takes one of them)."""
+    from itertools import combinations
+
+    from parallel_state_ng.layout import identity_audit as audit
+
+    answered = {use_id for tie in policy.AUDITED_TIES for use_id in tie.audit}
+    known = {use.id for use in audit.IDENTITY_USES}
+    assert answered <= known, answered - known
+    for use in audit.IDENTITY_USES:
+        if not use.verdict.startswith(audit.CHANGES):
+            continue
+        for a, b in combinations(use.kinds, 2):
+            for size in (1, 4):
+                if policy.merge_rule(a, b, size, None) is not None:
+                    same_side = any(a in side and b in side for tie in policy.AUDITED_TIES for side in tie.sides)
+                    assert same_side and use.id in answered, (use.id, a, b, size)
