@@ -55,7 +55,8 @@ class GroupFactory:
         path: the build's creation path (``"member"`` or ``"split"``, as
             :func:`~parallel_state_ng.groups.split.creation_path` resolved it once for the build).
         share: the sharing setting of the build's pool (``None``: ``PSNG_SHARE_GROUPS`` or
-            :func:`~parallel_state_ng.groups.sharing.set_group_sharing`); ``"off"`` never shares.
+            :func:`~parallel_state_ng.groups.sharing.set_group_sharing`, else the path's default:
+            ``safe`` on the split path, off on the member path); ``"off"`` never shares.
         lease: the layout's hold on registry communicators, when it already has one (groups it
             makes on request after its init join the init's lease); default a new one.
         context: the build's creation settings, read once
@@ -82,7 +83,7 @@ class GroupFactory:
         # The pool calls back into a plain function, never into this object: a bound method
         # would be a reference cycle that keeps every group alive until the garbage collector
         # runs, and a gloo group freed then blocks whatever the rank is doing at that moment.
-        self.pool = GroupPool(share, create=_Maker(path == "split", context), lease=lease)
+        self.pool = GroupPool(share, create=_Maker(path == "split", context), lease=lease, path=path)
 
     @property
     def lease(self) -> Lease:

@@ -106,8 +106,8 @@ def agree(
     if not (on if enabled is None else enabled) or not (dist.is_available() and dist.is_initialized()):
         return None
     compared = dict(fields)
-    compared[SHARING_FIELD] = group_sharing_mode()
     compared[CREATION_FIELD] = creation_path(creation)
+    compared[SHARING_FIELD] = group_sharing_mode(compared[CREATION_FIELD])
     compared[CHECK_FIELD], rank_value, summarize = round_arguments()
     result = check_agreement(
         compared, name=name, timeout=timeout, group=ranks, rank_value=rank_value, summarize=summarize

@@ -31,6 +31,7 @@ __all__ = [
     "set_group_sharing",
     "group_sharing_enabled",
     "group_sharing_mode",
+    "default_mode",
     "options_key",
     "sharing_key",
     "GroupPool",
@@ -90,15 +91,32 @@ def set_group_sharing(enabled: bool | str | None) -> bool | str | None:
     return previous
 
 
-def group_sharing_mode() -> SharingMode:
-    """The sharing setting: :func:`set_group_sharing`, else ``PSNG_SHARE_GROUPS`` (default ``off``).
+def default_mode(path: str = "member") -> SharingMode:
+    """The setting when neither :func:`set_group_sharing` nor ``PSNG_SHARE_GROUPS`` says one.
+
+    ``safe`` on the split path (a default group bound to a device: every communicator is made at
+    init and holds device memory, and ``safe`` changes no group identity an audited use of
+    Megatron's sees, docs/compat.md "Group sharing"); ``off`` on the member path, where NCCL makes
+    a communicator only at a group's first collective.
+    """
+    return "safe" if path == "split" else "off"
+
+
+def group_sharing_mode(path: str = "member") -> SharingMode:
+    """The sharing setting: :func:`set_group_sharing`, else ``PSNG_SHARE_GROUPS``, else the default.
+
+    ``path``: the build's creation path, which decides the default (:func:`default_mode`: ``safe``
+    on the split path, ``off`` on the member path). ``PSNG_SHARE_GROUPS=0`` turns sharing off on
+    either path.
 
     Raises:
         ValueError: the environment variable holds something else than 0, safe, 1 or process.
     """
     if _override is not None:
         return _as_mode(_override, "the sharing override")
-    text = os.environ.get(ENV_SHARE, "0")
+    text = os.environ.get(ENV_SHARE, "")
+    if not text.strip():
+        return default_mode(path)
     try:
         return _as_mode(text, f"environment variable {ENV_SHARE}")
     except ValueError:
@@ -214,7 +232,7 @@ def record_requests(share: bool | str | None = None) -> Iterator[list[PlannedGro
 class GroupPool:
     """Creates the groups of one build; with sharing on, reuses a group for an equal request.
 
-    ``share=None`` takes :func:`group_sharing_mode` (else a bool or a mode, as
+    ``share=None`` takes :func:`group_sharing_mode` for the build's creation ``path`` (else a bool or a mode, as
     :func:`set_group_sharing` takes). ``create(ranks, backend=, timeout=, pg_options=,
     group_desc=)`` makes a group: the build's
     :class:`~parallel_state_ng.groups.factory.GroupFactory` passes its path's maker (a pool
@@ -233,11 +251,12 @@ class GroupPool:
         create: Callable[..., Any] | None = None,
         *,
         lease: registry.Lease | None = None,
+        path: str = "member",
     ) -> None:
         self._plan = _recording
         if share is None and self._plan is not None:
             share = _recording_share
-        self.mode: SharingMode = group_sharing_mode() if share is None else _as_mode(share, "share")
+        self.mode: SharingMode = group_sharing_mode(path) if share is None else _as_mode(share, "share")
         self.share = self.mode != "off"
         #: This pool's hold on registry communicators (empty unless the mode is ``process``).
         self.lease = registry.Lease() if lease is None else lease

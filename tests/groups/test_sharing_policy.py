@@ -310,7 +310,8 @@ def test_docs_print_the_policy_table():
 
 def test_every_audited_use_that_changes_a_decision_is_answered():
     """A use of the identity audit that changes a decision sees only kinds ``safe`` keeps apart,
-    or kinds on one side of a tie (Megatron's own aliases: the use takes one of them)."""
+    or kinds on one side of a tie (Megatron's own aliases: the use takes one of them).
+    """
     from itertools import combinations
 
     from parallel_state_ng.layout import identity_audit as audit
