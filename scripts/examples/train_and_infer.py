@@ -1,6 +1,6 @@
 """An RL-shaped job on CPU processes: train in one parallel layout, run inference in another.
 
-``python -m scripts.examples.train_and_infer --megatron-path DIR`` (megatron-core 0.19+, e.g. the
+``python -m scripts.examples train_and_infer --megatron-path DIR`` (megatron-core 0.19+, e.g. the
 unzipped 0.19.2 wheel) starts a gloo world of tp x pp x dp CPU processes
 (:class:`parallel_state_ng.testing.worlds.GlooWorld`) and, in every rank
 (:mod:`scripts.examples.gpt.colocated`):
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import sys
 import time
 from typing import Any
 
@@ -133,7 +132,7 @@ def render(cfg: TrainConfig, infer_tp: int, summary: dict[str, Any], tolerance: 
 def main(argv: list[str] | None = None) -> int:
     """Parse the options, run the job on a fresh gloo world, print the report; 0 when every check holds."""
     parser = argparse.ArgumentParser(
-        prog="python -m scripts.examples.train_and_infer", description=__doc__.split("\n")[0]
+        prog="python -m scripts.examples train_and_infer", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--megatron-path", default=os.environ.get("PSNG_MEGATRON_PATH"),
                         help="directory holding megatron-core 0.19+ (default: $PSNG_MEGATRON_PATH)")  # fmt: skip
@@ -176,4 +175,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("examples", "train_and_infer")

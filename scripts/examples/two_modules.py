@@ -318,4 +318,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from scripts.harness.registry import moved
+
+    moved("examples", "two_modules")

@@ -1,6 +1,6 @@
 """A job's start-up check: are the process groups it holds the ones Megatron-Core builds?
 
-``python -m scripts.examples.verify_job`` starts a gloo world of CPU processes
+``python -m scripts.examples verify_job`` starts a gloo world of CPU processes
 (:class:`parallel_state_ng.testing.worlds.GlooWorld`) and checks two sources of groups with
 :func:`parallel_state_ng.verify_groups` against the stated configuration:
 
@@ -16,7 +16,6 @@ size must be a multiple of tp x pp. See docs/regression-testing.md.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 
@@ -51,7 +50,7 @@ def check_rank(config: dict[str, int]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the check on a fresh gloo world; print what every rank learnt and rank 0's report."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.examples.verify_job", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.examples verify_job", description=__doc__.split("\n")[0])
     parser.add_argument("--world-size", type=int, default=4, help="number of CPU processes (default 4)")
     parser.add_argument("--tp", type=int, default=2, help="tensor_model_parallel_size (default 2)")
     parser.add_argument("--pp", type=int, default=1, help="pipeline_model_parallel_size (default 1)")
@@ -73,4 +72,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("examples", "verify_job")

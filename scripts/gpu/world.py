@@ -266,7 +266,7 @@ def hello(ctx: RankContext) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m scripts.gpu.world --size 8 --mode bound``: one all-reduce per rank, printed."""
+    """``python -m scripts.gpu world --size 8 --mode bound``: one all-reduce per rank, printed."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=8)
     p.add_argument("--backend", choices=BACKENDS, default="nccl")
@@ -287,4 +287,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("gpu", "world")
