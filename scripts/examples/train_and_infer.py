@@ -2,7 +2,7 @@
 
 ``python -m scripts.examples train_and_infer --megatron-path DIR`` (megatron-core 0.19+, e.g. the
 unzipped 0.19.2 wheel) starts a gloo world of tp x pp x dp CPU processes
-(:class:`parallel_state_ng.testing.worlds.GlooWorld`) and, in every rank
+(:func:`scripts.harness.worlds.run_on_world`, a ``GlooWorld``) and, in every rank
 (:mod:`scripts.examples.gpt.colocated`):
 
 1. trains the tiny GPT of ``scripts/examples/gpt/`` from ``build_megatron_groups`` (the collection
@@ -151,16 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     except TrainOptionError as error:
         parser.error(str(error))
 
-    from parallel_state_ng.testing.worlds import GlooWorld
     from scripts.examples.gpt import colocated
+    from scripts.harness.worlds import QUIET, run_on_world
 
     print(
         f"GPT {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}, seq {cfg.seq}; "
         f"{cfg.world_size} CPU processes (gloo); training tp{cfg.tp} pp{cfg.pp} dp{cfg.dp} from build_megatron_groups"
     )
     t0 = time.perf_counter()
-    with GlooWorld(cfg.world_size, timeout=900, env={"PYTHONWARNINGS": "ignore"}) as world:
-        results = world.run(colocated.train_and_infer_rank, cfg, args.infer_tp)
+    results = run_on_world(cfg.world_size, colocated.train_and_infer_rank, cfg, args.infer_tp, timeout=900, env=QUIET)
     summary = summarize(results)
     print("\n".join(render(cfg, args.infer_tp, summary, colocated.LOGITS_TOLERANCE)))
     seconds = max(r["seconds"]["with inference"] for r in results)

@@ -1,7 +1,7 @@
 """A job's start-up check: are the process groups it holds the ones Megatron-Core builds?
 
 ``python -m scripts.examples verify_job`` starts a gloo world of CPU processes
-(:class:`parallel_state_ng.testing.worlds.GlooWorld`) and checks two sources of groups with
+(:func:`scripts.harness.worlds.open_world`, a ``GlooWorld``) and checks two sources of groups with
 :func:`parallel_state_ng.verify_groups` against the stated configuration:
 
 1. compat's groups after ``initialize_model_parallel`` (``compat.verify_groups``): they match.
@@ -59,11 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--world-size {args.world_size} must be a positive multiple of --tp {args.tp} x --pp {args.pp}")
     config = {"tensor_model_parallel_size": args.tp, "pipeline_model_parallel_size": args.pp}
 
-    from parallel_state_ng.testing.worlds import GlooWorld
-    from scripts.examples import verify_job  # the function by its importable name, not __main__'s
+    from scripts.harness.worlds import open_world
 
-    with GlooWorld(args.world_size) as world:
-        results = world.run(verify_job.check_rank, config, timeout=300)
+    with open_world(args.world_size) as world:
+        results = world.run(check_rank, config, timeout=300)
     print(f"compat's groups match MCore's layout on every rank: {all(r['served_ok'] for r in results)}")
     print(f"the hand-assembled collection matches on no rank: {not any(r['bridged_ok'] for r in results)}")
     print(f"traps found (rank 0): {', '.join(results[0]['traps'])}")
