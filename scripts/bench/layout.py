@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from scripts.harness.header import platform_header
+
 TP, CP, PP = 8, 2, 4
 ORDER = "tp-cp-ep-dp-pp"
 TOKENS = ["dp-cp", "dp", "cp", "tp-pp", "tp", "pp", "tp-dp-cp", "tp-dp", "tp-cp"]
@@ -214,9 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"layout enumeration, tp {TP} cp {CP} pp {PP} (order {ORDER}), tokens {', '.join(TOKENS)}; "
         f"median of {args.repeats}, garbage collector {'paused' if args.pause_gc else 'on'}; "
-        f"torch {torch.__version__} ({torch.get_num_threads()} intra-op thread(s)), "
-        f"megatron-core {getattr(megatron.core, '__version__', '?')}, {platform.python_implementation()} "
-        f"{platform.python_version()}, {os.cpu_count()} CPUs",
+        f"{platform_header()}; {torch.get_num_threads()} intra-op thread(s)",
         flush=True,
     )
     results = []
