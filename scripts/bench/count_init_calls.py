@@ -212,4 +212,6 @@ def _print_cpu(per_rank: list[dict[str, list[dict[str, float]]]], rounds: int) -
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("bench", "count_init_calls")

@@ -15,6 +15,7 @@ import os
 import queue
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -127,7 +128,7 @@ def run_case(impl: str, what: str, k: int, bound: float, cap: float) -> dict[int
     return results
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Run the cases and print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bound", type=float, default=30.0, help="PSNG_FAILURE_TIMEOUT for compat (seconds)")
@@ -141,7 +142,7 @@ def main() -> None:
         "(build_megatron_groups), create_pg (a HyperCommGrid's create_pg calls), topology (build_topology, "
         "two modules); impl: compat, or mcore (megatron-core's own initialize_model_parallel, init only)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"{WORLD} gloo processes, rank {WORLD - 1} exits in its k-th new_group call; "
           f"PSNG_FAILURE_TIMEOUT={args.bound:g} s; hang = nothing within {args.cap:g} s of the death")  # fmt: skip
     print()
@@ -167,4 +168,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from scripts.harness.registry import moved
+
+    moved("bench", "failure_table")

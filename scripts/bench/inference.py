@@ -110,4 +110,6 @@ def _view(result: Any) -> Any:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from scripts.harness.registry import moved
+
+    moved("bench", "inference")

@@ -110,7 +110,7 @@ def _install_clocks(path: str) -> tuple[dict[str, _Clock], Any]:
         clock = clocks["closing"]
         liveness.InitWatch.finish = lambda self: clock(self)  # type: ignore[method-assign]
     if path == "split" and "nccl" not in str(dist.get_backend()):
-        from tests.support.worlds import split_stand_in  # NCCL's split on gloo: collective over the world
+        from parallel_state_ng.testing import split_stand_in  # NCCL's split on gloo: collective over the world
 
         clocks["split_group"] = _Clock(split_stand_in.gloo_split)
         dist.split_group = clocks["split_group"]
@@ -131,7 +131,7 @@ def rank_init_phases(
     ``store``: what the counted default store forwards to (``launcher``, ``file``, ``tcp``:
     :func:`~parallel_state_ng.testing.store_traffic.counting_default_store`). ``path``: compat's
     creation path (``member`` or ``split``; on gloo the split is the stand-in of
-    ``tests/support/worlds/split_stand_in.py``); MCore ignores it. ``gloo``:
+    ``parallel_state_ng/testing/split_stand_in.py``); MCore ignores it. ``gloo``:
     ``create_gloo_process_groups``. One record per round: seconds of the init, of the agreement
     round, of the ``new_group`` / ``split_group`` calls (and their number), of the closing round
     and the readiness marks, of the first collective on every group, of destroy; the store

@@ -14,10 +14,11 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from scripts.harness.header import platform_header
 
 TP, CP, PP = 8, 2, 4
 ORDER = "tp-cp-ep-dp-pp"
@@ -215,9 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"layout enumeration, tp {TP} cp {CP} pp {PP} (order {ORDER}), tokens {', '.join(TOKENS)}; "
         f"median of {args.repeats}, garbage collector {'paused' if args.pause_gc else 'on'}; "
-        f"torch {torch.__version__} ({torch.get_num_threads()} intra-op thread(s)), "
-        f"megatron-core {getattr(megatron.core, '__version__', '?')}, {platform.python_implementation()} "
-        f"{platform.python_version()}, {os.cpu_count()} CPUs",
+        f"{platform_header()}; {torch.get_num_threads()} intra-op thread(s)",
         flush=True,
     )
     results = []
@@ -247,4 +246,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("bench", "layout")

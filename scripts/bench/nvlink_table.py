@@ -21,6 +21,7 @@ import itertools
 import json
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
@@ -196,14 +197,14 @@ def check_cost(world: int, per_domain: int = 64, repeat: int = 3) -> dict[str, A
     }
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Print the table (markdown, or JSON with ``--json``), or the check's cost (``--check-cost``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--check-cost", type=int, default=None, metavar="N", help="time the runtime check at N ranks")
     parser.add_argument("--per-domain", type=int, default=64, metavar="K", help="--check-cost: ranks per domain")
     parser.add_argument("--repeat", type=int, default=3, metavar="R", help="--check-cost: runs of the check")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.check_cost is not None:
         try:
             print(json.dumps(check_cost(args.check_cost, args.per_domain, args.repeat)))
@@ -215,4 +216,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from scripts.harness.registry import moved
+
+    moved("bench", "nvlink_table")

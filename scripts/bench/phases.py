@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,10 +32,9 @@ Launcher = Callable[[int, Callable[..., Any], Sequence[Any], float], list[Any]]
 
 def gloo_world(world: int, fn: Callable[..., Any], args: Sequence[Any], timeout: float) -> list[Any]:
     """``fn(*args)`` on every rank of a CPU gloo world of ``world`` processes; results by rank."""
-    from parallel_state_ng.testing.worlds import GlooWorld
+    from scripts.harness.worlds import QUIET, run_on_world
 
-    with GlooWorld(world, timeout=timeout, start_timeout=600, env={"PYTHONWARNINGS": "ignore"}) as gloo:
-        return gloo.run(fn, *args)
+    return run_on_world(world, fn, *args, timeout=timeout, start_timeout=600, env=QUIET)
 
 
 def _plain(ctx: Any, fn: Callable[..., Any], *args: Any) -> Any:
@@ -184,4 +182,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("bench", "phases")

@@ -14,6 +14,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -116,13 +117,13 @@ def _count_new_group():
     return done
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Print one row per world: calls per rank and Python time, ours vs the floor and MCore."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", default="4096,65536", help="comma-separated world sizes")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of ours and the floor")
     parser.add_argument("--mcore-rounds", type=int, default=1, help="rounds of MCore's init (0: skip)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ["PSNG_CREATION_PATH"] = "split"
     original_split = dist.split_group
     print(
@@ -156,4 +157,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from scripts.harness.registry import moved
+
+    moved("bench", "split")

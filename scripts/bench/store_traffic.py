@@ -30,10 +30,10 @@ CATEGORY_ORDER = ("agreement", "arrival", "closing", "readiness", "connect", "st
 
 def measure(world: int, layout: str, stores: list[str], cases: list[tuple[str, str]], rounds: int) -> list[dict]:
     """Every rank's records for each (store, case) on one ``world``-rank gloo world."""
-    from parallel_state_ng.testing.worlds import GlooWorld
+    from scripts.harness.worlds import QUIET, open_world
 
     out: list[dict] = []
-    with GlooWorld(world, timeout=900, start_timeout=600, env={"PYTHONWARNINGS": "ignore"}) as gloo:
+    with open_world(world, timeout=900, start_timeout=600, env=QUIET) as gloo:
         for store in stores:
             for impl, path in cases:
                 per_rank = gloo.run(rank_init_phases, impl, layout, store, path, rounds)
@@ -138,4 +138,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("bench", "store_traffic")

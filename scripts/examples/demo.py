@@ -103,7 +103,7 @@ def _positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The demo's command-line options."""
     parser = argparse.ArgumentParser(
-        prog="python -m scripts.examples.demo",
+        prog="python -m scripts.examples demo",
         description="Create every Megatron-Core kind of process group with parallel_state_ng in a "
         "world of CPU processes (gloo) and check each group with a real all-reduce.",
     )
@@ -448,4 +448,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("examples", "demo")

@@ -15,9 +15,9 @@ import multiprocessing as mp
 import os
 import signal
 import socket
-import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -129,13 +129,13 @@ def _rank_main(rank: int, port: int, directory: str, impl: str, nvrx_path: str |
     log.close()
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the 4 processes; print each rank's per-iteration log."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impl", choices=("compat", "mcore"), default="compat")
     parser.add_argument("--nvrx-path", default=os.environ.get("PSNG_NVRX_PATH"))
     parser.add_argument("--timeout", type=float, default=300.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     ctx = mp.get_context("spawn")
     port = _free_port()
     with tempfile.TemporaryDirectory() as directory:
@@ -160,4 +160,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("examples", "inprocess_restart")

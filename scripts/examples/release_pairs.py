@@ -134,4 +134,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from scripts.harness.registry import moved
+
+    moved("examples", "release_pairs")

@@ -20,6 +20,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -316,7 +317,7 @@ def _launch(world: int, fn_name: str, cfg: TrainConfig, args: Any, directory: st
     return results
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the restart and the reference; print the timings and the losses."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=6)
@@ -334,7 +335,7 @@ def main() -> int:
         help="; ".join(f"{name}: {cls.label}" for name, cls in GROUPS.items()) + " (megatron-core 0.19+)",
     )
     parser.add_argument("--megatron-path", default=None, help="directory put first on sys.path in every rank")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from parallel_state_ng.releases import current_release
     from parallel_state_ng.testing.megatron_cpu import use_megatron_path
 
@@ -374,4 +375,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("examples", "restart_gpt")

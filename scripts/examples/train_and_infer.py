@@ -1,8 +1,8 @@
 """An RL-shaped job on CPU processes: train in one parallel layout, run inference in another.
 
-``python -m scripts.examples.train_and_infer --megatron-path DIR`` (megatron-core 0.19+, e.g. the
+``python -m scripts.examples train_and_infer --megatron-path DIR`` (megatron-core 0.19+, e.g. the
 unzipped 0.19.2 wheel) starts a gloo world of tp x pp x dp CPU processes
-(:class:`parallel_state_ng.testing.worlds.GlooWorld`) and, in every rank
+(:func:`scripts.harness.worlds.run_on_world`, a ``GlooWorld``) and, in every rank
 (:mod:`scripts.examples.gpt.colocated`):
 
 1. trains the tiny GPT of ``scripts/examples/gpt/`` from ``build_megatron_groups`` (the collection
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import sys
 import time
 from typing import Any
 
@@ -133,7 +132,7 @@ def render(cfg: TrainConfig, infer_tp: int, summary: dict[str, Any], tolerance: 
 def main(argv: list[str] | None = None) -> int:
     """Parse the options, run the job on a fresh gloo world, print the report; 0 when every check holds."""
     parser = argparse.ArgumentParser(
-        prog="python -m scripts.examples.train_and_infer", description=__doc__.split("\n")[0]
+        prog="python -m scripts.examples train_and_infer", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--megatron-path", default=os.environ.get("PSNG_MEGATRON_PATH"),
                         help="directory holding megatron-core 0.19+ (default: $PSNG_MEGATRON_PATH)")  # fmt: skip
@@ -152,16 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     except TrainOptionError as error:
         parser.error(str(error))
 
-    from parallel_state_ng.testing.worlds import GlooWorld
     from scripts.examples.gpt import colocated
+    from scripts.harness.worlds import QUIET, run_on_world
 
     print(
         f"GPT {cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}, seq {cfg.seq}; "
         f"{cfg.world_size} CPU processes (gloo); training tp{cfg.tp} pp{cfg.pp} dp{cfg.dp} from build_megatron_groups"
     )
     t0 = time.perf_counter()
-    with GlooWorld(cfg.world_size, timeout=900, env={"PYTHONWARNINGS": "ignore"}) as world:
-        results = world.run(colocated.train_and_infer_rank, cfg, args.infer_tp)
+    results = run_on_world(cfg.world_size, colocated.train_and_infer_rank, cfg, args.infer_tp, timeout=900, env=QUIET)
     summary = summarize(results)
     print("\n".join(render(cfg, args.infer_tp, summary, colocated.LOGITS_TOLERANCE)))
     seconds = max(r["seconds"]["with inference"] for r in results)
@@ -176,4 +174,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("examples", "train_and_infer")

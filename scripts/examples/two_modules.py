@@ -14,8 +14,6 @@ import hashlib
 import importlib.util
 import os
 import sys
-import tempfile
-import traceback
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -235,66 +233,28 @@ def _lm_step(received: Any, lm: dict[str, Any], lm_w: Any, out: dict[str, Any]) 
     lm_w.grad = None
 
 
-def rank_main(rank: int, world: int, store_path: str, layout: str, megatron_path: str | None, steps: int, q) -> None:
-    """One process: both runs (ours, then Megatron's grids); puts ``(rank, ok, result)`` on ``q``."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        import torch.distributed as dist
-
-        mods = _load_megatron(megatron_path)
-        dist.init_process_group("gloo", rank=rank, world_size=world, store=dist.FileStore(store_path, world))
-        try:
-            result = {}
-            with _cpu_shims():
-                for how in ("ours", "megatron"):
-                    grids, groups, destroy = _ours(layout) if how == "ours" else _megatron(layout, mods)
-                    try:
-                        result[how] = _run(layout, grids, groups, mods, steps)
-                    finally:
-                        destroy()
-            q.put((rank, True, result))
-        finally:
-            dist.destroy_process_group()
-    except BaseException as exc:
-        q.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+def rank_main(layout: str, megatron_path: str | None, steps: int) -> dict[str, Any]:
+    """One rank of the gloo world: both runs (ours, then Megatron's grids); their results."""
+    mods = _load_megatron(megatron_path)
+    result = {}
+    with _cpu_shims():
+        for how in ("ours", "megatron"):
+            grids, groups, destroy = _ours(layout) if how == "ours" else _megatron(layout, mods)
+            try:
+                result[how] = _run(layout, grids, groups, mods, steps)
+            finally:
+                destroy()
+    return result
 
 
 def launch(layout: str, megatron_path: str | None, steps: int, timeout: float = 300) -> list[dict]:
-    """Run both variants on new processes; results ordered by rank (``RuntimeError`` on failure).
-
-    The processes join a gloo world through a ``FileStore`` (no port).
+    """Run both variants on a fresh gloo world of new processes (:mod:`scripts.harness.worlds`);
+    results ordered by rank (a ``RuntimeError`` naming the ranks on failure).
     """
-    from parallel_state_ng.testing.forking import run_in_environ, worker_context
+    from scripts.harness.worlds import run_on_world
 
-    env = dict(os.environ)
-    ctx = worker_context(env)  # forked from a server that has imported torch (not megatron)
-    world = LAYOUTS[layout]["world"]
-    q = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="psng-two-") as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [
-            ctx.Process(
-                target=run_in_environ,
-                args=(env, rank_main, r, world, store, layout, megatron_path, steps, q),
-                daemon=True,
-            )
-            for r in range(world)
-        ]
-        for p in procs:
-            p.start()
-        results: dict[int, Any] = {}
-        try:
-            for _ in range(world):
-                rank, ok, value = q.get(timeout=timeout)
-                if not ok:
-                    raise RuntimeError(f"rank {rank} failed:\n{value}")
-                results[rank] = value
-        finally:
-            for p in procs:
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
-    return [results[r] for r in range(world)]
+    threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # the caller's, else 1
+    return run_on_world(LAYOUTS[layout]["world"], rank_main, layout, megatron_path, steps, timeout=timeout, env=threads)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -318,4 +278,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from scripts.harness.registry import moved
+
+    moved("examples", "two_modules")

@@ -1,7 +1,7 @@
 """A job's start-up check: are the process groups it holds the ones Megatron-Core builds?
 
-``python -m scripts.examples.verify_job`` starts a gloo world of CPU processes
-(:class:`parallel_state_ng.testing.worlds.GlooWorld`) and checks two sources of groups with
+``python -m scripts.examples verify_job`` starts a gloo world of CPU processes
+(:func:`scripts.harness.worlds.open_world`, a ``GlooWorld``) and checks two sources of groups with
 :func:`parallel_state_ng.verify_groups` against the stated configuration:
 
 1. compat's groups after ``initialize_model_parallel`` (``compat.verify_groups``): they match.
@@ -16,7 +16,6 @@ size must be a multiple of tp x pp. See docs/regression-testing.md.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 
@@ -51,7 +50,7 @@ def check_rank(config: dict[str, int]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the check on a fresh gloo world; print what every rank learnt and rank 0's report."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.examples.verify_job", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.examples verify_job", description=__doc__.split("\n")[0])
     parser.add_argument("--world-size", type=int, default=4, help="number of CPU processes (default 4)")
     parser.add_argument("--tp", type=int, default=2, help="tensor_model_parallel_size (default 2)")
     parser.add_argument("--pp", type=int, default=1, help="pipeline_model_parallel_size (default 1)")
@@ -60,11 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--world-size {args.world_size} must be a positive multiple of --tp {args.tp} x --pp {args.pp}")
     config = {"tensor_model_parallel_size": args.tp, "pipeline_model_parallel_size": args.pp}
 
-    from parallel_state_ng.testing.worlds import GlooWorld
-    from scripts.examples import verify_job  # the function by its importable name, not __main__'s
+    from scripts.harness.worlds import open_world
 
-    with GlooWorld(args.world_size) as world:
-        results = world.run(verify_job.check_rank, config, timeout=300)
+    with open_world(args.world_size) as world:
+        results = world.run(check_rank, config, timeout=300)
     print(f"compat's groups match MCore's layout on every rank: {all(r['served_ok'] for r in results)}")
     print(f"the hand-assembled collection matches on no rank: {not any(r['bridged_ok'] for r in results)}")
     print(f"traps found (rank 0): {', '.join(results[0]['traps'])}")
@@ -73,4 +71,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("examples", "verify_job")

@@ -13,7 +13,7 @@ connected) and after destroy; rank 0 also reads its NCCL log (``NCCL_DEBUG=INFO`
 INIT, ENV, ALLOC): the lines naming split share (the parent's config shows there) and the
 allocations NCCL reports, with their bytes.
 
-``python3 -m scripts.gpu.split_share --megatron-path .megatron/0.19.2`` (GPU; ``--cpu-dry-run``:
+``python3 -m scripts.gpu split_share --megatron-path .megatron/0.19.2`` (GPU; ``--cpu-dry-run``:
 the same worlds on gloo, where the variable means nothing) prints the worst case first, then
 one row per world, and writes ``$OUT/split_share.json``. Not run on a GPU yet.
 """
@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -213,4 +212,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("gpu", "split_share")

@@ -11,7 +11,7 @@ without (``mode="lazy"``).
 ``backend="gloo"`` is the CPU dry run of the same bodies: gloo processes; in the bound mode the
 engine is told the world splits (``world_splits``: torch refuses a bound CPU device in
 ``new_group``, so MCore's groups stay gloo's) and ``torch.distributed.split_group`` is the gloo
-stand-in of ``tests/support/worlds/split_stand_in.py`` (collective over the world, as
+stand-in of ``parallel_state_ng/testing/split_stand_in.py`` (collective over the world, as
 ``ncclCommSplit`` is).
 
 Limits (measured on one H100 80GB, NCCL 2.28.9, 2026-11-27): 8 and 16 ranks worked; 32 failed
@@ -111,7 +111,7 @@ class RankContext:
 
             split: Any = importlib.import_module("parallel_state_ng.groups.split")
             split.world_splits = lambda: True
-            stand_in: Any = importlib.import_module("tests.support.worlds.split_stand_in")
+            stand_in: Any = importlib.import_module("parallel_state_ng.testing.split_stand_in")
             stand_in.install()
         # every rank connected before any body runs (a rank that finishes early must not close
         # a connection a slower rank's init still makes)
@@ -266,7 +266,7 @@ def hello(ctx: RankContext) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m scripts.gpu.world --size 8 --mode bound``: one all-reduce per rank, printed."""
+    """``python -m scripts.gpu world --size 8 --mode bound``: one all-reduce per rank, printed."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=8)
     p.add_argument("--backend", choices=BACKENDS, default="nccl")
@@ -287,4 +287,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("gpu", "world")

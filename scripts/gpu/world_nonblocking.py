@@ -15,7 +15,7 @@ bound holds (:func:`~parallel_state_ng.groups.nonblocking.max_nonblocking_timeou
    and all-reduce in a new world of the survivors.
 
 On gloo (the CPU dry run) the split stand-in waits as torch does for a nonblocking split
-(``tests/support/worlds/split_stand_in.py``). :func:`rows` turns the results into check rows.
+(``parallel_state_ng/testing/split_stand_in.py``). :func:`rows` turns the results into check rows.
 """
 
 from __future__ import annotations

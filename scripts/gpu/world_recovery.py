@@ -11,7 +11,7 @@ of :mod:`scripts.examples.gpt` at tp2 pp2 dp2, compat installed into Megatron):
    :func:`~parallel_state_ng.layout.rebuild.plan_rebuild` (tp, pp kept, dp shrunk to the
    replicas left whole), abort compat's groups and rejoin by shrinking the default group
    (:func:`~parallel_state_ng.groups.recovery.rejoin`, ``method="auto"``: torch's
-   ``shrink_group`` on NCCL, the gloo stand-in of ``tests/support/worlds/shrink_stand_in.py``
+   ``shrink_group`` on NCCL, the gloo stand-in of ``parallel_state_ng/testing/shrink_stand_in.py``
    in the dry run; where the group cannot shrink, the re-initialization it falls back to, whose
    reason the report shows, so that the rest still runs and the shrink's row fails). A survivor
    the plan leaves out aborts everything and stops.
@@ -184,7 +184,7 @@ def _recover(ctx: RankContext, cfg: TrainConfig, victim: int, device: str) -> di
     ps.abort_model_parallel(world=False)
     shrink = None
     if ctx.backend == "gloo":
-        from tests.support.worlds.shrink_stand_in import gloo_shrink
+        from parallel_state_ng.testing.shrink_stand_in import gloo_shrink
 
         shrink = gloo_shrink
     done = rejoin(plan, rank=ctx.rank, epoch=1, method="auto", shrink=shrink)

@@ -27,7 +27,7 @@ alike but with another message (object addresses left out; for information, not 
 Exit status: 0 when every test has one outcome under every verdict setting (all but ``1``), 1 when
 some differ or a setting did not report, 2 on bad input.
 
-    python -m scripts.matrix.megatron_unit_tests --tests-dir ~/Megatron-LM/tests/unit_tests --nproc 8
+    python -m scripts.matrix megatron_unit_tests --tests-dir ~/Megatron-LM/tests/unit_tests --nproc 8
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def find_root(tests_dir: Path) -> Path:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The options, checked: :class:`UsageError` names the option and the value."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.matrix.megatron_unit_tests", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m scripts.matrix megatron_unit_tests", description=__doc__)
     parser.add_argument("--tests-dir", required=True, help="Megatron-LM's tests/unit_tests (or any test directory)")
     parser.add_argument("--test-file", default="test_parallel_state.py", help="relative to --tests-dir")
     parser.add_argument("--nproc", type=int, default=8, help="ranks (WORLD_SIZE); Megatron's tests expect 8")
@@ -372,4 +372,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("matrix", "megatron_unit_tests")

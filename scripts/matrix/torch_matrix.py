@@ -12,8 +12,8 @@ Then, in that environment, from the repository root: the fast subset, the multip
 demo, and the torch internals the package reads (``parallel_state_ng.groups.torch_support``). A
 table follows: version, passed/failed/skipped per subset, demo ok, seconds.
 
-    python -m scripts.matrix.torch_matrix                       # every version of VERSIONS
-    python -m scripts.matrix.torch_matrix 2.14.1 2.4.1 --subsets fast demo
+    python -m scripts.matrix torch_matrix                       # every version of VERSIONS
+    python -m scripts.matrix torch_matrix 2.14.1 2.4.1 --subsets fast demo
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def run_pytest(python: Path, marker: str, workers: int, log: Path, timeout: floa
 def run_demo(python: Path, log: Path, timeout: float) -> SubsetResult:
     """The demo (scripts/examples/demo.py) in the venv; ok = exit code 0."""
     start = time.perf_counter()
-    code = _run([str(python), "-m", "scripts.examples.demo"], log=log, timeout=timeout, env=_clean_env())
+    code = _run([str(python), "-m", "scripts.examples", "demo"], log=log, timeout=timeout, env=_clean_env())
     return SubsetResult(returncode=code, seconds=time.perf_counter() - start)
 
 
@@ -342,4 +342,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("matrix", "torch_matrix")

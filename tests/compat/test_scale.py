@@ -12,7 +12,7 @@ The expected groups are computed here from :class:`MegatronLayout`, not from com
 for the served release: the kinds it has come from its release facts (0.19's GTP kinds exist
 with size 1), and an option it lacks is asked for its own way (0.18+: the all-gather group from
 ``create_all_gather_groups()`` after init) or the case is skipped with the reason.
-No timing is asserted (``scripts/bench/init.py`` measures time and memory).
+No timing is asserted (``python -m scripts.bench init`` measures time and memory).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def _run_demo(*options: str, timeout: float = 300) -> subprocess.CompletedProces
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("WORLD_SIZE", None)
     return subprocess.run(
-        [sys.executable, "-m", "scripts.examples.demo", *options],
+        [sys.executable, "-m", "scripts.examples", "demo", *options],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -23,7 +23,7 @@ def _check(*options: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env.pop("PSNG_CREATION_PATH", None)
     env.pop("OUT", None)
     return subprocess.run(
-        [sys.executable, "-m", "scripts.gpu.check", *options],
+        [sys.executable, "-m", "scripts.gpu", "check", *options],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -143,7 +143,7 @@ def test_cpu_dry_run_of_the_split_share_measurement(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("PSNG_CREATION_PATH", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.gpu.split_share", "--cpu-dry-run", "--world", "4", "--layout", "tp2-pp2"]
+        [sys.executable, "-m", "scripts.gpu", "split_share", "--cpu-dry-run", "--world", "4", "--layout", "tp2-pp2"]
         + ["--timeout", "240", "--output", str(out)],
         capture_output=True,
         text=True,

@@ -149,7 +149,7 @@ def _kill_session(proc: subprocess.Popen) -> None:
 @pytest.mark.multiprocess
 def test_the_demo_under_torchrun_is_one_world_reported_once():
     done = _run_session(
-        [*TORCHRUN, "--standalone", "--nproc-per-node", "4", "-m", "scripts.examples.demo"]
+        [*TORCHRUN, "--standalone", "--nproc-per-node", "4", "-m", "scripts.examples", "demo"]
         + ["--tp", "2", "--dp", "2", "--pp", "1", "--ep", "1"],
         timeout=300,
     )
@@ -192,7 +192,7 @@ def _start_all(
 @pytest.mark.multiprocess
 def test_the_demo_joins_the_world_srun_describes(tmp_path):
     port = str(_free_port())
-    command = [sys.executable, "-m", "scripts.examples.demo", "--tp", "2", "--pp", "1", "--dp", "1", "--ep", "1"]
+    command = [sys.executable, "-m", "scripts.examples", "demo", "--tp", "2", "--pp", "1", "--dp", "1", "--ep", "1"]
     slurm = [
         _env(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         for r in range(2)
@@ -258,7 +258,7 @@ def _digest_and_losses(stdout: str) -> tuple[str, str]:
 @pytest.mark.multiprocess
 @pytest.mark.rotating(8, 10)  # end-to-end part 9 of 10 (docs/testing.md, "Rotating parts")
 def test_train_gpt_under_torchrun_trains_as_its_own_processes_do():
-    options = ["-m", "scripts.examples.train_gpt", "--tp", "2", "--pp", "2", "--steps", "2"]
+    options = ["-m", "scripts.examples", "train_gpt", "--tp", "2", "--pp", "2", "--steps", "2"]
     runs = [
         _run_session(command, timeout=600)
         for command in ([sys.executable, *options], [*TORCHRUN, "--standalone", "--nproc-per-node", "4", *options])

@@ -1,6 +1,6 @@
 """Megatron-LM's own training loop (``megatron.training.pretrain``) under compat and under MCore.
 
-``python -m scripts.examples.train_gpt --loop training`` is run as a user runs it, on megatron-core 0.17.1's
+``python -m scripts.examples train_gpt --loop training`` is run as a user runs it, on megatron-core 0.17.1's
 unzipped wheel (``--megatron-path``; the first release that ships ``megatron/training``): 4 CPU
 processes, tp 2 pp 2 through Megatron's own argument parser; and on 0.19.2, 2 processes, pp 2.
 MCore's parallel_state and compat must report the same loss and gradient norm at every
@@ -35,7 +35,7 @@ def _pretrain(*options: str) -> dict:
     """Run the script; the iterations, digest and facts it prints."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     done = subprocess.run(
-        [sys.executable, "-m", "scripts.examples.train_gpt", "--loop", "training", "--quiet", *options],
+        [sys.executable, "-m", "scripts.examples", "train_gpt", "--loop", "training", "--quiet", *options],
         capture_output=True,
         text=True,
         timeout=600,

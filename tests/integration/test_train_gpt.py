@@ -130,7 +130,7 @@ def test_eight_ranks_compat_trains_exactly_like_mcore(moe):
 def _script(*options: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return subprocess.run(
-        [sys.executable, "-m", "scripts.examples.train_gpt", *options],
+        [sys.executable, "-m", "scripts.examples", "train_gpt", *options],
         capture_output=True,
         text=True,
         timeout=300,

@@ -213,7 +213,7 @@ _STAND_IN = textwrap.dedent(
 def test_a_stand_in_file_on_two_ranks(tmp_path):
     tests = _checkout(tmp_path, _STAND_IN)
     out = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "scripts.matrix.megatron_unit_tests", "--tests-dir", str(tests)]
+    cmd = [sys.executable, "-m", "scripts.matrix", "megatron_unit_tests", "--tests-dir", str(tests)]
     cmd += ["--nproc", "2", "--settings", "mcore,safe,1", "--json", str(out), "--timeout", "240"]
     cmd += ["--collective-timeout", "10"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""Options of the CPU GPT training example (``python -m scripts.examples.train_gpt``) and their validation.
+"""Options of the CPU GPT training example (``python -m scripts.examples train_gpt``) and their validation.
 
 Importing this module imports neither torch nor megatron: options are checked before any
 process starts.

@@ -1,6 +1,6 @@
 """One rank of Megatron-LM's own training loop (``megatron.training.pretrain``) on CPU, gloo.
 
-:func:`pretrain_rank` is what ``python -m scripts.examples.train_gpt --loop training`` runs in every
+:func:`pretrain_rank` is what ``python -m scripts.examples train_gpt --loop training`` runs in every
 process it starts: the user side of a ``pretrain_gpt.py``-style program (defaults for a tiny CPU
 model, :func:`model_provider`, :func:`dataset_provider`, :func:`forward_step`); ``pretrain`` does
 everything else. CPU stand-ins: :mod:`parallel_state_ng.testing.megatron_cpu` (``CpuShims`` plus

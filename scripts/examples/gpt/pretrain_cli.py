@@ -1,4 +1,4 @@
-"""``python -m scripts.examples.train_gpt --loop training``: Megatron-LM's own ``pretrain`` on CPU processes.
+"""``python -m scripts.examples train_gpt --loop training``: Megatron-LM's own ``pretrain`` on CPU processes.
 
 The script's own options are ``--loop``, ``--impl``, ``--install``, ``--megatron-path``, ``--nproc``
 and ``--quiet`` (``--loop training --help``); everything else goes, unchanged, to Megatron's
@@ -45,7 +45,7 @@ def parse_args(argv: Sequence[str], launched_size: int | None = None) -> Pretrai
     ``--nproc``; a different one is refused).
     """
     p = argparse.ArgumentParser(
-        prog="python -m scripts.examples.train_gpt --loop training",
+        prog="python -m scripts.examples train_gpt --loop training",
         description="Run megatron.training.pretrain on CPU processes; unknown options go to Megatron's parser.",
     )
     p.add_argument("--impl", choices=IMPLS, default="compat", help="parallel_state implementation")

@@ -2,7 +2,7 @@
 
 One simulated rank (torch's fake backend) at several world sizes, each side in its own
 subprocesses: median init time, ``new_group`` calls, peak memory, import time, and a check that
-MCore and compat hand out the same groups. Measurement helpers: ``scripts/bench/init_measure.py``.
+MCore and compat hand out the same groups. Measurement probes: :mod:`scripts.bench.init.probes`.
 Method, sides and figures: docs/performance.md (per-rank cost); options: ``--help``.
 """
 
@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from scripts.bench.init_measure import (
+from scripts.bench.init.probes import (
     GETTERS,  # noqa: F401 (re-exported)
     NewGroupCounter,
     getter_digests,
@@ -28,7 +28,7 @@ from scripts.bench.init_measure import (
     rss_bytes,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CONFIG: dict[str, int] = {
     "tensor_model_parallel_size": 8,
     "pipeline_model_parallel_size": 4,
@@ -169,7 +169,7 @@ def _spawn(args: list[str], timeout: float) -> dict[str, Any]:
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.bench.init", *args],
+        [sys.executable, "-m", "scripts.bench", "init", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -416,4 +416,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scripts.harness.registry import moved
+
+    moved("bench", "init")

@@ -1,4 +1,5 @@
-"""Measurement helpers of ``scripts/bench/init.py``: memory, ``new_group`` calls, the groups handed out.
+"""Measurement probes of the init benchmark (:mod:`scripts.bench.init.cost`): memory,
+``new_group`` calls, the groups handed out.
 
 * memory: :func:`rss_bytes`, :func:`peak_bytes` (``/proc/self/status``, ``ru_maxrss`` where
   that is missing) and :func:`reset_peak` (``/proc/self/clear_refs``);
