@@ -5,7 +5,7 @@ release with the behaviour, last or ``None`` for "still"); :func:`torch_has` rea
 installed torch. :func:`report` lists the torch internals the package reads (``_world.pg_map``,
 ``bound_device_id``, ``_get_split_source``, the fake backend and ``FakeStore``, DeviceMesh's
 ``_flatten_mapping``, ``split_group`` and its signature, the group-creation helper the simulated
-worlds wrap) as present or missing: ``python -m scripts.matrix.torch_matrix`` prints it per
+worlds wrap) as present or missing: ``python -m scripts.matrix torch_matrix`` prints it per
 version (docs/torch.md).
 """
 

@@ -93,8 +93,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--sharing-values",
-        default="unset,safe,1",
-        help="PSNG_SHARE_GROUPS values compared (unset: the variable removed)",
+        default="0,safe,1",
+        help="PSNG_SHARE_GROUPS values compared (0: off; unset: the variable removed, the path's default)",
     )
     p.add_argument(
         "--sharing-training",

@@ -83,7 +83,7 @@ class WorldPlan:
     recovery_timeout: float = 90.0
     ladder_sizes: tuple[int, ...] = (8, 16, 32, 48, 64)
     ladder_timeout: float = 150.0
-    sharing_values: tuple[str, ...] = ("unset", "safe", "1")
+    sharing_values: tuple[str, ...] = ("0", "safe", "1")
     sharing_training: str = "safe"
     sharing_timeout: float = 90.0
 

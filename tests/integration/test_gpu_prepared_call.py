@@ -70,7 +70,7 @@ def test_the_prepared_call_fits_its_budget_in_priority_order():
         "death-nonblocking",
     )
     assert (args.sharing_values, args.sharing_training, args.ladder_sizes) == (
-        ("unset", "safe", "1"),
+        ("0", "safe", "1"),
         "safe",
         (8, 16, 32, 48, 64),
     )
@@ -255,17 +255,17 @@ def test_dry_run_of_recovery_in_place(tmp_path):
 @pytest.mark.rotating(9, 10)  # end-to-end part 10 of 10 (docs/testing.md, "Rotating parts")
 def test_dry_run_of_the_ladder_and_the_sharing_policies(tmp_path):
     # the ladder at 4 and 8 gloo ranks (two sizes: the projection), the sharing world at 4 with the
-    # prepared call's values (unset, safe and 1), training under safe
+    # prepared call's values (0, safe and 1), training under safe
     options = ["--world-modes", "bound", "--world-checks", "ladder,sharing", "--ladder-sizes", "4,8"]
     options += ["--ladder-timeout", "300"]  # starting 8 processes on 2 loaded cores takes a while
-    options += ["--sharing-values", "unset,safe,1", "--sharing-training", "safe", "--budget", "480"]
+    options += ["--sharing-values", "0,safe,1", "--sharing-training", "safe", "--budget", "480"]
     text, checks = _world_dry_run(tmp_path, *options)
     assert checks and all(line.startswith("PASS") for line in checks), checks
     assert "PASS  gloo bound ladder: every size ran: sizes run [4, 8]" in text
     assert "  MCore at 65,536 ranks: " in text and "  compat at 65,536 ranks: 20 calls x " in text
     for label in (
         "MCore",
-        "compat PSNG_SHARE_GROUPS=unset",
+        "compat PSNG_SHARE_GROUPS=0",
         "compat PSNG_SHARE_GROUPS=safe",
         "compat PSNG_SHARE_GROUPS=1",
     ):
