@@ -232,6 +232,7 @@ def _init(module: Any, kwargs: dict, cfgs: dict) -> None:
 
 def _play(mps: Any, ps: Any, recorder: CreationRecorder, kwargs: dict, cfgs: dict, rank: int, world: int) -> dict:
     """One rank: MCore's recorded creations, then compat's on the member and the split path."""
+    from parallel_state_ng.groups.sharing import set_group_sharing
     from parallel_state_ng.groups.split import ENV_CREATION_PATH
     from parallel_state_ng.testing.worlds import init_simulated_rank
     from tests.support.differential import library as D
@@ -245,6 +246,8 @@ def _play(mps: Any, ps: Any, recorder: CreationRecorder, kwargs: dict, cfgs: dic
         D.reset_mcore()
     out = {"mcore": recorder.take()}
     saved = os.environ.get(ENV_CREATION_PATH)
+    # every group made, as MCore makes it: no sharing (unset, the split path would share under safe)
+    previous_sharing = set_group_sharing("off")
     try:
         for side in ("member", "split"):
             os.environ[ENV_CREATION_PATH] = side
@@ -254,6 +257,7 @@ def _play(mps: Any, ps: Any, recorder: CreationRecorder, kwargs: dict, cfgs: dic
                 ps.destroy_model_parallel()
             out[side] = recorder.take()
     finally:
+        set_group_sharing(previous_sharing)
         if saved is None:
             os.environ.pop(ENV_CREATION_PATH, None)
         else:
