@@ -246,6 +246,7 @@ def compare_options(workdir: str, device: str, sizes: dict[str, Any] | None = No
 
     ``sizes``: more arguments of ``initialize_model_parallel`` (the parallel sizes; default
     none: world size 1).
+    compat runs with group sharing off, so that it makes every group MCore makes.
     Returns ``rows`` (desc, backend, ranks, MCore's options/timeout, compat's, whether they
     agree), ``mismatches``, the calls per side, compat's group counts (``before``,
     ``after_init``, ``after_destroy``; compat's groups are each used once on ``device`` before
@@ -260,12 +261,18 @@ def compare_options(workdir: str, device: str, sizes: dict[str, Any] | None = No
     import megatron.core.parallel_state as mcore_ps
 
     import compat.parallel_state as compat_ps
+    from parallel_state_ng.groups.sharing import set_group_sharing
 
     with nccl_options_available() as real:
         before = set(dist.distributed_c10d._world.pg_map)
         mcore_calls, mcore_counts = _run(mcore_ps, yaml_path, real, sizes=sizes)
         mcore_leaked = _leftovers(before)
-        compat_calls, counts = _run(compat_ps, yaml_path, real, device, sizes)
+        # every group made as MCore makes it: sharing off (unset, the split path shares under safe)
+        previous = set_group_sharing("off")
+        try:
+            compat_calls, counts = _run(compat_ps, yaml_path, real, device, sizes)
+        finally:
+            set_group_sharing(previous)
     theirs, ours = mcore_counts["members"], counts.pop("members")
     member_mismatches = {g: (theirs[g], ours.get(g)) for g in theirs if theirs[g] != ours.get(g)}
     mine: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
