@@ -198,9 +198,10 @@ def _guard_for(group: Any, used: set[Any]) -> tuple[Any, Any]:
     free = [t for t in (getattr(dist.ProcessGroup.BackendType, n) for n in _GUARD_TYPES) if t not in used]
     if not free:
         raise RuntimeError(f"process group {_desc(group)!r}: no backend type left for the sleep guard")
-    options = torch._C._distributed_c10d.FakeProcessGroup.Options()
+    fake: Any = torch._C._distributed_c10d.FakeProcessGroup  # torch's stub lacks its options argument
+    options = fake.Options()
     options.error_on_collective = True
-    guard = torch._C._distributed_c10d.FakeProcessGroup._create_internal(group.rank(), group.size(), options)
+    guard = fake._create_internal(group.rank(), group.size(), options)
     _guards[id(group)] = (weakref.ref(group), guard, free[0])
     return guard, free[0]
 
@@ -223,8 +224,8 @@ def _sleep_one(group: Any) -> GroupOutcome:
         outcome.reason = "torch's fake backend: nothing to release" if routes else "no backend registered"
         return outcome
     before: dict[str, int] = {}
-    native = []
-    unsupported = []
+    native: list[Any] = []
+    unsupported: list[str] = []
     for backend in {id(b): b for _, _, b in routes}.values():  # one backend may serve several devices
         stats = _stats(backend)
         try:
