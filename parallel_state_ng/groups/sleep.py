@@ -33,7 +33,8 @@ group object itself) do not raise in torch 2.13: only ``torch.distributed``'s fu
 guarded for those.
 
 Sleeping a group that sleeps, or waking one that is awake, is a no-op reported as ``skipped``
-(the agreement round still runs: every rank calls every time). Names, ranks, timeout,
+(the agreement round still runs: every rank calls every time). A group may be destroyed while
+it sleeps; the next sleep or wake forgets it. Names, ranks, timeout,
 ``group_desc`` and torch's bookkeeping (``pg_map``, ``pg_names``) are never touched.
 """
 
@@ -193,8 +194,6 @@ def _guard_for(group: Any, used: set[Any]) -> tuple[Any, Any]:
     known = _guards.get(id(group))
     if known is not None and known[0]() is group:
         return known[1], known[2]
-    for stale in [k for k, (ref, _, _) in _guards.items() if ref() is None]:
-        del _guards[stale]
     free = [t for t in (getattr(dist.ProcessGroup.BackendType, n) for n in _GUARD_TYPES) if t not in used]
     if not free:
         raise RuntimeError(f"process group {_desc(group)!r}: no backend type left for the sleep guard")
@@ -283,6 +282,17 @@ def _wake_one(group: Any) -> GroupOutcome:
 
 
 # --------------------------------------------------------------------------- the public calls
+def _prune() -> None:
+    """Forget groups destroyed while asleep, and the guards of groups gone."""
+    world = dist.distributed_c10d._world.pg_map
+    for key in [k for k, state in _asleep.items() if state.group not in world]:
+        del _asleep[key]
+    for key in [k for k, (ref, _, _) in _guards.items() if ref() is None]:
+        del _guards[key]
+    if not _asleep:
+        _unpatch()
+
+
 def _selected(groups: Iterable[Any] | None, kinds: Iterable[str] | None) -> list[Any]:
     """The groups to act on: live ones by default, each once, members only, of ``kinds``."""
     chosen = creation.live_groups() if groups is None else list(groups)
@@ -329,6 +339,7 @@ def sleep(
         ParallelConfigMismatchError: ranks passed different ``kinds``, or some called
             :func:`wake` instead.
     """
+    _prune()
     selected = _selected(groups, kinds)
     result = _agree("sleep", kinds, timeout)
     report = SleepReport("sleep", agreement=result)
@@ -351,6 +362,7 @@ def wake(
     After it, each group is the very same object, with its backends, ranks, timeout and
     ``group_desc`` as before the sleep.
     """
+    _prune()
     if groups is None:
         groups = [state.group for state in _asleep.values()]
     selected = _selected(groups, kinds)

@@ -116,6 +116,19 @@ def _twice() -> dict:
         creation.destroy_groups(groups)
 
 
+def _destroyed_asleep() -> dict:
+    groups = _make_groups()
+    sleeping.sleep(groups, timeout=20)
+    creation.destroy_groups(groups)
+    woken = sleeping.wake(timeout=20)
+    return {
+        "woken": len(woken.groups),
+        "asleep": len(sleeping._asleep),
+        "patched": dist.distributed_c10d._rank_not_in_group.__module__ != "torch.distributed.distributed_c10d",
+        "pg_map": len(dist.distributed_c10d._world.pg_map),
+    }
+
+
 def _sleep_unless_last() -> dict:
     """The last rank never calls sleep; the others do with a 2 s bound."""
     groups = _make_groups()
@@ -217,6 +230,12 @@ def test_sleeping_twice_and_waking_the_awake_are_no_ops(gloo_world):
         assert got["again"] == [("skipped", "not asleep")] * 2
         assert got["inside"] == ([False, True], ["DATA_PARALLEL"])  # kinds: only the pair group
         assert got["after"] == [3.0, 3.0, 3.0]
+
+
+@pytest.mark.multiprocess
+def test_a_group_destroyed_asleep_is_forgotten(gloo_world):
+    for got in gloo_world(2).run(_destroyed_asleep, timeout=90):
+        assert got == {"woken": 0, "asleep": 0, "patched": False, "pg_map": 1}
 
 
 @pytest.mark.multiprocess
