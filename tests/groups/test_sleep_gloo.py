@@ -76,6 +76,7 @@ def _sleep_wake_keeps_groups() -> dict:
         except RuntimeError as err:
             direct = str(err)
         refused_s = time.monotonic() - started
+        others = _other_calls_refused(groups[1])
         woken = sleeping.wake(timeout=20)
         return {
             "before": before,
@@ -89,10 +90,34 @@ def _sleep_wake_keeps_groups() -> dict:
             "refused": refused,
             "direct": direct,
             "refused_s": refused_s,
+            "others": others,
             "patched_after": dist.distributed_c10d._rank_not_in_group.__module__,
         }
     finally:
         creation.destroy_groups(groups)
+
+
+def _other_calls_refused(group) -> dict[str, bool]:
+    """Which torch.distributed calls on the sleeping ``group`` raise GroupAsleepError."""
+    peer = next(r for r in dist.get_process_group_ranks(group) if r != dist.get_rank())
+    calls = {
+        "barrier": lambda: dist.barrier(group=group),
+        "broadcast": lambda: dist.broadcast(torch.ones(1), src=peer, group=group),
+        "all_gather_object": lambda: dist.all_gather_object([None, None], 1, group=group),
+        "broadcast_object_list": lambda: dist.broadcast_object_list([1], src=peer, group=group),
+        "send": lambda: dist.send(torch.ones(1), dst=peer, group=group),
+        "isend": lambda: dist.isend(torch.ones(1), dst=peer, group=group),
+        "irecv": lambda: dist.irecv(torch.ones(1), src=peer, group=group),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.ones(1), torch.ones(2), group=group),
+    }
+    refused = {}
+    for name, call in calls.items():
+        try:
+            call()
+            refused[name] = False
+        except sleeping.GroupAsleepError:
+            refused[name] = True
+    return refused
 
 
 def _twice() -> dict:
@@ -212,6 +237,7 @@ def test_sleep_wake_keeps_the_same_groups_and_results(gloo_world, size):
         assert "DATA_PARALLEL" in got["refused"] and "wake it first" in got["refused"]
         assert "error_on_collective" in got["direct"]
         assert got["refused_s"] < 5
+        assert all(got["others"].values()), got["others"]
         assert got["patched_after"] == "torch.distributed.distributed_c10d"  # the guard is gone
 
 
