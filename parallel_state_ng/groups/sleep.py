@@ -78,9 +78,11 @@ class GroupAsleepError(RuntimeError):
 class GroupOutcome:
     """What one sleep or wake did to one group on this rank.
 
-    ``mechanism``: ``"native"``, ``"fenced"`` or ``"skipped"`` (``reason`` says why);
-    ``bytes_freed``: the drop of the backend's summed ``memory_stats()`` counters over a native
-    suspend, ``None`` where no backend reports them.
+    ``mechanism``: ``"native"``, ``"fenced"``, ``"mixed"`` (some of the group's backends
+    suspended, the others fenced: ``cpu:gloo,cuda:nccl``) or ``"skipped"`` (``reason`` says why);
+    ``bytes_freed``: the drop of the suspended backends' summed ``memory_stats()`` counters
+    (``memory_before``/``memory_after``, keys ``<backend>:<key>``), ``None`` where no backend
+    reports them.
     """
 
     desc: str
@@ -189,16 +191,18 @@ def _default_type(group: Any) -> Any:
     return dist.Backend.backend_type_map.get(group._get_backend_name().lower(), dist.ProcessGroup.BackendType.CUSTOM)
 
 
-def _guard_for(group: Any, used: set[Any]) -> tuple[Any, Any]:
-    """The group's guard backend and its type (made and remembered on the first sleep)."""
+def _guard_for(group: Any, used: set[Any]) -> tuple[Any, Any] | str:
+    """The group's guard backend and its type (made and remembered on the first sleep), or why none."""
     known = _guards.get(id(group))
     if known is not None and known[0]() is group:
         return known[1], known[2]
     free = [t for t in (getattr(dist.ProcessGroup.BackendType, n) for n in _GUARD_TYPES) if t not in used]
+    fake: Any = getattr(torch._C._distributed_c10d, "FakeProcessGroup", None)  # the stub lacks its options
+    options: Any = fake.Options() if fake is not None and hasattr(fake, "Options") else None
+    if not hasattr(options, "error_on_collective"):
+        return f"torch {torch.__version__} has no refusing guard backend (FakeProcessGroup error_on_collective)"
     if not free:
-        raise RuntimeError(f"process group {_desc(group)!r}: no backend type left for the sleep guard")
-    fake: Any = torch._C._distributed_c10d.FakeProcessGroup  # torch's stub lacks its options argument
-    options = fake.Options()
+        return "every backend type is taken: no slot for the guard"
     options.error_on_collective = True
     guard = fake._create_internal(group.rank(), group.size(), options)
     _guards[id(group)] = (weakref.ref(group), guard, free[0])
@@ -206,10 +210,29 @@ def _guard_for(group: Any, used: set[Any]) -> tuple[Any, Any]:
 
 
 def _stats(backend: Any) -> dict[str, int] | None:
+    """The backend's ``memory_stats()`` under ``<backend name>:<key>``, or ``None`` without them."""
     try:
-        return {str(k): int(v) for k, v in backend.memory_stats().items()}
-    except RuntimeError:  # "does not support getMemoryStats"
+        stats = backend.memory_stats()
+    except (AttributeError, RuntimeError):  # older torch; "does not support getMemoryStats"
         return None
+    return {f"{backend.name()}:{k}": int(v) for k, v in stats.items()}
+
+
+def _suspend(backend: Any) -> bool:
+    """Suspend ``backend``; ``False`` when it cannot (gloo, or a torch without ``suspend``)."""
+    if not hasattr(backend, "suspend"):
+        return False
+    try:
+        backend.suspend()
+    except RuntimeError as err:
+        if "does not support suspend" in str(err):
+            return False
+        raise
+    return True
+
+
+def _resume(backend: Any) -> None:
+    backend.resume()
 
 
 def _sleep_one(group: Any) -> GroupOutcome:
@@ -222,44 +245,49 @@ def _sleep_one(group: Any) -> GroupOutcome:
     if not routes or "fake" in names:
         outcome.reason = "torch's fake backend: nothing to release" if routes else "no backend registered"
         return outcome
+    found = _guard_for(group, {t for _, t, _ in routes})
+    if isinstance(found, str):  # without a guard a sleeping group could be used: stay awake
+        outcome.reason = found
+        return outcome
+    guard, guard_type = found
     before: dict[str, int] = {}
     native: list[Any] = []
     unsupported: list[str] = []
     for backend in {id(b): b for _, _, b in routes}.values():  # one backend may serve several devices
         stats = _stats(backend)
         try:
-            backend.suspend()
-        except RuntimeError as err:
-            if "does not support suspend" not in str(err):
-                for done in native:  # leave the group as it was
-                    done.resume()
-                raise
+            suspended = _suspend(backend)
+        except BaseException:
+            for done in native:  # leave the group as it was
+                _resume(done)
+            raise
+        if not suspended:
             unsupported.append(backend.name())
             continue
         native.append(backend)
-        if stats is not None:
-            before.update(stats)
-    guard, guard_type = _guard_for(group, {t for _, t, _ in routes})
+        before.update(stats or {})
     default_type = _default_type(group)
     for device, _, _ in routes:
         group._register_backend(device, guard_type, guard)
     group._set_default_backend(guard_type)
     _asleep[id(group)] = _Slept(group, routes, default_type, native)
-    if native and not unsupported:
-        outcome.mechanism = "native"
-        outcome.reason = "Backend.suspend()"
+    if native:
+        outcome.mechanism = "mixed" if unsupported else "native"
+        outcome.reason = f"Backend.suspend() of {'/'.join(b.name() for b in native)}"
         if before:
             after: dict[str, int] = {}
             for backend in native:
                 after.update(_stats(backend) or {})
             outcome.memory_before, outcome.memory_after = before, after
             outcome.bytes_freed = sum(before.values()) - sum(after.values())
-    else:
-        outcome.mechanism = "fenced"
-        outcome.reason = (
-            f"backend {'/'.join(unsupported)} does not support suspend, and torch cannot release a "
-            "backend behind the same ProcessGroup: collectives refused until wake, nothing freed"
+    if unsupported:
+        fenced = (
+            f"backend {'/'.join(unsupported)} cannot suspend and torch cannot release a backend behind "
+            "the same ProcessGroup: refused until wake, nothing freed"
         )
+        outcome.reason = f"{outcome.reason}; {fenced}" if native else fenced
+        if not native:
+            outcome.mechanism = "fenced"
     return outcome
 
 
@@ -271,13 +299,14 @@ def _wake_one(group: Any) -> GroupOutcome:
         return GroupOutcome(_desc(group), str(group.group_name), names, "skipped", "not asleep")
     names = [backend.name() for _, _, backend in state.routes]
     for backend in state.native:
-        backend.resume()
+        _resume(backend)
     for device, backend_type, backend in state.routes:
         group._register_backend(device, backend_type, backend)  # the slot holds this very backend
     group._set_default_backend(state.default_type)
     del _asleep[id(group)]
-    mechanism = "native" if state.native else "fenced"
-    reason = "Backend.resume()" if state.native else "routed back to its backends"
+    unsuspended = [r for r in state.routes if not any(r[2] is b for b in state.native)]
+    mechanism = ("mixed" if unsuspended else "native") if state.native else "fenced"
+    reason = "Backend.resume(), routed back" if state.native else "routed back to its backends"
     return GroupOutcome(_desc(group), str(group.group_name), names, mechanism, reason)
 
 

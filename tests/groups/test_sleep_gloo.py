@@ -141,6 +141,35 @@ def _twice() -> dict:
         creation.destroy_groups(groups)
 
 
+def _native_stand_in() -> dict:
+    """The native path with gloo standing in for a backend that suspends (NCCL 2.29.7+)."""
+    calls: list[str] = []
+    counters = iter([{"gloo:bytes": 1000}, {"gloo:bytes": 100}, {"gloo:bytes": 1000}, {"gloo:bytes": 100}])
+    saved = sleeping._suspend, sleeping._resume, sleeping._stats
+    sleeping._suspend = lambda backend: calls.append("suspend") or True
+    sleeping._resume = lambda backend: calls.append("resume")
+    sleeping._stats = lambda backend: next(counters)
+    groups = _make_groups()
+    try:
+        slept = sleeping.sleep(groups, timeout=20)
+        try:
+            dist.all_reduce(torch.ones(1), group=groups[0])
+            refused = False
+        except sleeping.GroupAsleepError:
+            refused = True
+        woken = sleeping.wake(timeout=20)
+        return {
+            "sleep": [(g.mechanism, g.bytes_freed) for g in slept.groups],
+            "wake": [g.mechanism for g in woken.groups],
+            "calls": calls,
+            "refused": refused,
+            "after": _sums(groups),
+        }
+    finally:
+        sleeping._suspend, sleeping._resume, sleeping._stats = saved
+        creation.destroy_groups(groups)
+
+
 def _destroyed_asleep() -> dict:
     groups = _make_groups()
     sleeping.sleep(groups, timeout=20)
@@ -256,6 +285,16 @@ def test_sleeping_twice_and_waking_the_awake_are_no_ops(gloo_world):
         assert got["again"] == [("skipped", "not asleep")] * 2
         assert got["inside"] == ([False, True], ["DATA_PARALLEL"])  # kinds: only the pair group
         assert got["after"] == [3.0, 3.0, 3.0]
+
+
+@pytest.mark.multiprocess
+def test_native_suspend_reports_bytes_freed_and_resumes(gloo_world):
+    for rank, got in enumerate(gloo_world(2).run(_native_stand_in, timeout=90)):
+        assert got["sleep"] == [("native", 900), ("native", 900)]
+        assert got["wake"] == ["native", "native"]
+        assert got["calls"] == ["suspend", "suspend", "resume", "resume"]
+        assert got["refused"]  # a suspended group is fenced too
+        assert got["after"] == _expected(2, rank)
 
 
 @pytest.mark.multiprocess
