@@ -170,6 +170,33 @@ def _native_stand_in() -> dict:
         creation.destroy_groups(groups)
 
 
+def _mismatch_and_error_inside() -> dict:
+    """Rank 0 sleeps while the others wake; then an error inside asleep() still wakes."""
+    groups = _make_groups()
+    try:
+        call = sleeping.sleep if dist.get_rank() == 0 else sleeping.wake
+        try:
+            call(groups, timeout=20)
+            mismatch = ""
+        except agreement.ParallelConfigMismatchError as err:
+            mismatch = type(err).__name__
+        inside = False
+        try:
+            with sleeping.asleep(groups, timeout=20):
+                inside = sleeping.is_asleep(groups[0])
+                raise KeyError("inside")
+        except KeyError:
+            pass
+        return {
+            "mismatch": mismatch,
+            "inside": inside,
+            "after": [sleeping.is_asleep(g) for g in groups],
+            "sums": _sums(groups),
+        }
+    finally:
+        creation.destroy_groups(groups)
+
+
 def _destroyed_asleep() -> dict:
     groups = _make_groups()
     sleeping.sleep(groups, timeout=20)
@@ -295,6 +322,14 @@ def test_native_suspend_reports_bytes_freed_and_resumes(gloo_world):
         assert got["calls"] == ["suspend", "suspend", "resume", "resume"]
         assert got["refused"]  # a suspended group is fenced too
         assert got["after"] == _expected(2, rank)
+
+
+@pytest.mark.multiprocess
+def test_ranks_that_disagree_raise_and_asleep_wakes_on_error(gloo_world):
+    for rank, got in enumerate(gloo_world(2).run(_mismatch_and_error_inside, timeout=90)):
+        assert got["mismatch"] == "ParallelConfigMismatchError"
+        assert got["inside"] and got["after"] == [False, False, False]
+        assert got["sums"] == _expected(2, rank)
 
 
 @pytest.mark.multiprocess
