@@ -19,8 +19,9 @@ What happens to a group, reported per group in :class:`SleepReport`:
   ``ProcessGroup::setBackend`` in ``ProcessGroup.hpp``: registering a type already present
   reuses the backend held), and torch refuses Python subclasses of ``Backend`` ("No
   constructor defined"). Its resources stay; nothing is freed (``bytes_freed`` ``None``).
-* ``skipped`` with the reason: already asleep, not asleep, torch's fake backend, or not a
-  member.
+* ``mixed``: some of the group's backends suspend, the others are fenced (``cpu:gloo,cuda:nccl``).
+* ``skipped`` with the reason: already asleep, not asleep, torch's fake backend, or a torch
+  without the guard below (the group then stays awake).
 
 Every group put to sleep (native or fenced) is fenced: its devices are routed to a guard
 backend (torch's ``FakeProcessGroup`` with ``error_on_collective``) registered under a backend
