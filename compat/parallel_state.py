@@ -5,7 +5,8 @@ It serves exactly the API of ONE release, :data:`MEGATRON_VERSION` (functions, s
 are data (:mod:`parallel_state_ng.releases.parallel_state`). ``initialize_model_parallel`` runs
 the engine's build pipeline (:mod:`parallel_state_ng.groups.pipeline`): only this rank's groups,
 checked first, atomic, destroyed without leaks. Beyond MCore: ``get_state``, ``use_state``,
-``detach_state``, ``destroy_state``, ``abort_model_parallel``, ``use_collection``. See docs/compat.md.
+``detach_state``, ``destroy_state``, ``abort_model_parallel``, ``use_collection``,
+``sleep_model_parallel``, ``wake_model_parallel``, ``model_parallel_asleep``. See docs/compat.md.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from parallel_state_ng.layout.order import default_position_embedding_ranks as _
 from parallel_state_ng.releases import Release as _Release
 from parallel_state_ng.releases import parallel_state as _api
 
-from . import _collection, _expert, _getters, _helpers, _init, _legacy, _namespace, _release, _scoping
+from . import _collection, _expert, _getters, _helpers, _init, _legacy, _namespace, _release, _scoping, _sleep
 from ._surface import serve as _serve
 
 #: The megatron-core release whose API this module serves (a :class:`~parallel_state_ng.releases.Release`).
@@ -54,3 +55,6 @@ detach_state = _scoping.detach_state
 destroy_state = _scoping.destroy_state
 abort_model_parallel = _scoping.abort_model_parallel
 use_collection = _collection.use_collection
+sleep_model_parallel = _sleep.sleep_model_parallel
+wake_model_parallel = _sleep.wake_model_parallel
+model_parallel_asleep = _sleep.model_parallel_asleep

@@ -20,6 +20,9 @@ from parallel_state_ng.builders.scope import Scope, no_globals
 from parallel_state_ng.groups.handles import GroupHandle
 from parallel_state_ng.groups.megatron_groups import ModelParallelGroups, destroy_model_groups, global_values
 from parallel_state_ng.groups.pipeline import Prepared, agree, build, check_options, layout_participants
+from parallel_state_ng.groups.sleep import SleepReport
+from parallel_state_ng.groups.sleep import sleep as sleep_groups
+from parallel_state_ng.groups.sleep import wake as wake_groups
 from parallel_state_ng.groups.split import creation_path as creation_path_of
 from parallel_state_ng.layout.init_args import InitArgs
 from parallel_state_ng.layout.kinds import fills
@@ -166,6 +169,18 @@ class MegatronGroups:
         if self.destroyed:
             self._state()
         return no_globals(self, frames_up=1)
+
+    def sleep(self, *, timeout: float = 60.0) -> SleepReport:
+        """Put this module's groups to sleep (the same objects stay in every collection and handle).
+
+        Every rank of the world calls it, a rank outside the module too (it sleeps nothing);
+        see :func:`parallel_state_ng.groups.sleep.sleep` for the mechanism, the report and the errors.
+        """
+        return sleep_groups(self._groups.created if self._groups is not None else [], timeout=timeout)
+
+    def wake(self, *, timeout: float = 60.0) -> SleepReport:
+        """Wake this module's groups (every rank of the world calls it); see :meth:`sleep`."""
+        return wake_groups(self._groups.created if self._groups is not None else [], timeout=timeout)
 
     def destroy(self) -> int:
         """Destroy every group this object created on this rank; returns how many. Idempotent."""

@@ -27,7 +27,17 @@ from parallel_state_ng.releases import parse_release
 # docs/compat.md: several grids in one job; docs/reliability.md: abort). Anything else compat
 # exposes must be the release's; each of these must exist (the list cannot go stale).
 COMPAT_EXTRAS = frozenset(
-    {"get_state", "use_state", "detach_state", "destroy_state", "abort_model_parallel", "use_collection"}
+    {
+        "get_state",
+        "use_state",
+        "detach_state",
+        "destroy_state",
+        "abort_model_parallel",
+        "use_collection",
+        "sleep_model_parallel",
+        "wake_model_parallel",
+        "model_parallel_asleep",
+    }
 )
 # The attribute that says which release compat serves.
 VERSION_ATTRIBUTE = "MEGATRON_VERSION"
