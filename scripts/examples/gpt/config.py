@@ -65,6 +65,9 @@ class TrainConfig:
     #: Linear layers with biases (Megatron's add_bias_linear). Off for MoE at expert tp 1: Megatron's
     #: MLP then adds the expert bias in place on a view the tp-1 reduce returned, which autograd refuses.
     bias: bool = True
+    #: compat only: every communicator to sleep and awake again after each optimizer step
+    #: (compat.parallel_state.sleep_model_parallel / wake_model_parallel), as an RL job between phases.
+    sleep_wake: bool = False
     lr: float = 3e-3
     clip_grad: float = 1.0
     init_from_names: bool = False
@@ -99,6 +102,8 @@ class TrainConfig:
             parts.append(f"dropout{self.dropout:g}")
         if not self.bias:
             parts.append("no-bias")
+        if self.sleep_wake:
+            parts.append("sleep-wake")
         return " ".join(parts)
 
 
@@ -150,6 +155,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         errors.append(f"--share-groups must be one of {', '.join(SHARE_SETTINGS)}, got {cfg.share!r}")
     if cfg.share is not None and cfg.impl != "compat":
         errors.append(f"--share-groups {cfg.share} needs --impl compat (MCore shares nothing)")
+    if cfg.sleep_wake and cfg.impl != "compat":
+        errors.append("sleep_wake needs --impl compat (MCore has no sleep)")
     if ok:
         _check_layout(cfg, errors)
     if errors:

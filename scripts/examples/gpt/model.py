@@ -252,4 +252,22 @@ def train_steps(
             losses.append(float(loss / dist.get_world_size(dp_group)))
             if cfg.verbose and reporter:
                 print(f"step {step + 1}: loss {losses[-1]:.6f}  grad norm {grad_norms[-1]:.6f}", flush=True)
+        if cfg.sleep_wake:
+            _sleep_and_wake()
     return losses, grad_norms
+
+
+def _sleep_and_wake() -> None:
+    """Every communicator asleep, a collective refused, then awake: an RL job's interlude."""
+    import compat.parallel_state as ps
+    from parallel_state_ng.groups.sleep import GroupAsleepError
+
+    report = ps.sleep_model_parallel(timeout=120)
+    try:
+        dist.all_reduce(torch.ones(1), group=ps.get_data_parallel_group())
+    except GroupAsleepError:
+        pass
+    else:
+        raise RuntimeError(f"a collective on a sleeping group was not refused: {report}")
+    finally:
+        ps.wake_model_parallel(timeout=120)
