@@ -18,6 +18,7 @@ from typing import cast
 
 from parallel_state_ng.layout.encoder_layout import EncoderBlock, encoder_data_parallel_size, resolve_encoder_sizes
 from parallel_state_ng.layout.kinds import ALL_GATHER_KINDS, GROUP_KINDS, token_kind_dims
+from parallel_state_ng.layout.megatron_blocks import block_data_parallel_size, block_layout, split_blocks
 from parallel_state_ng.layout.megatron_checks import (
     check_layout_arguments,
     check_rank_offset,
@@ -34,7 +35,6 @@ from parallel_state_ng.layout.order import (
     default_position_embedding_ranks,
     hierarchical_group,
     normalize_order,
-    quotient,
     read_order,
 )
 from parallel_state_ng.layout.plan import creation_kinds
@@ -114,17 +114,21 @@ class MegatronLayout:
     expert: Layout = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # Checks that need no derived size, then the blocks (BLOCKS) in MCore's order of
+        # derivation, each size checked as it is derived, then the optimizer-instance splits.
         self._check_release_arguments()
-        w = self.layout_world_size
-        tp, pp, cp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size, self.context_parallel_size
-        ep, n = self.expert_model_parallel_size, self.num_distributed_optimizer_instances
-        gtp, egtp = self.gtp_remat_size, self.expert_gtp_remat_size
-        axis = self.facts.gtp_remat_axis
+        tp, cp, n = (
+            self.tensor_model_parallel_size,
+            self.context_parallel_size,
+            self.num_distributed_optimizer_instances,
+        )
+        gtp, egtp, axis = self.gtp_remat_size, self.expert_gtp_remat_size, bool(self.facts.gtp_remat_axis)
         if self.facts.gtp_requires_single_instance and (gtp > 1 or egtp > 1) and n > 1:
             raise AssertionError(
                 f"gtp_remat_size ({gtp}) / expert_gtp_remat_size ({egtp}) > 1 needs "
                 f"num_distributed_optimizer_instances == 1, got {n}"
             )
+        w, pp = self.layout_world_size, self.pipeline_model_parallel_size
         what = "local_world_size" if self.local_world_size is not None else "world_size"
         enc_tp, enc_pp = resolve_encoder_sizes(
             self.encoder_tensor_model_parallel_size, self.encoder_pipeline_model_parallel_size, tp
@@ -133,15 +137,7 @@ class MegatronLayout:
         if enc_tp * enc_pp:  # 0.12-0.13: an encoder block first
             self.data_parallel_size = encoder_data_parallel_size(w, what, enc_tp, enc_pp, tp, pp, cp)
         else:
-            gtp_factor = {"gtp_remat_size": gtp} if axis else {}
-            self.data_parallel_size = quotient(
-                w,
-                what,
-                tensor_model_parallel_size=tp,
-                pipeline_model_parallel_size=pp,
-                context_parallel_size=cp,
-                **gtp_factor,
-            )
+            self.data_parallel_size = block_data_parallel_size(self, "decoder", w, what, axis)
         #: Ranks of the encoder block ``[rank_offset, rank_offset + encoder_world_size)`` (0.12-0.13).
         self.encoder_world_size = enc_tp * enc_pp * cp * self.data_parallel_size
         encoder = None
@@ -150,31 +146,25 @@ class MegatronLayout:
             tokens = normalize_order(self.order, sizes)
             encoder = Layout([sizes[t] for t in tokens], tokens, self.rank_offset)
         start = self.rank_offset + self.encoder_world_size  # the decoder and expert blocks
-        dense = {"tp": tp, "pp": pp, "dp": self.data_parallel_size, "ep": 1, "cp": cp}
-        if axis:
-            dense[GTP_TOKEN] = gtp
-        self.order_tokens = read_order(self.order, dense, "tp" if axis else None)
-        self.decoder = Layout([dense[t] for t in self.order_tokens], self.order_tokens, start)
-
+        self.decoder = block_layout(self, "decoder", start, axis)
+        self.order_tokens = list(self.decoder.names)
         if self.expert_tensor_parallel_size is None:
             self.expert_tensor_parallel_size = tp
-        etp = self.expert_tensor_parallel_size
-        egtp_factor = {"expert_gtp_remat_size": egtp} if axis else {}
-        self.expert_data_parallel_size = quotient(
-            w - self.encoder_world_size,
-            f"decoder {what}" if encoder else what,
-            expert_tensor_parallel_size=etp,
-            expert_model_parallel_size=ep,
-            pipeline_model_parallel_size=pp,
-            **egtp_factor,
+        expert_what = f"decoder {what}" if encoder else what
+        self.expert_data_parallel_size = block_data_parallel_size(
+            self, "expert", w - self.encoder_world_size, expert_what, axis
         )
-        moe = {"tp": etp, "pp": pp, "dp": self.expert_data_parallel_size, "ep": ep, "cp": 1}
-        if axis:
-            moe[GTP_TOKEN] = egtp
-        expert_tokens = read_order(self.order, moe, "ep" if axis else None)
-        self.expert = Layout([moe[t] for t in expert_tokens], expert_tokens, start)
+        self.expert = block_layout(self, "expert", start, axis)
         self.encoder_block = None if encoder is None else EncoderBlock(encoder, self.decoder, self.expert)
+        self._check_pipelines_agree()
+        self._split_optimizer_instances(encoder)
+        self._set_embedding_ranks()
+        self._kind_dims = self._token_kinds()
+        self._all_gather: dict[str, Layout | None] = {}
 
+    def _check_pipelines_agree(self) -> None:
+        """The dense and expert blocks must have the same pipelines (MCore asserts it)."""
+        pp = self.pipeline_model_parallel_size
         if not (self.order.endswith("pp") or pp == 1 or self.expert_data_parallel_size == self.data_parallel_size):
             raise AssertionError(
                 f"order {self.order!r} does not end with 'pp', so the data parallel size of the dense "
@@ -189,6 +179,9 @@ class MegatronLayout:
                 f"(first group); choose an order ending in 'pp' or matching tensor sizes"
             )
 
+    def _split_optimizer_instances(self, encoder: Layout | None) -> None:
+        """The partial data-parallel sizes and the blocks split per optimizer instance (SPLITS)."""
+        cp, n = self.context_parallel_size, self.num_distributed_optimizer_instances
         dp_cp = self.data_parallel_size * cp
         if dp_cp % n != 0:
             raise AssertionError(
@@ -197,25 +190,19 @@ class MegatronLayout:
             )
         self.intra_partial_data_parallel_size = dp_cp // n
         blocks = {"decoder": self.decoder, **({"encoder": encoder} if encoder else {})}
-        self._intra_dp_cp = {
-            name: block.split(["cp", "dp"], [dp_cp // n, n], ["intra_dp_cp", "inter_dp_cp"])
-            for name, block in blocks.items()
-        }
-
+        self._intra_dp_cp = split_blocks(blocks, "_intra_dp_cp", dp_cp, n)
         hcp = self.hierarchical_context_parallel_sizes
         if hcp and self.facts.hcp_sizes_checked and math.prod(hcp) != cp:
             raise AssertionError(
                 f"hierarchical_context_parallel_sizes {list(hcp)} multiply to {math.prod(hcp)}, "
                 f"not context_parallel_size ({cp})"
             )
-
         edp = self.expert_data_parallel_size
         if edp % n != 0 and self.facts.partial_expert_dp:
             raise AssertionError(
                 f"expert data parallel size ({edp}) is not divisible by num_distributed_optimizer_instances ({n})"
             )
         self.intra_partial_expert_data_parallel_size = edp // n
-        expert_blocks = {"decoder": self.expert, **({"encoder": encoder} if encoder else {})}
         if encoder and n > 1 and self.facts.partial_expert_dp and self.data_parallel_size != edp:
             # MCore splits the encoder's data-parallel groups (size dp) as if they were expert ones.
             raise RuntimeError(
@@ -223,28 +210,31 @@ class MegatronLayout:
                 f"size ({edp}) to equal the data parallel size ({self.data_parallel_size}): megatron-core splits "
                 f"the encoder's data-parallel groups into expert distributed-optimizer shares"
             )
-        self._edp_split = {  # 0.13+: the expert dp shares of the optimizer instances
-            name: block.split("dp", [edp // n, n], ["intra_ep_dp", "inter_ep_dp"])
-            for name, block in expert_blocks.items()
-            if (self.facts.partial_expert_dp or self.facts.dist_opt_instance_group)
-            and (name == "decoder" or (n > 1 and self.facts.partial_expert_dp))
-        }
+        # 0.13+: the expert dp shares of the optimizer instances
+        shared = self.facts.partial_expert_dp or self.facts.dist_opt_instance_group
+        expert_blocks = {"decoder": self.expert, **({"encoder": encoder} if encoder else {})}
+        self._edp_split = split_blocks(
+            {
+                name: block
+                for name, block in expert_blocks.items()
+                if shared and (name == "decoder" or (n > 1 and self.facts.partial_expert_dp))
+            },
+            "_edp_split",
+            edp,
+            n,
+        )
+
+    def _set_embedding_ranks(self) -> None:
+        """The split rank checked; the embedding callables defaulted (with the split rank, 0.12-0.13)."""
         split = self.pipeline_model_parallel_split_rank
-        check_split_rank(self, stages=enc_pp + pp)
-        if self.get_embedding_ranks is None:
-            self.get_embedding_ranks = (
-                default_embedding_ranks
-                if split is None
-                else functools.partial(default_embedding_ranks, split_rank=split)
-            )
-        if self.get_position_embedding_ranks is None:
-            self.get_position_embedding_ranks = (
-                default_position_embedding_ranks
-                if split is None
-                else functools.partial(default_position_embedding_ranks, split_rank=split)
-            )
-        self._kind_dims = self._token_kinds()
-        self._all_gather: dict[str, Layout | None] = {}
+        encoder_stages = self.encoder_pipeline_model_parallel_size or 0  # resolved: an int
+        check_split_rank(self, stages=encoder_stages + self.pipeline_model_parallel_size)
+        for name, default in (
+            ("get_embedding_ranks", default_embedding_ranks),
+            ("get_position_embedding_ranks", default_position_embedding_ranks),
+        ):
+            if getattr(self, name) is None:
+                setattr(self, name, default if split is None else functools.partial(default, split_rank=split))
 
     def _check_release_arguments(self) -> None:
         """Resolve ``release`` and reject arguments it does not have, or bad offsets/sizes."""

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 from parallel_state_ng.layout.bounded_input import MAX_RANK
+from parallel_state_ng.layout.rank_lists import plain_rank_enum
 
 if TYPE_CHECKING:  # the tensor methods import torch when called: the rank math does not need it
     import torch
@@ -407,15 +408,13 @@ class Layout:
     def rank_enum(self, dims: DimsArg) -> list[list[int]]:
         """:meth:`enumerate_groups` as nested lists (the shape megatron returns).
 
-        A plain layout's come from list arithmetic, without torch (which the command line need
-        not import); a split layout's from :meth:`enumerate_groups`.
+        A plain layout's come from :func:`~parallel_state_ng.layout.rank_lists.plain_rank_enum`,
+        without torch (which the command line need not import); a split layout's from
+        :meth:`enumerate_groups`.
         """
         if self._parent is not None:
             return self.enumerate_groups(dims).tolist()
-        inside = self.dims(dims)
-        members = self._plain_steps(inside)
-        firsts = self._plain_steps([n for n in self.names if n not in set(inside)])
-        return [[self.rank_offset + first + step for step in members] for first in firsts]
+        return plain_rank_enum(self.sizes, self.names, self.rank_offset, self.dims(dims))
 
     # ---------------------------------------------------------- comparing layouts
     def _runs(self, dims: Iterable[str]) -> tuple[tuple[bool, int], ...]:

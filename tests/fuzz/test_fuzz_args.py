@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from parallel_state_ng.builders.grid import HyperCommGrid
-from parallel_state_ng.builders.verify_sources import read_source
+from parallel_state_ng.builders.verify.sources import read_source
 from parallel_state_ng.layout.megatron_layout import MegatronLayout
 from parallel_state_ng.layout.topology_spec import ModuleSpec, TopologySpecError, validate_topology
 from parallel_state_ng.releases import as_release

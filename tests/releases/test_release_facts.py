@@ -3,7 +3,7 @@
 compat serves every supported release from ``parallel_state_ng.releases.parallel_state``, and
 ``tests/releases/test_releases_compat.py`` checks compat against each release (which checks the data it
 serves). The 0.12/0.13 entries are written as differences from 0.14
-(``releases/parallel_state_legacy.py``) and also drive ``port --upgrade``: here each legacy
+(``releases/parallel_state/legacy.py``) and also drive ``port --upgrade``: here each legacy
 release's own ``parallel_state``, imported in its own process, is compared directly with what
 the data says about it — functions with parameter names, kinds, defaults and module order,
 state globals with their import-time values, ``RankGenerator`` — both directions.

@@ -1,41 +1,24 @@
-"""Per-release facts about ``megatron.core.parallel_state``: its API surface and behaviour (data).
+"""The API surface of ``megatron.core.parallel_state`` per release, as tables (data).
 
-Read from each release's ``parallel_state.py`` (0.14.0 … 0.19.2); 0.12/0.13 are merged in at
-import from :mod:`.parallel_state_legacy`. Tables: :data:`FUNCTIONS`, :data:`GLOBALS`,
-:data:`RANK_GENERATOR`, :data:`REPLACEMENTS`; queries: :func:`functions`, :func:`signature`,
-:func:`globals_of`, :func:`rank_generator_methods`, :func:`has`, :func:`positional_changes`,
-:func:`replacement`. See docs/releases.md.
+Read from each release's ``parallel_state.py`` (0.14.0 … 0.19.2), written in the vocabulary of
+:mod:`.signatures`; the 0.12/0.13 entries (:mod:`.legacy`) are merged in at import.
+:data:`FUNCTIONS`: each public function's signature variants, in MCore's module order;
+:data:`GLOBALS`: each module global's releases and import-time value; :data:`RANK_GENERATOR`:
+``RankGenerator``'s methods. Query them through :mod:`.queries`.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from parallel_state_ng.releases import KNOWN_SERIES, SUPPORTED_SERIES, Release, known_release
-from parallel_state_ng.releases.parallel_state_replacements import REPLACEMENTS, replacement
-from parallel_state_ng.releases.parallel_state_variants import REQUIRED, Param, Variant, drop_param, insert_params
-from parallel_state_ng.releases.parallel_state_variants import params as _params
-from parallel_state_ng.releases.parallel_state_variants import series_after as _next
-from parallel_state_ng.releases.parallel_state_variants import variant as _v
+from parallel_state_ng.releases import KNOWN_SERIES, SUPPORTED_SERIES
+from parallel_state_ng.releases.parallel_state import legacy as _legacy
+from parallel_state_ng.releases.parallel_state.signatures import Variant, drop_param, insert_params
+from parallel_state_ng.releases.parallel_state.signatures import params as _params
+from parallel_state_ng.releases.parallel_state.signatures import series_after as _next
+from parallel_state_ng.releases.parallel_state.signatures import variant as _v
 
-__all__ = [
-    "REQUIRED",
-    "Param",
-    "Variant",
-    "FUNCTIONS",
-    "GLOBALS",
-    "RANK_GENERATOR",
-    "functions",
-    "signature",
-    "globals_of",
-    "rank_generator_methods",
-    "has",
-    "positional_changes",
-    "GLOBAL_VALUE_EXCEPTIONS",
-    "REPLACEMENTS",
-    "replacement",
-]
+__all__ = ["FUNCTIONS", "GLOBALS", "RANK_GENERATOR"]
 
 
 # The tables below are written for the modern releases (0.14 on); the legacy 0.12/0.13 entries
@@ -333,10 +316,7 @@ RANK_GENERATOR: dict[str, list[Variant]] = {
 }
 
 # ------------------------------------------------------------- legacy releases 0.12 and 0.13
-# Their facts are in parallel_state_legacy (a 0.14 entry is in 0.12/0.13 too unless stated
-# there); merged here.
-from parallel_state_ng.releases import parallel_state_legacy as _legacy  # noqa: E402
-from parallel_state_ng.releases.parallel_state_legacy import GLOBAL_VALUE_EXCEPTIONS  # noqa: E402
+# Their facts are in .legacy (a 0.14 entry is in 0.12/0.13 too unless stated there); merged here.
 
 
 def _add_legacy() -> None:
@@ -369,101 +349,3 @@ def _add_legacy() -> None:
 
 
 _add_legacy()
-
-
-# ----------------------------------------------------------------------------------- queries
-def _pick(variants: list[Variant], release: Release) -> Variant | None:
-    for variant in variants:
-        if variant.covers(release):
-            return variant
-    return None
-
-
-def signature(name: str, release: str | Release) -> tuple[Param, ...] | None:
-    """The parameters of function ``name`` in ``release``, or ``None`` if it has no such function.
-
-    Raises:
-        KeyError: no supported release has ``name``.
-    """
-    variant = _pick(FUNCTIONS[name], known_release(release))
-    return None if variant is None else variant.params
-
-
-def functions(release: str | Release) -> dict[str, tuple[Param, ...]]:
-    """Every public function of ``release`` with its parameters, in MCore's module order."""
-    r = known_release(release)
-    out = {}
-    for name, variants in FUNCTIONS.items():
-        variant = _pick(variants, r)
-        if variant is not None:
-            out[name] = variant.params
-    return out
-
-
-def globals_of(release: str | Release) -> dict[str, type | None]:
-    """Every module global of ``release`` -> its import-time value (``None``, or ``dict``: empty dict)."""
-    return dict(_globals_of_series(known_release(release).series))
-
-
-@functools.cache
-def _globals_of_series(series: str) -> tuple[tuple[str, type | None], ...]:
-    # Cached: compat publishes the globals on every init and destroy (about 130 release
-    # comparisons each time otherwise).
-    r = known_release(series)
-    return tuple(
-        (name, GLOBAL_VALUE_EXCEPTIONS.get(name, {}).get(r.series, init))
-        for name, (since, until, init) in GLOBALS.items()
-        if Variant(since, until, ()).covers(r)
-    )
-
-
-def rank_generator_methods(release: str | Release) -> dict[str, tuple[Param, ...]]:
-    """``RankGenerator``'s methods in ``release`` with their parameters (``self`` left out)."""
-    r = known_release(release)
-    out = {}
-    for name, variants in RANK_GENERATOR.items():
-        variant = _pick(variants, r)
-        if variant is not None:
-            out[name] = variant.params
-    return out
-
-
-def has(name: str, release: str | Release) -> bool:
-    """Whether ``release``'s API has a function or a function's parameter.
-
-    ``name`` is a function name (``"create_all_gather_groups"``) or ``"function.parameter"``
-    (``"initialize_model_parallel.rank_offset"``). Behaviour that changed without a signature
-    change is in :mod:`parallel_state_ng.releases.facts`.
-    """
-    r = known_release(release)
-    fact = name
-    if fact in FUNCTIONS:
-        return signature(fact, r) is not None
-    function, _, parameter = fact.partition(".")
-    if parameter and function in FUNCTIONS:
-        params = signature(function, r)
-        return params is not None and parameter in dict(params)
-    raise KeyError(f"unknown name {fact!r}: not a function or 'function.parameter' of any known release")
-
-
-def positional_changes(name: str, old: str | Release, new: str | Release) -> list[tuple[int, str | None, str | None]]:
-    """Positions whose parameter differs between ``old`` and ``new`` for function ``name``.
-
-    Returns ``(index, old parameter, new parameter)`` for every position where a positional
-    argument would change meaning (``None``: no parameter at that position in that release).
-    An empty list means positional calls keep their meaning.
-
-    Raises:
-        ValueError: one of the releases has no function ``name``.
-    """
-    before, after = signature(name, old), signature(name, new)
-    if before is None or after is None:
-        missing = old if before is None else new
-        raise ValueError(f"{name} does not exist in megatron-core {missing}")
-    a, b = [n for n, _ in before], [n for n, _ in after]
-    return [
-        (i, a[i] if i < len(a) else None, b[i] if i < len(b) else None)
-        for i in range(max(len(a), len(b)))
-        if (a[i] if i < len(a) else None) != (b[i] if i < len(b) else None)
-        and i < len(a)  # positions only the new release has cannot be passed by old callers
-    ]

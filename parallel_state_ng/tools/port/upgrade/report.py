@@ -3,9 +3,9 @@
 :class:`Finding` is one use whose meaning changes between two releases, :data:`KINDS` the kinds
 of finding in the order the summary lists them, :class:`FileCheck` one file's result;
 :func:`summary` writes the closing line over all files and :func:`no_equivalent` the fix given
-when nothing replaces what was removed. The checks are in :mod:`.upgrade`, which re-exports these
-names; :func:`layout_diff_line` the closing pointer at ``layout --diff`` for the same releases.
-The check: docs/tools.md#upgrade-check.
+when nothing replaces what was removed; :func:`layout_diff_line` the closing pointer at
+``layout --diff`` for the same releases. The checks are in :mod:`.parallel_state_uses` and
+:mod:`.grid_uses`; the package re-exports these names. The check: docs/tools.md#upgrade-check.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The vocabulary :mod:`.parallel_state`'s tables are written in: parameters and signature variants.
+"""The vocabulary :mod:`.surface`'s tables are written in: parameters and signature variants.
 
 A parameter is ``(name, default)``, ``default`` being :data:`REQUIRED` for a required one
 (:data:`Param`); a :class:`Variant` is one signature of a function, valid for a range of release

@@ -2,7 +2,8 @@
 
 :data:`REPLACEMENTS` maps a removed function, parameter (``"function.parameter"``) or global to
 what to use instead and the first series that has it; :func:`replacement` answers for one
-release. Re-exported by :mod:`.parallel_state`, which holds the rest of the API surface.
+release. Re-exported by :mod:`parallel_state_ng.releases.parallel_state` with the rest of the
+API surface.
 """
 
 from __future__ import annotations

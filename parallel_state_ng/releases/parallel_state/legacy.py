@@ -1,8 +1,9 @@
 """Facts about ``megatron.core.parallel_state`` of the legacy releases 0.12 and 0.13 (data only).
 
 Read from 0.12.3's and 0.13.1's ``parallel_state.py``, stated as differences from 0.14 (what
-0.14 has is in 0.12/0.13 too unless stated here); :mod:`.parallel_state` merges these tables
-into its own at import, query them there. See docs/releases.md ("The encoder/decoder era").
+0.14 has is in 0.12/0.13 too unless stated here); :mod:`.surface` merges these tables into
+its own at import; query them through :mod:`parallel_state_ng.releases.parallel_state`. See
+docs/releases.md ("The encoder/decoder era").
 """
 
 from __future__ import annotations
