@@ -48,7 +48,7 @@ TORCH_FACTS: dict[str, tuple[str, str | None]] = {
     "fake_backend_takes_options": ("2.9", None),
     # DeviceMesh keeps its flattened dims (mesh[...]._flatten(name)) in its own _flatten_mapping;
     # before, in _mesh_resources.root_to_flatten_mapping under the root mesh (read in 2.6.0 to
-    # 2.9.1; 2.4.1 has no _flatten). verify_groups reads either (builders/verify_sources.py).
+    # 2.9.1; 2.4.1 has no _flatten). verify_groups reads either (builders/verify/sources.py).
     "device_mesh_flatten_mapping": ("2.10", None),
     # dist.get_backend of a group no longer registered raises ValueError; before, TypeError
     # ("Invariant encountered"), which torch's exception logger raises in place of the error of a
