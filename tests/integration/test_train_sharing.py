@@ -53,25 +53,12 @@ def sharing_layouts(version: str) -> list[TrainConfig]:
 @pytest.mark.network
 @pytest.mark.parametrize("version", TODAY)
 def test_safe_sharing_trains_bit_identically(version):
-    from parallel_state_ng.testing.worlds import GlooWorld
-    from scripts.examples.gpt import training as gpt_training
-
     cfgs = sharing_layouts(version)
-    world = GlooWorld(4)
-    try:
-        results = world.run(gpt_training.train_variants, cfgs, VARIANTS, timeout=600)
-    finally:
-        world.close()
+    results = _train(4, cfgs)
+    _check_bit_identical(version, cfgs, results)
     for i, cfg in enumerate(cfgs):
-        for rank, by_variant in enumerate(results):
+        for by_variant in results:
             reference = by_variant["mcore"][i]
-            assert reference["facts"]["version"] == version
-            for variant in ("compat-after", "compat-safe"):
-                run = by_variant[variant][i]
-                assert run["facts"]["schedules.parallel_state"] == "compat.parallel_state", variant
-                assert run["leaked_groups"] == 0, (variant, rank)
-                for key in ("losses", "grad_norms", "digest", "params"):
-                    assert run[key] == reference[key], f"{version} {cfg.label()} rank {rank}: {variant} {key}"
             safe, unshared = by_variant["compat-safe"][i]["groups"], by_variant["compat-after"][i]["groups"]
             assert safe["dp is dp_cp"] and safe["tp is tp_cp"]  # safe shared (cp = 1)
             assert not unshared["dp is dp_cp"] and not reference["groups"]["dp is dp_cp"]
@@ -81,6 +68,18 @@ def test_safe_sharing_trains_bit_identically(version):
                 assert "dp_cp_ag is dp_cp" in safe
         losses = next(r["mcore"][i]["losses"] for r in reversed(results) if r["mcore"][i]["losses"])
         assert len(losses) == cfg.steps and all(math.isfinite(x) for x in losses)
+
+
+def _train(size: int, cfgs: list[TrainConfig]) -> list[dict]:
+    """Every variant of :data:`VARIANTS` on a fresh gloo world of ``size`` ranks; results by rank."""
+    from parallel_state_ng.testing.worlds import GlooWorld
+    from scripts.examples.gpt import training as gpt_training
+
+    world = GlooWorld(size)
+    try:
+        return world.run(gpt_training.train_variants, cfgs, VARIANTS, timeout=600)
+    finally:
+        world.close()
 
 
 def corner_layouts(version: str) -> list[TrainConfig]:
@@ -99,9 +98,11 @@ def corner_layouts(version: str) -> list[TrainConfig]:
 
 
 def _check_bit_identical(version: str, cfgs: list[TrainConfig], results: list[dict]) -> None:
+    """Unshared compat and ``safe`` equal MCore on every rank, and ``safe`` kept the grad-statistics tie."""
     for i, cfg in enumerate(cfgs):
         for rank, by_variant in enumerate(results):
             reference = by_variant["mcore"][i]
+            assert reference["facts"]["version"] == version
             for variant in ("compat-after", "compat-safe"):
                 run = by_variant[variant][i]
                 assert run["facts"]["schedules.parallel_state"] == "compat.parallel_state", variant
@@ -118,22 +119,11 @@ def _check_bit_identical(version: str, cfgs: list[TrainConfig], results: list[di
 @pytest.mark.network
 @pytest.mark.parametrize("version", TODAY)
 def test_safe_sharing_at_the_size_one_corners(version):
-    from parallel_state_ng.testing.worlds import GlooWorld
-    from scripts.examples.gpt import training as gpt_training
-
     cfgs = corner_layouts(version)
-    world = GlooWorld(2)
-    try:
-        results = world.run(gpt_training.train_variants, cfgs, VARIANTS, timeout=600)
-    finally:
-        world.close()
+    results = _train(2, cfgs)
     _check_bit_identical(version, cfgs, results)
     single = [TrainConfig(steps=3, megatron_path=str(release_dir(version)))]  # a single rank
     if _version(version) >= (0, 16):
         single = [single[0].replace(experts=2, bias=False)]
-    world = GlooWorld(1)
-    try:
-        results = world.run(gpt_training.train_variants, single, VARIANTS, timeout=600)
-    finally:
-        world.close()
+    results = _train(1, single)
     _check_bit_identical(version, single, results)

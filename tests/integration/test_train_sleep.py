@@ -30,6 +30,7 @@ LAYOUTS = [
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.rotating(1, 10)  # end-to-end part 2 of 10 (docs/testing.md, "Rotating parts")
 def test_training_with_sleep_and_wake_after_every_step_is_bit_identical():
     from parallel_state_ng.testing.worlds import GlooWorld
     from scripts.examples.gpt import training as gpt_training

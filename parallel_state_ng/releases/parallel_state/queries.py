@@ -34,15 +34,16 @@ def signature(name: str, release: str | Release) -> tuple[Param, ...] | None:
     return None if variant is None else variant.params
 
 
+def _present(table: dict[str, list[Variant]], release: str | Release) -> dict[str, tuple[Param, ...]]:
+    """Each name of ``table`` that ``release`` has, with that release's parameters, in table order."""
+    r = known_release(release)
+    picked = ((name, _pick(variants, r)) for name, variants in table.items())
+    return {name: variant.params for name, variant in picked if variant is not None}
+
+
 def functions(release: str | Release) -> dict[str, tuple[Param, ...]]:
     """Every public function of ``release`` with its parameters, in MCore's module order."""
-    r = known_release(release)
-    out = {}
-    for name, variants in FUNCTIONS.items():
-        variant = _pick(variants, r)
-        if variant is not None:
-            out[name] = variant.params
-    return out
+    return _present(FUNCTIONS, release)
 
 
 def globals_of(release: str | Release) -> dict[str, type | None]:
@@ -64,13 +65,7 @@ def _globals_of_series(series: str) -> tuple[tuple[str, type | None], ...]:
 
 def rank_generator_methods(release: str | Release) -> dict[str, tuple[Param, ...]]:
     """``RankGenerator``'s methods in ``release`` with their parameters (``self`` left out)."""
-    r = known_release(release)
-    out = {}
-    for name, variants in RANK_GENERATOR.items():
-        variant = _pick(variants, r)
-        if variant is not None:
-            out[name] = variant.params
-    return out
+    return _present(RANK_GENERATOR, release)
 
 
 def has(name: str, release: str | Release) -> bool:
