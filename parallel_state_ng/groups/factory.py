@@ -126,7 +126,8 @@ class GroupFactory:
         ``new`` is ``False`` when the pool answered with a group this build already holds, so a
         caller lists and destroys each group once.
         """
-        members = None if ranks is None else list(ranks)
+        # a list is passed on as it is: a copy would cost the member count again (a world-sized group)
+        members = ranks if ranks is None or isinstance(ranks, list) else list(ranks)
         options = {"pg_options": pg_options, "timeout": timeout, "group_desc": group_desc, **torch_kwargs}
         if self.splits(backend):
             return self._split(members, kind=kind, backend=backend, shareable=shareable, options=options)
