@@ -123,9 +123,9 @@ def group_sharing_mode(path: str = "member") -> SharingMode:
         raise ValueError(f"environment variable {ENV_SHARE} must be {_VALUES}, got {shown(text)}") from None
 
 
-def group_sharing_enabled() -> bool:
-    """Whether groups are shared at all (:func:`group_sharing_mode` is not ``off``)."""
-    return group_sharing_mode() != "off"
+def group_sharing_enabled(path: str = "member") -> bool:
+    """Whether groups of a build on ``path`` are shared at all (:func:`group_sharing_mode` is not ``off``)."""
+    return group_sharing_mode(path) != "off"
 
 
 class _Identity:

@@ -76,6 +76,10 @@ def test_policy_is_data_over_the_kind_table():
 def test_switch_value_safe(monkeypatch):
     monkeypatch.setenv(sharing.ENV_SHARE, "safe")
     assert sharing.group_sharing_mode() == "safe" and sharing.group_sharing_enabled()
+    monkeypatch.delenv(sharing.ENV_SHARE)  # unset: the path decides
+    assert not sharing.group_sharing_enabled() and sharing.group_sharing_enabled("split")
+    monkeypatch.setenv(sharing.ENV_SHARE, "0")
+    assert not sharing.group_sharing_enabled("split")
     monkeypatch.setenv(sharing.ENV_SHARE, "safest")
     with pytest.raises(ValueError, match="0, safe, 1 or process"):
         sharing.group_sharing_mode()
