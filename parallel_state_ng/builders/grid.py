@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from parallel_state_ng.groups.device_mesh import MeshDimsArg, mesh_over_groups
@@ -82,6 +83,18 @@ def _check_dims(layout: Layout, dims: DimsArg, where: str) -> list[str]:
     if len(set(names)) != len(names):
         raise RepeatedDimError(f"dims {names} name a dim more than once")
     return names
+
+
+def _nested_lists(groups: torch.Tensor) -> list[list[int]]:
+    """The rows of ``groups`` as lists of ints, through numpy where torch has it.
+
+    numpy's ``tolist`` builds the ints and lists a few percent faster than torch's (the cost of
+    a million-rank enumeration); a torch built without numpy falls back to its own.
+    """
+    try:
+        return groups.numpy().tolist()
+    except RuntimeError:  # "Numpy is not available"
+        return groups.tolist()
 
 
 class HyperCommGrid:
@@ -389,9 +402,13 @@ class HyperCommGrid:
         return self._group_key(dims, view)[0] in self._pgs
 
     def get_rank_enum(self, dims: DimsArg, *, view: str | None = None) -> list[list[int]]:
-        """All groups over ``dims`` of ``view`` as lists of ranks, exactly as megatron enumerates them."""
+        """All groups over ``dims`` of ``view`` as lists of ranks, exactly as megatron enumerates them.
+
+        Built as megatron builds them, an array of ranks then ``tolist()``: at a million ranks
+        creating the ints and lists is nearly all the time (``python -m scripts.bench layout``).
+        """
         layout = self.view_layout(view)
-        return layout.rank_enum(_check_dims(layout, dims, self._where(view)))
+        return _nested_lists(layout.enumerate_groups(_check_dims(layout, dims, self._where(view))))
 
     def _gen_rank_enum(self, dims: Sequence[str]) -> list[list[int]]:
         """All groups over ``dims`` of the base view, each ordered by ``dims`` as given: the
@@ -400,7 +417,7 @@ class HyperCommGrid:
         Megatron's own code (``bridge_communicator``, ``multimodule_communicator``) calls it.
         """
         names = _check_dims(self.layout, dims, "the base view")
-        return self.layout.enumerate_groups(list(reversed(names)), keep_order=True).tolist()
+        return _nested_lists(self.layout.enumerate_groups(list(reversed(names)), keep_order=True))
 
     # ------------------------------------------------------------------ beyond
     def _rank(self, rank: int | None) -> int:

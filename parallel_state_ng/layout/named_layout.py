@@ -393,6 +393,14 @@ class Layout:
         outside = tuple(n for n in self.names if n not in set(inside))
         axes = list(reversed(outside)) + list(reversed(inside))  # last axis fastest
         k = len(axes)
+        gsize = math.prod(self.size_of(n) for n in inside)
+        if self._parent is None:
+            # A plain layout's ranks are consecutive with the first dim fastest: one arange,
+            # viewed with the last dim outermost and permuted into the enumeration's axes.
+            position = {name: k - 1 - i for i, name in enumerate(self.names)}
+            ranks = torch.arange(self.rank_offset, self.rank_offset + self.size, dtype=torch.int64)
+            ranks = ranks.reshape(tuple(reversed(self.sizes))).permute([position[n] for n in axes])
+            return ranks.reshape(self.size // gsize, gsize)
         coord: dict[str, int | torch.Tensor] = {}
         full = []
         for a, name in enumerate(axes):
@@ -402,7 +410,6 @@ class Layout:
             coord[name] = torch.arange(s, dtype=torch.int64).reshape(shp)
             full.append(s)
         ranks = torch.as_tensor(self._eval(coord)).expand(tuple(full))
-        gsize = math.prod(self.size_of(n) for n in inside)
         return ranks.reshape(self.size // gsize, gsize)
 
     def rank_enum(self, dims: DimsArg) -> list[list[int]]:

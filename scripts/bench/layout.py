@@ -28,6 +28,7 @@ RANK_GENERATOR_FULL_ONLY_ABOVE = 65536
 SIDES = [
     ("rank_generator", "RankGenerator.get_ranks (megatron)"),
     ("megatron_grid", "HyperCommGrid.get_rank_enum (megatron)"),
+    ("grid_lists", "HyperCommGrid.get_rank_enum (ours)"),
     ("layout_tensor", "Layout.enumerate_groups (ours, tensor)"),
     ("layout_lists", "Layout.rank_enum (ours, lists)"),
     ("layout_one_rank", "Layout.group_ranks (ours, one rank)"),
@@ -59,7 +60,8 @@ def bench_world(world: int, *, full: bool, repeats: int, pause_gc: bool = False)
     """Time every side for one world size and check that the enumerations agree.
 
     Sides: ``RankGenerator.get_ranks`` (megatron-core's pure-Python generator),
-    ``HyperCommGrid.get_rank_enum`` (megatron-core's einops/numpy enumeration), and ours:
+    ``HyperCommGrid.get_rank_enum`` (megatron-core's numpy enumeration), and ours:
+    ``HyperCommGrid.get_rank_enum`` (the same nested lists, from a tensor),
     ``Layout.enumerate_groups`` (an int64 tensor of shape (groups, group size)),
     ``Layout.rank_enum`` (nested lists, what megatron returns) and ``Layout.group_ranks`` (only
     one rank's nine groups, what ``create_pg`` needs). Times are wall clock.
@@ -67,7 +69,7 @@ def bench_world(world: int, *, full: bool, repeats: int, pause_gc: bool = False)
     from megatron.core.hyper_comm_grid import HyperCommGrid as MegatronGrid
     from megatron.core.parallel_state import RankGenerator
 
-    from parallel_state_ng import Layout
+    from parallel_state_ng import HyperCommGrid, Layout
 
     dp = world // (TP * CP * PP)
     sizes = {"tp": TP, "cp": CP, "dp": dp, "pp": PP}
@@ -76,6 +78,7 @@ def bench_world(world: int, *, full: bool, repeats: int, pause_gc: bool = False)
     generator = RankGenerator(tp=TP, ep=1, dp=dp, pp=PP, cp=CP, order=ORDER)
     megatron_grid = MegatronGrid([sizes[n] for n in names], names)
     layout = Layout([sizes[n] for n in names], names)
+    grid = HyperCommGrid([sizes[n] for n in names], names)
     run_generator = full or world <= RANK_GENERATOR_FULL_ONLY_ABOVE
     one_rank = world // 2 + 3
 
@@ -113,6 +116,11 @@ def bench_world(world: int, *, full: bool, repeats: int, pause_gc: bool = False)
         if not same(theirs, reference):
             mismatches.append(f"{token}: megatron HyperCommGrid.get_rank_enum differs from Layout")
         del theirs
+        seconds, ours = _time(lambda token=token: grid.get_rank_enum(megatron_arg(token)), repeats, pause_gc=pause_gc)
+        per_token["grid_lists"][token] = seconds
+        if not same(ours, reference):
+            mismatches.append(f"{token}: HyperCommGrid.get_rank_enum differs from Layout")
+        del ours
         if run_generator:
             generator_repeats = repeats if world <= 4096 else 1
             seconds, theirs = _time(
