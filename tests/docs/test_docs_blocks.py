@@ -126,7 +126,7 @@ def _cited_docs_paths() -> dict[str, list[str]]:
             path = Path(dirpath, filename)
             for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
                 for found in re.findall(r"(?<![\w./*-])docs/[\w./-]*[\w/]", line):
-                    cited.setdefault(found, []).append(f"{path.relative_to(root).as_posix()}:{number}")
+                    cited.setdefault(found.rstrip("/"), []).append(f"{path.relative_to(root).as_posix()}:{number}")
     return cited
 
 
