@@ -31,6 +31,17 @@ TEST_REQUIRES = [
 ]
 #: Pinned so that CI's lint and type check do not change under the code (see .ci/run).
 LINT_REQUIRES = ["ruff==0.17.6", "mypy==2.4.1"]
+#: The docs site (mkdocs.yml), pinned so that the strict build does not change under the pages (see
+#: .ci/run, which installs them into .venv-docs and builds the site beside the tests).
+DOCS_REQUIRES = [
+    "mkdocs==1.6.1",
+    "mkdocs-material==9.8.2",
+    "mkdocstrings[python]==1.0.8",
+    "mkdocstrings-python==2.0.11",
+    "griffelib==2.4.1",
+    "mkdocs-autorefs==1.4.5",
+    "pymdown-extensions==13.1.2",
+]
 
 setup(
     name="parallel_state_ng",
@@ -48,10 +59,15 @@ setup(
     classifiers=["Programming Language :: Python :: 3"],
     packages=find_packages(include=["parallel_state_ng", "parallel_state_ng.*", "compat"]),
     python_requires=">=3.10",
-    # torch 2.6: megatron-core 0.15+'s own floor (docs/torch.md: 2.5.1 passes with both installed
+    # torch 2.6: megatron-core 0.15+'s own floor (docs/results/torch.md: 2.5.1 passes with both installed
     # --no-deps, 2.4.1 fails; what differs by release is in groups/torch_support.py).
     install_requires=["torch>=2.6"],
-    extras_require={"megatron": ["megatron-core", "einops"], "test": TEST_REQUIRES, "lint": LINT_REQUIRES},
+    extras_require={
+        "megatron": ["megatron-core", "einops"],
+        "test": TEST_REQUIRES,
+        "lint": LINT_REQUIRES,
+        "docs": DOCS_REQUIRES,
+    },
     package_data={"parallel_state_ng": ["py.typed"], "compat": ["py.typed"]},
     entry_points={
         "console_scripts": [

@@ -252,7 +252,7 @@ def build_megatron_groups(
     rank that disagrees makes every rank raise instead of hanging.
 
     ``creation_path`` (``"auto"``, ``"member"`` or ``"split"``; default ``$PSNG_CREATION_PATH``,
-    else ``"auto"``): how groups are created, see docs/gpus.md. On the split path (a default
+    else ``"auto"``): how groups are created, see docs/results/gpus.md. On the split path (a default
     group bound to a device, e.g. NCCL with ``init_process_group(device_id=...)``) every rank of
     the world must call this function, the module's and the others.
 

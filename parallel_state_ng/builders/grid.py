@@ -112,7 +112,7 @@ class HyperCommGrid:
             :class:`~parallel_state_ng.groups.agreement.ParallelConfigMismatchError` on every rank
             instead of a hang later. Timeout from ``PSNG_AGREEMENT_TIMEOUT`` (default 60 s).
         creation_path: ``"auto"``, ``"member"`` or ``"split"`` (default ``$PSNG_CREATION_PATH``);
-            on the split path every rank of the world calls each ``create_pg`` (docs/gpus.md).
+            on the split path every rank of the world calls each ``create_pg`` (docs/results/gpus.md).
 
     Raises:
         ValueError: ``shape`` and ``dim_names`` differ in length, a name is empty or repeated,

@@ -16,7 +16,7 @@ refuses, before any group, a nonblocking world whose wait is unset or longer tha
 ``init_process_group``, sets it from the bound. A split waits at most twice (on the parent's
 state, then for the child's handle), each up to the timeout plus one second (torch compares
 whole seconds), then the failing rank waits its grace for the others' records: hence
-``2 (T + 1) + grace <= bound``. docs/gpus.md, "A rank's death with nonblocking NCCL init".
+``2 (T + 1) + grace <= bound``. docs/results/gpus.md, "A rank's death with nonblocking NCCL init".
 """
 
 from __future__ import annotations

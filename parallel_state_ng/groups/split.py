@@ -5,7 +5,7 @@ With a lazy default group every group is created by its members only
 (a bound device on a backend that supports splitting, or torchcomms), torch makes each new
 communicator by splitting the default one, which every rank of the world must join: then a
 build makes one :func:`split_member` call per group kind, on every rank, members with their
-group and the others without a colour. See docs/gpus.md.
+group and the others without a colour. See docs/results/gpus.md.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = [
 ENV_CREATION_PATH = "PSNG_CREATION_PATH"
 #: A removed environment variable: it set ``config.split_share`` on each split's own options,
 #: which NCCL never reads for sharing (the parent's config decides), so it saved nothing; set to
-#: anything but ``0`` it is refused (docs/gpus.md, "Split sharing").
+#: anything but ``0`` it is refused (docs/results/gpus.md, "Split sharing").
 ENV_SPLIT_SHARE = "PSNG_NCCL_SPLIT_SHARE"
 CreationPath = Literal["member", "split"]
 _CHOICES = ("auto", "member", "split")
@@ -106,7 +106,7 @@ def _refuse_split_share() -> None:
             f"NCCL options, but NCCL shares a split's resources only when the parent communicator (the default "
             f"group's) was made with splitShare, so it saved nothing (measured on an H200: the same memory with and "
             f"without). Unset it; for NCCL's sharing set NCCL_COMM_SPLIT_SHARE_RESOURCES=1 in every rank's "
-            f"environment before init_process_group (docs/gpus.md, 'Split sharing')"
+            f"environment before init_process_group (docs/results/gpus.md, 'Split sharing')"
         )
 
 

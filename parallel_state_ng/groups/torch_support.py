@@ -6,7 +6,7 @@ installed torch. :func:`report` lists the torch internals the package reads (``_
 ``bound_device_id``, ``_get_split_source``, the fake backend and ``FakeStore``, DeviceMesh's
 ``_flatten_mapping``, ``split_group`` and its signature, the group-creation helper the simulated
 worlds wrap) as present or missing: ``python -m scripts.matrix torch_matrix`` prints it per
-version (docs/torch.md).
+version (docs/results/torch.md).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ TORCH_FACTS: dict[str, tuple[str, str | None]] = {
     # destroyed (pytorch/pytorch#154976). Before, ~ProcessGroupGloo ran under the GIL and took
     # its work mutex, while a gloo worker thread holding that mutex waited for the GIL to free a
     # finished collective's tensor: a deadlock right after a collective, measured on 2.5.1 and
-    # 2.6.0 (docs/torch.md); the engine then keeps destroyed groups' backends (creation.py).
+    # 2.6.0 (docs/results/torch.md); the engine then keeps destroyed groups' backends (creation.py).
     "pg_destructor_releases_gil": ("2.8", None),
 }
 

@@ -49,9 +49,10 @@ class ModuleSpec:
         name: the module's name (``"language"`` is Megatron MiMo's fixed key for the language model).
         ranks: its global ranks, a contiguous ``range`` (or ``(start, stop)``). Modules either
             have disjoint ranges or exactly the same range (colocated).
-        tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size,
-        expert_model_parallel_size, expert_tensor_parallel_size, order: as for
-            ``initialize_model_parallel``; the data-parallel size is what the range leaves.
+        tensor_model_parallel_size: as for ``initialize_model_parallel``, and so are
+            ``pipeline_model_parallel_size``, ``context_parallel_size``,
+            ``expert_model_parallel_size``, ``expert_tensor_parallel_size`` and ``order``; the
+            data-parallel size is what the range leaves.
         language: this is the language module (exactly one per topology): only it gets embedding
             groups (``embd`` / ``pos_embd``; ``None`` in the other modules' collections), and it
             is the ``language_model_module_name`` of Megatron's multi-module collection.

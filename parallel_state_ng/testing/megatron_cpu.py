@@ -4,7 +4,7 @@
 names) to the CPU for the duration of a ``with`` block and restores everything on exit;
 Megatron-LM's training loop needs more: :class:`TrainingShims`. :func:`use_megatron_path` puts
 another megatron-core first on ``sys.path``. None of this is needed (or wanted) on GPUs; it is a
-test/example device shim, not part of ``compat``. See docs/training.md and scripts/README.md.
+test/example device shim, not part of ``compat``. See docs/results/training.md and scripts/README.md.
 """
 
 from __future__ import annotations

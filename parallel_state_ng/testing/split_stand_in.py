@@ -5,7 +5,7 @@
 split's timeout), then the members connect their gloo group. With torch's nonblocking NCCL
 mode on (``TORCH_NCCL_USE_COMM_NONBLOCKING=1``) the round is bounded as torch bounds a
 nonblocking split instead: by ``TORCH_NCCL_NONBLOCKING_TIMEOUT`` whole seconds (1800 when unset),
-read once per process, not by the split's timeout. See docs/gpus.md.
+read once per process, not by the split's timeout. See docs/results/gpus.md.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ marks, the closing round, readiness marks, a communicator's own connection traff
 block, so that everything created meanwhile (the agreement check, the liveness keys, the new
 groups' stores) talks through it; the product's init path never sees this module. The store
 behind it is the launcher's, or a fresh ``FileStore`` or ``TCPStore`` shared by all ranks.
-See docs/performance.md ("Store traffic").
+See docs/results/performance.md ("Store traffic").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ tp 8, pp 4, cp 2, ep 8 on the middle rank of a fake-backend world (one process p
 ``ours`` (:func:`parallel_state_ng.build_megatron_groups` plus every collection field), ``mcore
 grids`` (Megatron's ``HyperCommGrid`` assembled as its MiMo example does) and ``floor`` (bare
 ``new_group`` for exactly this rank's groups). Prints median seconds, ``new_group`` calls and
-the ratios. Sides, goals and figures: docs/performance.md (one module's ProcessGroupCollection).
+the ratios. Sides, goals and figures: docs/results/performance.md (one module's ProcessGroupCollection).
 """
 
 from __future__ import annotations

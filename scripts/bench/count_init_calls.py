@@ -4,7 +4,7 @@ Timings of a CPU-bound gloo world are too noisy to see a change of a few percent
 exact. On a real gloo world this counts, on one rank, every Python and C call of one compat init
 and of the floor's creation of the same communicators, charged to the part of the init it happens
 in; then ``--cpu-rounds`` rounds time the main thread's CPU in the large parts on every rank.
-A measurement, not a test. Parts and figures: docs/performance.md (against the floor); options: ``--help``.
+A measurement, not a test. Parts and figures: docs/results/performance.md (against the floor); options: ``--help``.
 """
 
 from __future__ import annotations

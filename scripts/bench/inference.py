@@ -5,7 +5,7 @@ One rank of a fake-backend world (65,536 ranks by default) builds an inference m
 and with ``megatron.core.inference.shards.build_inference_pg_collection`` (megatron-core 0.19,
 from ``--megatron-path``, e.g. the unzipped wheel), then a two-shard layout with both
 ``..._for_shards`` functions. Prints median seconds, ``new_group`` calls on the rank and the
-speed-up. Figures and command: docs/performance.md (Inference shards).
+speed-up. Figures and command: docs/results/performance.md (Inference shards).
 """
 
 from __future__ import annotations

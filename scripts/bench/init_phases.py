@@ -7,7 +7,7 @@ takes plain arguments only and uses the current default process group. Per round
 path, runs MCore's or compat's ``initialize_model_parallel``, then one all-reduce on each
 distinct group of :data:`GETTERS` (the first collective: a lazy NCCL communicator connects
 there), then destroys, and returns what each phase took and which store operations it made.
-Used by ``scripts.bench.store_traffic`` and ``scripts.bench.phases``; docs/performance.md.
+Used by ``scripts.bench.store_traffic`` and ``scripts.bench.phases``; docs/results/performance.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The nine token combinations MCore's ``initialize_model_parallel`` asks its decoder
 ``RankGenerator`` for (tp 8, cp 2, pp 4; dp = world / 64), timed per world size and side (median
 over repeats) and compared with each other untimed: a mismatch exits with 1. Sides and figures:
-docs/performance.md (layout enumeration); options: ``--help``.
+docs/results/performance.md (layout enumeration); options: ``--help``.
 """
 
 from __future__ import annotations

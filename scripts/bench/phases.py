@@ -8,7 +8,7 @@ phases are printed per world size; from two or more sizes each phase is fitted a
 world, and on a bound device each is a world-wide split) and extrapolated to 1,024 and 65,536
 ranks. A benchmark: it asserts nothing about time. ``--launcher gloo`` runs CPU gloo worlds;
 ``--launcher gpu`` the one-GPU NCCL world of :mod:`scripts.gpu.world` (:func:`gpu_world`, a
-device-bound default group). Method and figures: docs/performance.md ("Phases and a scale
+device-bound default group). Method and figures: docs/results/performance.md ("Phases and a scale
 model"); on NCCL, time to usable groups per world size and its projection are the GPU check's
 ladder (:mod:`scripts.gpu.world_ladder`, which fits with :func:`fit`).
 """

@@ -7,7 +7,7 @@ second ``build_megatron_groups`` and once as Megatron 0.19's inference collectio
 setting: ``off`` (Megatron-Core's behaviour), ``1`` (within each build) and ``process`` (the
 communicator registry). Prints the communicators the rank creates (``new_group`` calls) and
 checks that destroying the inference layout leaves every training group alive. A benchmark,
-not a test: figures and command in docs/performance.md (Several layouts in one process).
+not a test: figures and command in docs/results/performance.md (Several layouts in one process).
 """
 
 from __future__ import annotations

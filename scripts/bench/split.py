@@ -5,7 +5,7 @@ default group that splits: ours (compat's init on the split path, ``PSNG_CREATIO
 the floor (bare ``split_group`` calls for the same groups, lists computed before the clock) and
 MCore (a ``new_group`` call for every group of the world on every rank: each one a world-wide
 split on NCCL). ``split_group`` is a recorder that makes the member's group on the fake backend,
-the same for ours and the floor. Method and figures: docs/gpus.md (performance).
+the same for ours and the floor. Method and figures: docs/results/gpus.md (performance).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and the first all-reduce on every group. Printed per implementation: store opera
 by category (agreement round, arrival marks, closing round, readiness marks, the
 communicators' own connection traffic, the CPU stand-in for NCCL's split), operations per split,
 ``new_group`` / ``split_group`` calls, and seconds (slowest rank). A benchmark: it asserts
-nothing about time. Figures and method: docs/performance.md ("Store traffic").
+nothing about time. Figures and method: docs/results/performance.md ("Store traffic").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ W spawned gloo processes run ``mcore``, ``compat``, ``compat_share``, ``compat_u
 ``floor`` in a rotating order each round; the job's time is the slowest rank's init plus one
 all-reduce on the tensor- and data-parallel groups, with CPU, communicators and compat's split.
 A benchmark, not a test: it prints figures and asserts nothing about time. What each side and
-column means, and the figures: docs/performance.md (real gloo worlds); options: ``--help``.
+column means, and the figures: docs/results/performance.md (real gloo worlds); options: ``--help``.
 """
 
 from __future__ import annotations

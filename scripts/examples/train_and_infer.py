@@ -20,7 +20,7 @@ so the inference groups reuse the training layout's communicators; after the inf
 layout's destroy the registry must hold exactly the training layout's groups, all alive. The
 reference run has sharing off. It also prints the communicators per rank of both layouts,
 measured under each sharing setting (off, ``1``, ``process``).
-Bad options are reported before any process starts (exit code 2). See docs/training.md.
+Bad options are reported before any process starts (exit code 2). See docs/results/training.md.
 """
 
 from __future__ import annotations

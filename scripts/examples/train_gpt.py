@@ -5,8 +5,8 @@ Starts tp * pp * dp gloo processes and runs Megatron's own training loop on ever
 :mod:`scripts.examples.launcher`), every process is one rank of the launcher's world instead
 (gloo on the CPU, or NCCL on ``cuda:LOCAL_RANK`` with ``--bind-device`` where CUDA is available).
 ``--loop training`` runs Megatron-LM's ``pretrain`` instead (``scripts/examples/gpt/pretrain_cli.py``).
-Output and exit codes: :func:`main`. Layouts, figures and the ``pretrain`` loop: docs/training.md; options: ``--help``
-(``--loop training --help`` for that loop's).
+Output and exit codes: :func:`main`. Layouts, figures and the ``pretrain`` loop: docs/results/training.md;
+options: ``--help`` (``--loop training --help`` for that loop's).
 """
 
 from __future__ import annotations

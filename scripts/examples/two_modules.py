@@ -4,7 +4,7 @@ An encoder-like module feeds a language-like one through Megatron 0.19's ``Bridg
 (``--layout separate``) or ``ColocatedBridgeCommunicator`` (``--layout colocated``); the run is done
 twice in the same processes, grids from :func:`parallel_state_ng.build_topology` and from
 Megatron's ``HyperCommGrid`` assembled by hand, and must be identical (exit code 1 if not).
-Layouts, shims and results: docs/training.md (two modules wired by Megatron's communicators).
+Layouts, shims and results: docs/results/training.md (two modules wired by Megatron's communicators).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
    Every rank learns that the check failed; rank 0 prints the report.
 
 Options: ``--world-size`` (default 4), ``--tp`` (default 2), ``--pp`` (default 1). The world
-size must be a multiple of tp x pp. See docs/regression-testing.md.
+size must be a multiple of tp x pp. See docs/guides/regression-testing.md.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Checks that need a GPU machine: NCCL creation paths, NCCL options, training on CUDA (docs/gpus.md)."""
+"""Checks that need a GPU machine: NCCL creation paths, NCCL options, training on CUDA (docs/results/gpus.md)."""

@@ -28,7 +28,7 @@ from scripts.gpu.world_report import DEFAULT_WORLD_CHECKS, WORLD_CHECKS, WORLD_S
 from scripts.gpu.world_training import LAYOUT_NAMES
 
 MODES = ("lazy", "bound")
-#: The creation path each mode must get on NCCL (docs/gpus.md).
+#: The creation path each mode must get on NCCL (docs/results/gpus.md).
 EXPECTED_PATH = {"lazy": "member", "bound": "split"}
 FAST_TESTS = ["-m", "not slow and not multiprocess and not network", "tests"]
 #: Seconds allowed for the check's own start (imports, the environment) in its worst case.

@@ -2,7 +2,7 @@
 
 NCCL shares a split's resources when the *parent* communicator's config has ``splitShare``
 (NVIDIA/nccl ``src/init.cc``: ``ncclCommSplit`` reads ``comm->config.splitShare`` of the
-communicator being split; docs/gpus.md, "Split sharing"). The parent of compat's splits is the
+communicator being split; docs/results/gpus.md, "Split sharing"). The parent of compat's splits is the
 default group's communicator, made by ``init_process_group``: its config gets ``splitShare``
 from ``NCCL_COMM_SPLIT_SHARE_RESOURCES=1`` in the rank's environment before that call (NCCL
 reads its parameters once per process). Two worlds of :func:`scripts.gpu.world.run_world`,

@@ -1,4 +1,4 @@
-"""N ranks on one GPU: a real NCCL world of N processes sharing ``cuda:0`` (docs/gpus.md).
+"""N ranks on one GPU: a real NCCL world of N processes sharing ``cuda:0`` (docs/results/gpus.md).
 
 NCCL refuses two ranks of one host on one GPU ("Duplicate GPU detected": it compares the host
 hash and the bus id). :func:`run_world` gives each rank its own ``NCCL_HOSTID``, so NCCL sees N

@@ -2,7 +2,7 @@
 nonblocking NCCL init (``TORCH_NCCL_USE_COMM_NONBLOCKING=1``) must be named within the bound.
 
 torch waits for a nonblocking communicator up to ``TORCH_NCCL_NONBLOCKING_TIMEOUT`` seconds
-(30 minutes unset), not the split's timeout (docs/gpus.md, "A rank's death with nonblocking
+(30 minutes unset), not the split's timeout (docs/results/gpus.md, "A rank's death with nonblocking
 NCCL init"). The world's ranks get, before torch is imported, the failure bound
 (:data:`~scripts.gpu.world_report.DEATH_BOUND_S`), nonblocking init and the longest wait that
 bound holds (:func:`~parallel_state_ng.groups.nonblocking.max_nonblocking_timeout`). Each rank

@@ -39,7 +39,7 @@ Check = tuple[str, bool, str]
 #: The death checks and the NCCL init mode each runs in (one world each).
 _DEATHS = (("death", "blocking"), ("death-nonblocking", "nonblocking"))
 #: The slowest world of each kind measured at 8 ranks on one GPU, in seconds (one NVIDIA H200,
-#: torch 2.11.0+cu130, NCCL 2.28.9, megatron-core 0.19.2, 2026-11-28; docs/gpu-runs/2026-11-28-h200):
+#: torch 2.11.0+cu130, NCCL 2.28.9, megatron-core 0.19.2, 2026-11-28; docs/results/gpu-runs/2026-11-28-h200):
 #: the bound groups/builders world and the bound training world (both layouts).
 MEASURED_8_RANKS_S = {"groups": 51.6, "training": 58.2}
 #: Default limits on a GPU: this many times the measured 8-rank time, per size (below).

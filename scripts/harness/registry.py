@@ -175,7 +175,7 @@ FOLDERS: dict[str, dict[str, Command]] = {
             "torch_matrix",
             "scripts.matrix.torch_matrix",
             "the fast and multiprocess subsets and the demo on each torch release, one venv each (torch "
-            "pinned), as a table (docs/torch.md)",
+            "pinned), as a table (docs/results/torch.md)",
             "2.14.1 2.4.1",
         ),
         Command(

@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/*.md is run, or marked as not run (tests/support/docs.py).
+"""Every code block of README.md and docs/**/*.md is run, or marked as not run (tests/support/docs.py).
 
 Python blocks run in one runner process that forks a child per block; shell and console blocks
 run as written in bash from the repository root; a console block's shown output must appear in
@@ -8,6 +8,7 @@ the real output. Blocks too expensive for CI carry ``<!-- docs-test: skip (reaso
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -22,6 +23,23 @@ BLOCKS = docs.all_blocks()
 COMMANDS = [b for b in BLOCKS if b.runs and b.kind in ("shell", "console")]
 #: Pages other branches are creating; a link to one may precede it.
 PENDING_PAGES: frozenset[str] = frozenset()
+#: Sections other branches are writing (``page#anchor``); a link to one may precede it.
+PENDING_ANCHORS: frozenset[str] = frozenset({"docs/reliability.md#when-a-job-hangs"})
+#: Pages that no longer exist, named only by CHANGELOG.md's history (renamed, merged or moved).
+FORMER_PAGES: frozenset[str] = frozenset(
+    {
+        "docs/compatibility.md",
+        "docs/failure-recovery.md",
+        "docs/performance.md",
+        "docs/gpus.md",
+        "docs/gpu-runs",
+        "docs/training.md",
+        "docs/torch.md",
+        "docs/regression-testing.md",
+    }
+)
+#: Folders never scanned for cited docs paths (environments, caches, build output).
+_NOT_SCANNED = frozenset({".git", "site", ".ci-site", "build", "dist", "__pycache__", ".pytest_cache", ".megatron"})
 
 
 def test_every_block_is_run_or_marked():
@@ -89,8 +107,44 @@ def test_relative_links_resolve():
                 if path.relative_to(root).as_posix() not in PENDING_PAGES:
                     broken.append(f"{page}: {target}")
             elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
-                broken.append(f"{page}: {target}#{anchor}")
+                if f"{path.relative_to(root).as_posix()}#{anchor}" not in PENDING_ANCHORS:
+                    broken.append(f"{page}: {target}#{anchor}")
     assert not broken, broken
+
+
+def _cited_docs_paths() -> dict[str, list[str]]:
+    """Each ``docs/...`` path cited in the repository's text files -> where (``file:line``)."""
+    cited: dict[str, list[str]] = {}
+    root = Path(ROOT)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [
+            d for d in dirnames if d not in _NOT_SCANNED and not d.startswith(".venv") and "egg-info" not in d
+        ]
+        for filename in filenames:
+            if not filename.endswith((".py", ".md", ".toml", ".yml", ".cfg")) and filename != "run":
+                continue
+            path = Path(dirpath, filename)
+            for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                for found in re.findall(r"(?<![\w./*-])docs/[\w./-]*[\w/]", line):
+                    cited.setdefault(found.rstrip("/"), []).append(f"{path.relative_to(root).as_posix()}:{number}")
+    return cited
+
+
+def test_every_cited_docs_path_exists():
+    """A ``docs/...`` path named anywhere (code, comments, docstrings, pages, CHANGELOG) exists."""
+    cited = _cited_docs_paths()
+    assert len(cited) > 20, sorted(cited)  # the scan finds the citations
+    missing = {
+        path: where[:3]
+        for path, where in cited.items()
+        if not Path(ROOT, path).exists()
+        and path not in PENDING_PAGES
+        and not (
+            path in FORMER_PAGES
+            and all(w.startswith(("CHANGELOG.md:", "tests/docs/test_docs_blocks.py:")) for w in where)
+        )
+    }
+    assert not missing, missing
 
 
 def test_rules_are_enforced(tmp_path):

@@ -49,3 +49,10 @@ def test_licence_is_declared(setup_kwargs):
     assert setup_kwargs["license"] == "BSD-3-Clause"
     assert setup_kwargs["license_files"] == ["LICENSE"]
     assert not [c for c in setup_kwargs["classifiers"] if c.startswith("License ::")], "SPDX licence only"
+
+
+def test_runtime_needs_torch_only_and_the_docs_tools_are_pinned(setup_kwargs):
+    assert setup_kwargs["install_requires"] == ["torch>=2.6"]
+    docs = setup_kwargs["extras_require"]["docs"]
+    assert any(r.startswith("mkdocs==") for r in docs) and any(r.startswith("mkdocstrings") for r in docs)
+    assert all(re.fullmatch(r"[\w.\[\]-]+==[\w.]+", r) for r in docs), docs

@@ -4,7 +4,7 @@ Torch before 2.8 destroys a ProcessGroup's backend under the GIL when the last P
 goes, while a gloo worker thread may still hold the backend's work mutex and wait for the GIL to
 free a finished collective's tensor (TORCH_FACTS ``pg_destructor_releases_gil``). The engine's
 ``destroy_groups`` keeps destroyed groups' backends until its next call there. The gloo test is
-the measured case (docs/torch.md: a rank hung within the first 5 cycles on 2.5.1 and 2.6.0
+the measured case (docs/results/torch.md: a rank hung within the first 5 cycles on 2.5.1 and 2.6.0
 without the kept backends); the torch matrix runs it on those releases.
 """
 

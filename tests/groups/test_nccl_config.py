@@ -1,4 +1,4 @@
-"""NCCL config values NCCL refuses are refused first, before any group exists (docs/gpus.md).
+"""NCCL config values NCCL refuses are refused first, before any group exists (docs/results/gpus.md).
 
 The check is pure (:mod:`parallel_state_ng.groups.nccl_config`); compat's
 ``initialize_model_parallel`` reads MCore's YAML and ``build_megatron_groups`` takes the parsed

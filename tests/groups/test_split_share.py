@@ -2,7 +2,7 @@
 
 NCCL shares a split's resources when the parent communicator's config has ``splitShare``
 (NVIDIA/nccl ``src/init.cc``, ``ncclCommSplit``), never because of the child's; the switch set
-the child's (docs/gpus.md, "Split sharing"). A simulated rank of 8 on the split path,
+the child's (docs/results/gpus.md, "Split sharing"). A simulated rank of 8 on the split path,
 ``split_group`` recorded (tests/support/worlds/split_recorder.py): no split's options carry
 ``split_share``; the variable set to anything but ``0`` makes the build raise before any split.
 """

@@ -2,7 +2,7 @@
 
 The dry run (gloo, world size 1, a stand-in for NCCL's options, the tiny GPT on the CPU) is
 what this machine can prove of the GPU check; the NCCL and device-bound parts run only on a
-GPU (docs/gpus.md, "The GPU check").
+GPU (docs/results/gpus.md, "The GPU check").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The prepared GPU call's parts (docs/gpus.md, "The prepared call"): recovery in place, the scale
+"""The prepared GPU call's parts (docs/results/gpus.md, "The prepared call"): recovery in place, the scale
 ladder and the sharing policies, without a GPU.
 
 The pure parts (the plan and its worst case, the ladder's stop rule and projection, NCCL's
@@ -53,7 +53,7 @@ def test_the_prepared_call_fits_its_budget_in_priority_order():
         (64, "bound", "ladder", 150.0),
         (8, "bound", "sharing", 90.0),
     ]
-    # exactly the budget, in priority order a, b, c, d (docs/gpus.md, "The prepared call")
+    # exactly the budget, in priority order a, b, c, d (docs/results/gpus.md, "The prepared call")
     assert check.worst_case(args) == check.START_S + 90 + 75 + 150 + 90 + 4 * WORLD_SLACK_S == 480
     assert check.budget_text(args) == (
         "start 15 s, 8 bound recovery 105 s, 8 bound death-nonblocking (nonblocking) 90 s, "

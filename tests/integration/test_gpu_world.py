@@ -1,4 +1,4 @@
-"""scripts/gpu/world.py on gloo: the launcher every N-rank GPU check runs on (docs/gpus.md).
+"""scripts/gpu/world.py on gloo: the launcher every N-rank GPU check runs on (docs/results/gpus.md).
 
 On NCCL each rank gets its own ``NCCL_HOSTID`` on one GPU; here the same launcher runs gloo
 ranks (the bound mode with a bound CPU device and the gloo split stand-in), so CI covers the

@@ -1,7 +1,7 @@
 """The GPU check's N-rank plan and report, without starting a world: which worlds the options
 select, their worst-case time, the training layouts, and the rows made from ranks' results.
 
-The worlds themselves run on gloo in tests/integration/test_gpu_check.py (docs/gpus.md).
+The worlds themselves run on gloo in tests/integration/test_gpu_check.py (docs/results/gpus.md).
 """
 
 from __future__ import annotations

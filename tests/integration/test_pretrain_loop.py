@@ -7,7 +7,7 @@ MCore's parallel_state and compat must report the same loss and gradient norm at
 iteration and the same digest of every rank's final parameters, and the compat runs must really
 have used compat. Each install point runs once: compat installed after megatron's import on
 0.17.1, before it on 0.19.2 (the core-loop tests in test_train_gpt.py run both on every layout;
-docs/training.md's tables ran both here). The script's own option errors are checked without
+docs/results/training.md's tables ran both here). The script's own option errors are checked without
 starting processes.
 """
 

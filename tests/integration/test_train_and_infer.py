@@ -9,7 +9,7 @@ The run with the inference phase has the process-wide registry on (the reference
 off, so the cost is that of the registry-less test): the inference layout creates no
 communicator of its own and, once destroyed, leaves the registry holding exactly the training
 layout's groups; the communicator counts are measured under the three sharing settings. (The 8-process tp2 pp2 dp2 run
-and its figures are in docs/training.md.) The other tests are cheap: bad inference layouts,
+and its figures are in docs/results/training.md.) The other tests are cheap: bad inference layouts,
 building twice, destroying twice, using a destroyed collection.
 """
 

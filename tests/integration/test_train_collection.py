@@ -6,7 +6,7 @@ collection of :func:`parallel_state_ng.build_megatron_groups` passed as ``pg_col
 again through MCore's own globals, in the same gloo processes, on megatron-core 0.19.2's wheel
 (before 0.19 the GPT loss reads the global tensor-parallel group: refused with a clear error); and
 on 0.18.2 with compat serving the collection as the globals (``compat.use_collection``, tp2 pp2
-only: the other releases and layouts are in docs/training.md). Losses, gradient norms and every rank's parameter digest
+only: the other releases and layouts are in docs/results/training.md). Losses, gradient norms and every rank's parameter digest
 must be bit-identical, with no leaked group, and Megatron's globals must stay uninitialized
 throughout the collection run.
 """

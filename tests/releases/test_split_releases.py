@@ -4,7 +4,7 @@ In a process bound to each release (:mod:`tests.support.releases.split_checks`),
 ``initialize_model_parallel`` (and ``create_all_gather_groups`` where the release has it) runs
 on every rank of each configuration the release takes, on the split path and on the member
 path: every rank makes the same splits, colours agree within a group and differ across
-groups, and each rank's groups are the member path's. See docs/gpus.md.
+groups, and each rank's groups are the member path's. See docs/results/gpus.md.
 
 Each release's configurations are split in PARTS; a run covers the part of the day
 (tests/support/rotation.py), ``PSNG_TEST_ROTATION=all`` every part.

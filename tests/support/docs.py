@@ -1,4 +1,4 @@
-"""The code blocks of README.md and docs/*.md: found, classified and run (tests/docs).
+"""The code blocks of README.md and docs/**/*.md: found, classified and run (tests/docs).
 
 The rules (docs/testing.md states them for writers) are in the comment below the imports.
 ``python -m tests.support.docs`` prints the blocks per page and the totals;
@@ -103,9 +103,9 @@ class Block:
 
 
 def doc_pages(root: str = ROOT) -> list[str]:
-    """README.md and every docs/*.md, relative to ``root``."""
-    docs = sorted(p.name for p in Path(root, "docs").glob("*.md"))
-    return ["README.md"] + [f"docs/{name}" for name in docs]
+    """README.md and every ``docs/**/*.md`` (guides, reference, results), relative to ``root``."""
+    docs = sorted(p.relative_to(root).as_posix() for p in Path(root, "docs").rglob("*.md"))
+    return ["README.md"] + docs
 
 
 def _directives(lines: list[str], fence_index: int, where: str) -> dict:

@@ -3,7 +3,7 @@
 One simulated rank (torch's fake backend) at several world sizes, each side in its own
 subprocesses: median init time, ``new_group`` calls, peak memory, import time, and a check that
 MCore and compat hand out the same groups. Measurement probes: :mod:`scripts.bench.init.probes`.
-Method, sides and figures: docs/performance.md (per-rank cost); options: ``--help``.
+Method, sides and figures: docs/results/performance.md (per-rank cost); options: ``--help``.
 """
 
 from __future__ import annotations

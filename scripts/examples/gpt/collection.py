@@ -7,7 +7,7 @@ engine's ``ensure_global_memory_buffer`` and ``megatron_schedule``). With ``--im
 needs megatron-core 0.19+ (:data:`FIRST_RELEASE`); with ``--impl compat`` (0.16+,
 :data:`FIRST_SERVED_RELEASE`) the run sits inside ``compat.use_collection(collection)``, so the
 global getters that 0.16-0.18 still call (the GPT loss reads the tensor-parallel group) answer
-from the same collection. See docs/training.md (training from a ``ProcessGroupCollection``).
+from the same collection. See docs/results/training.md (training from a ``ProcessGroupCollection``).
 """
 
 from __future__ import annotations

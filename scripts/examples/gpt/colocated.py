@@ -16,7 +16,7 @@ collection path of :mod:`scripts.examples.gpt.collection`, no Megatron globals):
    the inference groups destroyed (the registry must then hold exactly the training layout's
    groups, all alive); then the last training step.
 
-See docs/training.md ("Training and inference layouts in one job").
+See docs/results/training.md ("Training and inference layouts in one job").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ What every way of training it shares (Megatron's globals in :mod:`scripts.exampl
 a ``ProcessGroupCollection`` in :mod:`scripts.examples.gpt.collection`, the restart of
 :mod:`scripts.examples.restart_gpt`); none of it reads a parallel_state global except
 :func:`set_weights_from_global_names` without ``ranks``. The data: :func:`_batch`. See
-scripts/README.md and docs/training.md.
+scripts/README.md and docs/results/training.md.
 """
 
 from __future__ import annotations

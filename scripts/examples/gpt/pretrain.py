@@ -4,7 +4,7 @@
 process it starts: the user side of a ``pretrain_gpt.py``-style program (defaults for a tiny CPU
 model, :func:`model_provider`, :func:`dataset_provider`, :func:`forward_step`); ``pretrain`` does
 everything else. CPU stand-ins: :mod:`parallel_state_ng.testing.megatron_cpu` (``CpuShims`` plus
-``TrainingShims``). What it writes and records: docs/training.md (Megatron-LM's training loop).
+``TrainingShims``). What it writes and records: docs/results/training.md (Megatron-LM's training loop).
 """
 
 from __future__ import annotations

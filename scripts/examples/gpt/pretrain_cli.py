@@ -4,7 +4,7 @@ The script's own options are ``--loop``, ``--impl``, ``--install``, ``--megatron
 and ``--quiet`` (``--loop training --help``); everything else goes, unchanged, to Megatron's
 argument parser in every rank (see :mod:`scripts.examples.gpt.pretrain` for the defaults put
 before it). Importing this module imports neither torch nor megatron. Example command and
-figures: docs/training.md (run Megatron-LM's training loop on compat).
+figures: docs/results/training.md (run Megatron-LM's training loop on compat).
 """
 
 from __future__ import annotations

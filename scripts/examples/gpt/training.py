@@ -4,7 +4,7 @@
 training loop does, through Megatron's globals (``initialize_model_parallel``; with
 ``cfg.impl == "compat"`` after ``compat.install()``). CPU stand-ins for CUDA come from
 :mod:`parallel_state_ng.testing.megatron_cpu`; the data, model config and step loop from
-:mod:`scripts.examples.gpt.model`. See docs/training.md (the core loop).
+:mod:`scripts.examples.gpt.model`. See docs/results/training.md (the core loop).
 """
 
 from __future__ import annotations
