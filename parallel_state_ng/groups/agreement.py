@@ -65,7 +65,8 @@ _enabled_override: bool | None = None
 _timeout_override: float | None = None
 
 
-def _check_timeout(value: Any, what: str) -> float:
+def check_timeout(value: Any, what: str) -> float:
+    """``value`` as a float: a finite number of seconds > 0 (``ValueError`` naming ``what`` and the value)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{what} must be a finite number of seconds > 0, got {shown(value)}")
     return float(value)
@@ -83,7 +84,7 @@ def set_agreement_check(enabled: bool | None = None, timeout_s: float | None = N
     if enabled is not None and not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool or None, got {enabled!r}")
     if timeout_s is not None:
-        timeout_s = _check_timeout(timeout_s, "timeout_s")
+        timeout_s = check_timeout(timeout_s, "timeout_s")
     previous = (_enabled_override, _timeout_override)
     _enabled_override, _timeout_override = enabled, timeout_s
     return previous
@@ -111,7 +112,7 @@ def agreement_check_settings() -> tuple[bool, float]:
                 value = float(raw)
             except ValueError:
                 value = raw
-            timeout = _check_timeout(value, f"environment variable {ENV_TIMEOUT}")
+            timeout = check_timeout(value, f"environment variable {ENV_TIMEOUT}")
     return enabled, timeout
 
 
@@ -204,7 +205,7 @@ def check_agreement(
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty str, got {name!r}")
-    timeout = _check_timeout(timeout, "timeout")
+    timeout = check_timeout(timeout, "timeout")
     start = time.monotonic()
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(f"{name}: the agreement check needs torch.distributed to be initialized")

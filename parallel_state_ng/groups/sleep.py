@@ -323,6 +323,30 @@ def _prune() -> None:
         _unpatch()
 
 
+def _checked(groups: Any, kinds: Any, timeout: Any) -> tuple[list[Any] | None, list[str] | None]:
+    """The arguments of a public call, checked before anything else runs: ``groups`` and ``kinds`` as lists.
+
+    Raises:
+        TypeError: ``groups`` or ``kinds`` is not an iterable (a ``str`` counts as none), or holds
+            something that is not a process group (``None`` aside), or not a kind name.
+        ValueError: ``timeout`` is not a finite number of seconds > 0.
+    """
+    agreement.check_timeout(timeout, "timeout")
+    for name, value in (("groups", groups), ("kinds", kinds)):
+        if value is not None and (isinstance(value, (str, bytes)) or not isinstance(value, Iterable)):
+            shown = f"{name}={value!r} ({type(value).__name__})"
+            raise TypeError(f"{name} must be an iterable (not a str) or None, got {shown}")
+    kinds = None if kinds is None else list(kinds)
+    bad_kinds = [k for k in kinds or () if not isinstance(k, str) or not k]
+    if bad_kinds:
+        raise TypeError(f"kinds must hold kind names (non-empty str, e.g. 'DATA_PARALLEL'), got {bad_kinds!r}")
+    listed = None if groups is None else list(groups)
+    bad = [g for g in listed or () if g is not None and not isinstance(g, dist.ProcessGroup)]
+    if bad:
+        raise TypeError(f"groups must hold torch ProcessGroups (or None), got {bad[0]!r} ({type(bad[0]).__name__})")
+    return listed, kinds
+
+
 def _selected(groups: Iterable[Any] | None, kinds: Iterable[str] | None) -> list[Any]:
     """The groups to act on: live ones by default, each once, members only, of ``kinds``."""
     chosen = creation.live_groups() if groups is None else list(groups)
@@ -368,7 +392,9 @@ def sleep(
             was put to sleep.
         ParallelConfigMismatchError: ranks passed different ``kinds``, or some called
             :func:`wake` instead.
+        TypeError, ValueError: bad arguments (named, with the value), before any agreement.
     """
+    groups, kinds = _checked(groups, kinds, timeout)
     _prune()
     selected = _selected(groups, kinds)
     result = _agree("sleep", kinds, timeout)
@@ -392,6 +418,7 @@ def wake(
     After it, each group is the very same object, with its backends, ranks, timeout and
     ``group_desc`` as before the sleep.
     """
+    groups, kinds = _checked(groups, kinds, timeout)
     _prune()
     if groups is None:
         groups = [state.group for state in _asleep.values()]
@@ -416,6 +443,7 @@ def asleep(
 
     Groups that already slept on entry stay asleep. Every rank enters and leaves together.
     """
+    groups, kinds = _checked(groups, kinds, timeout)
     selected = _selected(groups, kinds)
     report = sleep(selected, kinds=kinds, timeout=timeout)
     slept = [g for g, outcome in zip(selected, report.groups, strict=True) if outcome.mechanism != "skipped"]

@@ -11,8 +11,14 @@ unzipped 0.19.2 wheel) starts a gloo world of tp x pp x dp CPU processes
    ``build_inference_collection`` (what ``build_inference_pg_collection`` serves);
 3. moves the weights into a ``GPTModel`` over that collection and runs a forward pass on a fixed
    batch, whose logits must equal a one-rank model's within ``colocated.LOGITS_TOLERANCE``;
-4. destroys the inference layout and takes the last training step, which must be bit-identical
-   (loss, gradient norm, parameter digest) to the same run without the inference phase.
+4. once the weights are gathered, puts to sleep the training groups the inference layout does not
+   borrow from the registry (issue 51: ``parallel_state_ng.groups.sleep``; on gloo they are
+   fenced, a collective on them refused), destroys the inference layout, wakes them;
+5. takes the last training step, which must be bit-identical (loss, gradient norm, parameter
+   digest) to the same run without the inference phase;
+6. runs ``--cycles`` (default 50) sleep/wake cycles of the whole training layout and reports this
+   process's file descriptors, sockets, threads and groups awake and asleep, at the first cycle
+   and the last, and the mean sleep and wake times.
 
 The run with the inference phase has the process-wide communicator registry on
 (``set_group_sharing("process")``) and builds the inference layout with the training's timeout,
@@ -56,8 +62,31 @@ def _combined_digest(results: list[dict], key: str) -> str:
     return hashlib.sha256("".join(r[key]["digest"] for r in results).encode()).hexdigest()
 
 
+def _sleep_summary(results: list[dict]) -> dict[str, Any]:
+    """The sleep during inference and the cycles, over the ranks: growth, refusal, slowest times."""
+    from parallel_state_ng.testing.resources import grown
+
+    phases = [r["with_inference"]["inference"]["sleep"] for r in results]
+    cycles = [r["with_inference"]["cycles"] for r in results]
+    out: dict[str, Any] = {
+        "phases": phases,
+        "refused": all(p["refused"] for p in phases),
+        "asleep holds no more": all(not grown(p["awake"], p["asleep"]) for p in phases),
+        "woken holds no more": all(not grown(p["awake"], p["woken"]) for p in phases),
+        "seconds": {k: max(p[f"{k} seconds"] for p in phases) for k in ("sleep", "wake")},
+    }
+    if cycles[0] is not None:
+        out["cycles"] = cycles
+        out["cycle growth"] = [
+            {w: grown(c[w][0], c[w][-1]) for w in ("awake", "asleep")} for c in cycles
+        ]  # fmt: skip
+        out["no growth"] = not any(g["awake"] or g["asleep"] for g in out["cycle growth"])
+        out["mean seconds"] = {k: max(c["mean seconds"][k] for c in cycles) for k in ("sleep", "wake")}
+    return out
+
+
 def summarize(results: list[dict]) -> dict[str, Any]:
-    """What the ranks' results show: losses, grad norms, digests, logits diff, communicators."""
+    """What the ranks' results show: losses, grad norms, digests, logits diff, communicators, sleep."""
     losses = {k: next(r[k]["losses"] for r in results if r[k]["losses"]) for k in ("reference", "with_inference")}
     inference = [r["with_inference"]["inference"] for r in results]
     return {
@@ -75,6 +104,7 @@ def summarize(results: list[dict]) -> dict[str, Any]:
         and all(r["communicators"]["process-wide registry"]["after destroy"]["exactly training"] for r in results),
         "communicators": [r["communicators"] for r in results],
         "globals initialized": any(r["globals initialized"] for r in results),
+        "sleep": _sleep_summary(results),
     }
 
 
@@ -126,6 +156,55 @@ def render(cfg: TrainConfig, infer_tp: int, summary: dict[str, Any], tolerance: 
         "  inference: groups the inference build added; shared: the inference collection's distinct groups "
         "that are training groups (registry)"
     )
+    lines.append("")
+    lines.extend(render_sleep(summary["sleep"]))
+    return lines
+
+
+def _counts(c: dict[str, int]) -> str:
+    from parallel_state_ng.testing.resources import RESOURCE_KEYS
+
+    return " ".join(f"{c[k]:>4}" for k in RESOURCE_KEYS)
+
+
+def render_sleep(sleep: dict[str, Any]) -> list[str]:
+    """The report's lines on sleep and wake (issue 51): during inference, then the cycles."""
+    from parallel_state_ng.testing.resources import RESOURCE_KEYS
+
+    first = sleep["phases"][0]
+    header = " ".join(f"{k[:4]:>4}" for k in RESOURCE_KEYS)
+    lines = [
+        f"sleep during inference: rank 0: {first['slept groups']} of {first['training groups']} training groups "
+        f"asleep ({first['mechanisms']}), {first['lent awake']} lent to the inference layout stayed awake; "
+        f"a collective on a sleeping group refused at once (all ranks): {sleep['refused']}; slowest sleep "
+        f"{sleep['seconds']['sleep']:.4f} s, wake {sleep['seconds']['wake']:.4f} s",
+        "this process's resources (fds, sockets, Python threads, native threads, torch's groups, the engine's "
+        "live groups):",
+        f"  rank    awake: {header}    asleep: {header}    woken: {header}",
+    ]
+    for rank, p in enumerate(sleep["phases"]):
+        lines.append(f"  {rank:>4}           {_counts(p['awake'])}            {_counts(p['asleep'])}           "
+                     f"{_counts(p['woken'])}")  # fmt: skip
+    lines.append(
+        f"  asleep holds no more than awake: {sleep['asleep holds no more']}; woken no more than awake: "
+        f"{sleep['woken holds no more']} (gloo is fenced: nothing is freed either)"
+    )
+    if "cycles" not in sleep:
+        return lines
+    n = sleep["cycles"][0]["cycles"]
+    lines += [
+        "",
+        f"{n} sleep/wake cycles of the whole training layout (after a warm-up cycle): growth from the first "
+        f"cycle to the last, awake and asleep, on every rank: {'none' if sleep['no growth'] else 'SOME'}; mean "
+        f"sleep {sleep['mean seconds']['sleep']:.4f} s, wake {sleep['mean seconds']['wake']:.4f} s (slowest rank, "
+        "each with its agreement round)",
+        f"  rank    awake, first: {header}    asleep, first: {header}    asleep, last: {header}    "
+        f"awake, last: {header}",
+    ]
+    for rank, c in enumerate(sleep["cycles"]):
+        lines.append(f"  {rank:>4}                  {_counts(c['awake'][0])}                   "
+                     f"{_counts(c['asleep'][0])}                  {_counts(c['asleep'][-1])}                 "
+                     f"{_counts(c['awake'][-1])}")  # fmt: skip
     return lines
 
 
@@ -141,11 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dp", type=int, default=2, help="training data-parallel size (default 2)")
     parser.add_argument("--infer-tp", type=int, default=4, help="inference tensor-parallel size, pp 1 (default 4)")
     parser.add_argument("--steps", type=int, default=3, help="training steps; inference before the last (default 3)")
+    cycles = "sleep/wake cycles of the training layout at the end, counted for leaks (default 50)"
+    parser.add_argument("--cycles", type=int, default=50, help=cycles)
     args = parser.parse_args(argv)
     cfg = TrainConfig(tp=args.tp, pp=args.pp, dp=args.dp, steps=args.steps, megatron_path=args.megatron_path)
     try:
         validate(cfg)
         check_inference_layout(cfg, args.infer_tp)
+        if args.cycles < 0:
+            raise TrainOptionError(f"--cycles must be >= 0, got {args.cycles}")
         if args.steps < 2:
             raise TrainOptionError(f"--steps must be >= 2 (inference runs before the last step), got {args.steps}")
     except TrainOptionError as error:
@@ -159,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{cfg.world_size} CPU processes (gloo); training tp{cfg.tp} pp{cfg.pp} dp{cfg.dp} from build_megatron_groups"
     )
     t0 = time.perf_counter()
-    results = run_on_world(cfg.world_size, colocated.train_and_infer_rank, cfg, args.infer_tp, timeout=900, env=QUIET)
+    results = run_on_world(
+        cfg.world_size, colocated.train_and_infer_rank, cfg, args.infer_tp, args.cycles, timeout=900, env=QUIET
+    )
     summary = summarize(results)
     print("\n".join(render(cfg, args.infer_tp, summary, colocated.LOGITS_TOLERANCE)))
     seconds = max(r["seconds"]["with inference"] for r in results)
@@ -169,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         and summary["registry after destroy"]
         and summary["max abs diff"] <= colocated.LOGITS_TOLERANCE
         and not summary["globals initialized"]
+        and summary["sleep"]["refused"]
+        and summary["sleep"].get("no growth", True)
     )
     return 0 if ok else 1
 

@@ -78,8 +78,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=",".join(DEFAULT_WORLD_CHECKS),
         help=f"comma-separated N-rank checks, of {', '.join(WORLD_CHECKS)}: groups and builders share a world, "
         "training has its own, death and death-nonblocking run in the bound mode at the first size; recovery, "
-        "ladder and sharing run once per mode, in the order given, after the others (recovery and sharing at the "
-        "first size)",
+        "ladder, sharing and sleep run once per mode, in the order given, after the others (recovery, sharing and "
+        "sleep at the first size)",
     )
     p.add_argument("--recovery-timeout", type=float, default=90.0, help="seconds for the recovery world")
     p.add_argument(
@@ -102,6 +102,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="PSNG_SHARE_GROUPS value of the sharing world's training (MCore against compat, dense); empty: none",
     )
     p.add_argument("--sharing-timeout", type=float, default=90.0, help="seconds for the sharing world")
+    p.add_argument("--sleep-timeout", type=float, default=90.0, help="seconds for the sleep world")
     p.add_argument(
         "--training-layouts",
         default=",".join(LAYOUT_NAMES),
@@ -149,7 +150,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _once_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Parse and check the options of the recovery, ladder and sharing checks."""
+    """Parse and check the options of the recovery, ladder, sharing and sleep checks."""
     try:
         args.ladder_sizes = tuple(int(n) for n in args.ladder_sizes.split(",") if n.strip())
     except ValueError:
@@ -160,7 +161,7 @@ def _once_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.sharing_training = args.sharing_training.strip()
     if "ladder" in args.world_checks and not args.world:
         p.error("--world-checks ladder runs with the N-rank checks: give --world (its sizes are --ladder-sizes)")
-    once = [c for c in args.world_checks if c in ("recovery", "sharing")]
+    once = [c for c in args.world_checks if c in ("recovery", "sharing", "sleep")]
     if once and (not args.world or args.world[0] % 4 or (args.world[0] > 4 and args.world[0] % 8)):
         p.error(f"--world-checks {','.join(once)} needs a first --world size of 4 or 8k, got {args.world}")
     if "sharing" in args.world_checks and not args.sharing_values:
@@ -190,6 +191,7 @@ def world_plan(args: argparse.Namespace) -> WorldPlan:
         args.sharing_values,
         args.sharing_training,
         args.sharing_timeout,
+        args.sleep_timeout,
     )
 
 

@@ -6,7 +6,7 @@
 own, then in the bound mode ``death``, a rank's death inside the split sequence (first size
 only), and ``death-nonblocking``, the same with ``TORCH_NCCL_USE_COMM_NONBLOCKING=1``
 (:mod:`scripts.gpu.world_nonblocking`); then, once per mode in the order given,
-:data:`ONCE_CHECKS` (recovery in place, the scale ladder, the sharing policies). It returns
+:data:`ONCE_CHECKS` (recovery in place, the scale ladder, the sharing policies, sleep and wake). It returns
 report lines and ``(check, passed, detail)`` rows. On gloo (the CPU dry run) the same bodies run; the bound mode
 there splits through the gloo stand-in. :func:`worst_case_s` bounds a plan's wall time.
 """
@@ -30,8 +30,9 @@ WORLD_SLACK_S = 15.0
 DEFAULT_WORLD_CHECKS = ("groups", "builders", "training", "death", "death-nonblocking")
 #: Checks that run once per mode, in the order given, after the per-size ones: recovery in place
 #: (:mod:`scripts.gpu.world_recovery`), the scale ladder (:mod:`scripts.gpu.world_ladder`, its
-#: own sizes) and the sharing policies (:mod:`scripts.gpu.world_sharing`), at the first size.
-ONCE_CHECKS = ("recovery", "ladder", "sharing")
+#: own sizes), the sharing policies (:mod:`scripts.gpu.world_sharing`) and sleep and wake
+#: (:mod:`scripts.gpu.world_sleep`), at the first size.
+ONCE_CHECKS = ("recovery", "ladder", "sharing", "sleep")
 WORLD_CHECKS = (*DEFAULT_WORLD_CHECKS, *ONCE_CHECKS)
 #: On NCCL, the training world's ranks need a cuBLAS workspace for deterministic algorithms.
 TRAINING_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
@@ -86,6 +87,7 @@ class WorldPlan:
     sharing_values: tuple[str, ...] = ("0", "safe", "1")
     sharing_training: str = "safe"
     sharing_timeout: float = 90.0
+    sleep_timeout: float = 90.0
 
     def worlds(self, backend: str) -> list[tuple[int, str, str, float]]:
         """``(size, mode, what, timeout)`` of every world, in the order they run.
@@ -113,7 +115,12 @@ class WorldPlan:
 
     def limit_s(self, size: int, what: str, backend: str) -> float:
         """The time limit of one world: the one given, else :func:`default_limit_s`."""
-        once = {"recovery": self.recovery_timeout, "ladder": self.ladder_timeout, "sharing": self.sharing_timeout}
+        once = {
+            "recovery": self.recovery_timeout,
+            "ladder": self.ladder_timeout,
+            "sharing": self.sharing_timeout,
+            "sleep": self.sleep_timeout,
+        }
         if what in once:
             return once[what]
         given = self.training_timeout if what == "training" else self.timeout
@@ -278,7 +285,7 @@ def _run_world_rows(
 
 def _once_rows(what: str, size: int, backend: str, mode: str, plan: WorldPlan) -> tuple[list[str], list[Check]]:
     """One of :data:`ONCE_CHECKS`: its report lines and rows."""
-    from scripts.gpu import world_ladder, world_recovery, world_sharing
+    from scripts.gpu import world_ladder, world_recovery, world_sharing, world_sleep
 
     tag = f"{size} ranks {backend} {mode}"
     expected = "split" if mode == "bound" else "member"
@@ -286,6 +293,8 @@ def _once_rows(what: str, size: int, backend: str, mode: str, plan: WorldPlan) -
         return world_ladder.ladder_section(
             plan.ladder_sizes, backend, mode, plan.ladder_timeout, f"{backend} {mode}", _failure_summary
         )
+    if what == "sleep":
+        return world_sleep.sleep_section(size, backend, mode, plan.sleep_timeout, tag, _failure_summary)
     if what == "sharing":
         return world_sharing.sharing_section(
             size, backend, mode, plan.sharing_values, plan.sharing_training, plan.sharing_timeout, tag, _failure_summary

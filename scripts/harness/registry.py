@@ -81,8 +81,9 @@ FOLDERS: dict[str, dict[str, Command]] = {
             "train_and_infer",
             "scripts.examples.train_and_infer",
             "an RL-shaped job: train tp2 pp2 dp2 from `build_megatron_groups`, infer tp4 pp1 on the same ranks "
-            "(`build_inference_collection`): logits vs a one-rank model, communicators per rank, step 3 "
-            "bit-identical to a run without inference",
+            "(`build_inference_collection`): logits vs a one-rank model, communicators per rank, the training "
+            "groups the inference does not borrow asleep meanwhile, step 3 bit-identical to a run without "
+            "inference; then `--cycles` sleep/wake cycles counted for leaks (threads, sockets, descriptors, groups)",
             "--megatron-path DIR",
         ),
         Command(

@@ -6,8 +6,6 @@ groups are fenced: refused while asleep, the same objects with the same backends
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from datetime import timedelta
 
@@ -18,6 +16,7 @@ import torch.distributed as dist
 from parallel_state_ng.groups import agreement, creation
 from parallel_state_ng.groups import sleep as sleeping
 from parallel_state_ng.groups.agreement import ParallelConfigTimeoutError
+from parallel_state_ng.testing.resources import RESOURCE_KEYS, grown, process_resources
 
 SHARED_DESC = "TENSOR_MODEL_PARALLEL+CONTEXT_PARALLEL"
 TIMEOUT = timedelta(seconds=77)
@@ -231,37 +230,25 @@ def _sleep_unless_last() -> dict:
 
 
 def _resources() -> dict:
-    fds = os.listdir("/proc/self/fd")
-    sockets = 0
-    for fd in fds:
-        try:
-            sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:  # the listing's own descriptor, closed since
-            pass
-    return {
-        "fds": len(fds),
-        "sockets": sockets,
-        "threads": threading.active_count(),
-        "native_threads": len(os.listdir("/proc/self/task")),
-        "pg_map": len(dist.distributed_c10d._world.pg_map),
-        "live": len(creation.live_groups()),
-        "guards": len(sleeping._guards),
-        "asleep": len(sleeping._asleep),
-    }
+    return {**process_resources(), "guards": len(sleeping._guards), "asleep": len(sleeping._asleep)}
 
 
 def _cycles(n: int) -> dict:
+    """``n`` cycles after a warm-up one; the counts awake and asleep, at the first cycle and the last."""
     groups = _make_groups()
     try:
         sleeping.sleep(timeout=20)  # a warm-up cycle: the guards are made once per group
         sleeping.wake(timeout=20)
-        first = _resources()
+        counts: dict = {"awake": [], "asleep": []}
         wrong = 0
-        for _ in range(n):
+        for cycle in range(n):
+            if cycle in (0, n - 1):
+                counts["awake"].append(_resources())
             with sleeping.asleep(timeout=20):
-                pass
+                if cycle in (0, n - 1):
+                    counts["asleep"].append(_resources())
             wrong += _sums(groups) != _sums_expected()
-        return {"first": first, "last": _resources(), "wrong": wrong}
+        return {"first": counts["awake"][0], "last": _resources(), "wrong": wrong, **counts}
     finally:
         creation.destroy_groups(groups)
 
@@ -350,12 +337,16 @@ def test_a_rank_that_never_sleeps_makes_the_others_raise_naming_it(gloo_world):
 
 
 @pytest.mark.multiprocess
-def test_fifty_cycles_leak_nothing(gloo_world):
+def test_fifty_cycles_leak_nothing_awake_nor_asleep(gloo_world):
     for got in gloo_world(2).run(_cycles, 50, timeout=240):
         assert got["wrong"] == 0
         first, last = got["first"], got["last"]
-        for key in ("fds", "sockets", "threads", "native_threads", "pg_map", "live", "guards"):
-            assert last[key] <= first[key], (key, first, last)
+        assert not grown(first, last), (first, last)  # awake: before the first cycle, after the last
+        assert not grown(got["asleep"][0], got["asleep"][1]), got["asleep"]  # asleep: first cycle, last
+        for awake, asleep in zip(got["awake"], got["asleep"], strict=True):
+            # gloo is fenced: asleep holds what awake holds, nothing more (nor less: nothing is freed)
+            assert {k: asleep[k] for k in RESOURCE_KEYS} == {k: awake[k] for k in RESOURCE_KEYS}, (awake, asleep)
+            assert asleep["asleep"] == 2 and awake["asleep"] == 0
         assert last["asleep"] == 0
 
 

@@ -7,8 +7,10 @@ MCore's parallel_state and compat must report the same loss and gradient norm at
 iteration and the same digest of every rank's final parameters, and the compat runs must really
 have used compat. Each install point runs once: compat installed after megatron's import on
 0.17.1, before it on 0.19.2 (the core-loop tests in test_train_gpt.py run both on every layout;
-docs/results/training.md's tables ran both here). The script's own option errors are checked without
-starting processes.
+docs/results/training.md's tables ran both here). On 0.19.2 also with every communicator asleep and
+awake again between iterations (``--sleep-wake``, issue 51), 2 processes, dp 2 with the
+distributed optimizer and both overlaps, against MCore. The script's own option errors are
+checked without starting processes.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def _pretrain(*options: str) -> dict:
     digest = re.search(r"^parameter digest: ([0-9a-f]{64})$", out, re.M)
     used = re.search(r"^megatron-core (\S+); parallel_state used: (\S+)$", out, re.M)
     assert iterations and losses and digest and used, out
+    slept = re.search(r"^sleep/wake cycles .*: \[(.*)\]; rank 0's groups by mechanism: (.*)$", out, re.M)
     return {
         "iterations": [int(i) for i, _, _ in iterations],
         "losses": [float(x) for x in losses.group(1).split(", ")],
@@ -56,6 +59,8 @@ def _pretrain(*options: str) -> dict:
         "digest": digest.group(1),
         "version": used.group(1),
         "parallel_state": used.group(2),
+        "sleep_cycles": [int(x) for x in slept.group(1).split(", ")] if slept else None,
+        "fenced": int(re.search(r"'fenced': (\d+)", slept.group(2)).group(1)) if slept else None,
     }
 
 
@@ -97,12 +102,35 @@ def test_megatron_pretrain_follows_0_19_api_bit_identically():
         assert run[key] == mcore[key], f"0.19.2, compat installed before: {key} differs from MCore"
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.network
+@pytest.mark.rotating(4, 10)  # end-to-end part 5 of 10 (docs/testing.md, "Rotating parts")
+def test_megatron_pretrain_with_sleep_and_wake_between_iterations_is_bit_identical():
+    # Issue 51 through Megatron's own loop: every communicator asleep and awake again after each
+    # of 5 iterations (the hook wraps the release's post_training_step_callbacks; compat
+    # installed after megatron's import), dp 2 with the distributed optimizer and both overlaps,
+    # against MCore without sleep (2 processes: ~31 s of CPU for both runs; pp 2 dp 2 on 4
+    # processes was bit-identical too, docs/compat.md "Sleep and wake").
+    path = str(release_dir("0.19.2"))
+    common = ["--megatron-path", path, "--nproc", "2", "--train-iters", "5"]
+    common += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    mcore = _pretrain("--impl", "mcore", *common)
+    assert mcore["iterations"] == [1, 2, 3, 4, 5] and len(set(mcore["losses"])) == 5
+    run = _pretrain("--impl", "compat", "--install", "after", "--sleep-wake", *common)
+    assert run["parallel_state"] == "compat.parallel_state"
+    assert run["sleep_cycles"] == [5, 5] and run["fenced"] > 0, run
+    for key in ("iterations", "losses", "grad_norms", "digest", "version"):
+        assert run[key] == mcore[key], f"0.19.2 with sleep and wake between iterations: {key} differs from MCore"
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
         (["--nproc", "6", "--tensor-model-parallel-size", "4"], "--nproc 6 is not a multiple of tp * pp * cp = 4"),
         (["--impl", "megatron"], "invalid choice: 'megatron'"),
         (["--install", "later"], "invalid choice: 'later'"),
+        (["--impl", "mcore", "--sleep-wake"], "--sleep-wake needs --impl compat (MCore has no sleep)"),
     ],
 )
 def test_training_loop_option_errors_come_before_any_process(options, message, capsys, monkeypatch):

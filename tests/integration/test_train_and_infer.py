@@ -8,7 +8,11 @@ compare the logits with a one-rank model's, destroy the inference layout, take s
 The run with the inference phase has the process-wide registry on (the reference run sharing
 off, so the cost is that of the registry-less test): the inference layout creates no
 communicator of its own and, once destroyed, leaves the registry holding exactly the training
-layout's groups; the communicator counts are measured under the three sharing settings. (The 8-process tp2 pp2 dp2 run
+layout's groups; the communicator counts are measured under the three sharing settings. Once
+the weights are gathered, the training groups the inference layout does not borrow sleep until it
+is destroyed (issue 51: refused while asleep, step 3 still bit-identical), and 5 sleep/wake
+cycles of the training layout follow, counted for leaks (threads, sockets, descriptors, groups;
+the 50-cycle count: tests/groups/test_sleep_gloo.py and the example's default). (The 8-process tp2 pp2 dp2 run
 and its figures are in docs/results/training.md.) The other tests are cheap: bad inference layouts,
 building twice, destroying twice, using a destroyed collection.
 """
@@ -43,7 +47,7 @@ def test_inference_between_steps_leaves_training_bit_identical():
     path = str(mcore_releases.release_dir(mcore_releases.RELEASES["0.19"]))
     cfg = TrainConfig(tp=2, pp=2, dp=1, steps=3, megatron_path=path)
     with GlooWorld(cfg.world_size, timeout=600, env={"PYTHONWARNINGS": "ignore"}) as world:
-        results = world.run(colocated.train_and_infer_rank, cfg, 4)
+        results = world.run(colocated.train_and_infer_rank, cfg, 4, 5)
     summary = train_and_infer.summarize(results)
     assert summary["identical"], "step 3 differs after the inference phase"
     assert len(summary["losses"]["with_inference"]) == 3 and not summary["globals initialized"]
@@ -65,7 +69,17 @@ def test_inference_between_steps_leaves_training_bit_identical():
         assert registry["after destroy"]["exactly training"], rank
     for rank, entry in enumerate(summary["inference"]):
         assert entry["after destroy"]["registry holds"] == entry["after destroy"]["training groups"] > 0, rank
+    sleep = summary["sleep"]
+    assert sleep["refused"] and sleep["asleep holds no more"] and sleep["no growth"], sleep
+    for rank, phase in enumerate(sleep["phases"]):
+        # tp2 pp2 on 4 ranks under the registry: the tp and pp groups sleep, the world-sized and
+        # one-rank groups that the inference layouts borrow stay awake
+        assert phase["slept groups"] == 2 and phase["lent awake"] == 2, (rank, phase)
+        assert phase["mechanisms"] == {"fenced": 2}, (rank, phase)
+    assert [c["cycles"] for c in sleep["cycles"]] == [5] * 4
     report = train_and_infer.render(cfg, 4, summary, colocated.LOGITS_TOLERANCE)
+    assert any(line.startswith("5 sleep/wake cycles of the whole training layout") and ": none;" in line
+               for line in report)  # fmt: skip
     assert "step 3 bit-identical with and without the inference phase: True" in report
     assert any("holds exactly the training layout's groups, all alive: True (rank 0: " in line for line in report)
 
@@ -90,6 +104,10 @@ def test_a_tp_that_does_not_divide_the_heads_is_refused_before_any_process(capsy
         train_and_infer.main(["--tp", "1", "--pp", "1", "--dp", "3", "--infer-tp", "3"])
     assert exit_info.value.code == 2
     assert "--infer-tp 3 does not divide the model's --heads 4" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        train_and_infer.main(["--cycles", "-1"])
+    assert exit_info.value.code == 2
+    assert "--cycles must be >= 0, got -1" in capsys.readouterr().err
 
 
 def built_twice_destroyed_twice_used_after() -> dict:

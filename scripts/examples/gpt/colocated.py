@@ -14,7 +14,10 @@ collection path of :mod:`scripts.examples.gpt.collection`, no Megatron globals):
    into a tp ``infer_tp`` pp 1 ``GPTModel`` (:func:`full_weights`, :func:`load_weights`), a
    forward pass on a fixed batch compared with a one-rank model holding the same full weights,
    the inference groups destroyed (the registry must then hold exactly the training layout's
-   groups, all alive); then the last training step.
+   groups, all alive); then the last training step. Once the weights are gathered, the training
+   groups that the inference layout does not borrow sleep until it is destroyed (issue 51);
+4. then, optionally, sleep/wake cycles of the whole training layout, this process's threads,
+   sockets, descriptors and groups counted awake and asleep (:func:`sleep_cycles`).
 
 See docs/results/training.md ("Training and inference layouts in one job").
 """
@@ -212,17 +215,31 @@ def rng_kept() -> Iterator[None]:
     tracker.set_states(states)
 
 
-def inference_phase(cfg: TrainConfig, chunks: list, pgc, infer_tp: int) -> dict[str, Any]:
+def _fields(collection) -> set:
+    """The process groups a collection holds."""
+    return {pg for pg in vars(collection).values() if isinstance(pg, dist.ProcessGroup)}
+
+
+def inference_phase(cfg: TrainConfig, chunks: list, pgc, infer_tp: int, training: set | None = None) -> dict[str, Any]:
     """Build the inference layout, move the weights, run a forward pass, destroy the layout.
 
     The one-rank reference model (tp 1 pp 1) lives on a one-rank window of the same builder
-    (``world_size=1, rank_offset=rank``) and is destroyed with it.
+    (``world_size=1, rank_offset=rank``) and is destroyed with it. With ``training`` (the
+    training layout's groups), once the weights are gathered the training groups that neither
+    inference collection holds sleep (:func:`parallel_state_ng.groups.sleep.sleep`, every rank
+    together) until the inference layout is destroyed, and wake then (also on error): the
+    communicators the registry lent the inference layout stay awake for it. ``"sleep"`` in the
+    result: the groups asleep and awake, mechanisms, seconds, and this process's resources
+    (:func:`~parallel_state_ng.testing.resources.process_resources`) awake, asleep and woken.
     """
     from parallel_state_ng.builders.inference import destroy_inference_collection
+    from parallel_state_ng.groups import sleep as sleeping
+    from parallel_state_ng.testing.resources import process_resources
 
     rank = dist.get_rank()
     t0 = time.perf_counter()
     collection = single = None
+    slept: dict[str, Any] | None = None
     try:
         collection = _inference_collection(dist.get_world_size(), infer_tp)
         single = _inference_collection(1, 1, rank_offset=rank)
@@ -230,6 +247,17 @@ def inference_phase(cfg: TrainConfig, chunks: list, pgc, infer_tp: int) -> dict[
         reference = _gpt(cfg.replace(tp=1), single)
         names = {name: param.shape for name, param in reference.named_parameters()}
         weights = full_weights(chunks, pgc, names)
+        if training is not None:
+            lent = _fields(collection) | _fields(single)
+            slept = {"awake": process_resources(), "training groups": len(training)}
+            t1 = time.perf_counter()
+            report = sleeping.sleep(sorted(training - lent, key=lambda g: str(g.group_name)), timeout=120)
+            slept["sleep seconds"] = round(time.perf_counter() - t1, 4)
+            slept["asleep"] = process_resources()
+            slept["mechanisms"] = {m: len(report.by_mechanism(m)) for m in {g.mechanism for g in report.groups}}
+            slept["slept groups"] = len(report.groups) - len(report.by_mechanism("skipped"))
+            slept["lent awake"] = len(training & lent)
+            slept["refused"] = _refused(training - lent)
         moved = load_weights(model, weights, collection.tp.rank(), infer_tp)
         load_weights(reference, weights, 0, 1)
         dp_rank = collection.dp.rank()
@@ -250,14 +278,67 @@ def inference_phase(cfg: TrainConfig, chunks: list, pgc, infer_tp: int) -> dict[
     finally:
         destroy_inference_collection(collection)
         destroy_inference_collection(single)
+        if slept is not None:
+            t2 = time.perf_counter()
+            woken = sleeping.wake(timeout=120)
+            slept["wake seconds"] = round(time.perf_counter() - t2, 4)
+            slept["woken groups"] = len(woken.groups) - len(woken.by_mechanism("skipped"))
+            slept["woken"] = process_resources()
     result["seconds"] = round(time.perf_counter() - t0, 3)
+    result["sleep"] = slept
     return result
 
 
-def train_run(cfg: TrainConfig, infer_tp: int | None) -> dict[str, Any]:
+def _refused(groups: set) -> bool:
+    """Whether a collective on one of ``groups`` (asleep) is refused at once (``True`` when none)."""
+    from parallel_state_ng.groups.sleep import GroupAsleepError
+
+    if not groups:
+        return True
+    try:
+        dist.all_reduce(torch.ones(1), group=min(groups, key=lambda g: str(g.group_name)))
+    except GroupAsleepError:
+        return True
+    return False
+
+
+def sleep_cycles(groups, cycles: int) -> dict[str, Any]:
+    """``cycles`` sleep/wake cycles of a layout (``MegatronGroups``) after a warm-up one: this
+    process's resources awake and asleep at the first cycle and the last, the mean seconds of a
+    sleep and of a wake (each with its agreement round).
+    """
+    from parallel_state_ng.testing.resources import process_resources
+
+    groups.sleep(timeout=120)  # the warm-up: each group's guard is made at its first sleep
+    groups.wake(timeout=120)
+    counts: dict[str, list] = {"awake": [], "asleep": []}
+    seconds = {"sleep": 0.0, "wake": 0.0}
+    for cycle in range(cycles):
+        ends = cycle in (0, cycles - 1)
+        if ends:
+            counts["awake"].append(process_resources())
+        t0 = time.perf_counter()
+        groups.sleep(timeout=120)
+        t1 = time.perf_counter()
+        if ends:
+            counts["asleep"].append(process_resources())
+        t2 = time.perf_counter()
+        groups.wake(timeout=120)
+        seconds["sleep"] += t1 - t0
+        seconds["wake"] += time.perf_counter() - t2
+    counts["awake"].append(process_resources())  # after the last wake
+    return {
+        "cycles": cycles,
+        **counts,
+        "mean seconds": {k: round(v / max(cycles, 1), 5) for k, v in seconds.items()},
+    }
+
+
+def train_run(cfg: TrainConfig, infer_tp: int | None, cycles: int = 0) -> dict[str, Any]:
     """``cfg.steps`` steps from ``build_megatron_groups``; with ``infer_tp``, :func:`inference_phase`
-    before the last step and :func:`registry_check` after it. Losses (last stage), gradient norms
-    and the digest, per step phase.
+    (the training groups it does not use asleep) before the last step and :func:`registry_check`
+    after it, then ``cycles`` :func:`sleep_cycles` of the whole training layout. Losses (last
+    stage), gradient norms and the digest, per step phase.
     """
     from scripts.examples.gpt.collection import collection_training
 
@@ -276,7 +357,7 @@ def train_run(cfg: TrainConfig, infer_tp: int | None) -> dict[str, Any]:
         inference = None
         if infer_tp is not None:
             with rng_kept():
-                inference = inference_phase(cfg, chunks, pgc, infer_tp)
+                inference = inference_phase(cfg, chunks, pgc, infer_tp, training)
             inference["after destroy"] = registry_check(training)
             if digest(chunks) != digest_before:
                 raise RuntimeError("the inference phase changed the training parameters")
@@ -287,6 +368,7 @@ def train_run(cfg: TrainConfig, infer_tp: int | None) -> dict[str, Any]:
             "grad_norms": norms + more_norms,
             "digest": digest(chunks),
             "inference": inference,
+            "cycles": sleep_cycles(groups, cycles) if cycles else None,
         }
     finally:
         groups.destroy()
@@ -295,10 +377,10 @@ def train_run(cfg: TrainConfig, infer_tp: int | None) -> dict[str, Any]:
             raise RuntimeError(f"{len(left)} process group(s) left after the run")
 
 
-def train_and_infer_rank(cfg: TrainConfig, infer_tp: int) -> dict[str, Any]:
+def train_and_infer_rank(cfg: TrainConfig, infer_tp: int, cycles: int = 0) -> dict[str, Any]:
     """This rank's part of the job (see the module doc): communicators, the run without (sharing
-    off) and with the inference phase (the process-wide registry on). Returns ``rank``,
-    ``communicators``, ``reference`` and ``with_inference``.
+    off) and with the inference phase (the process-wide registry on; then ``cycles`` sleep/wake
+    cycles). Returns ``rank``, ``communicators``, ``reference`` and ``with_inference``.
     """
     from parallel_state_ng.testing.megatron_cpu import CpuShims, use_megatron_path
 
@@ -323,7 +405,7 @@ def train_and_infer_rank(cfg: TrainConfig, infer_tp: int) -> dict[str, Any]:
                 t2 = time.perf_counter()
                 previous = set_group_sharing("process")  # the run with inference: the registry on
                 try:
-                    with_inference = train_run(cfg, infer_tp)
+                    with_inference = train_run(cfg, infer_tp, cycles)
                 finally:
                     set_group_sharing(previous)
                 t3 = time.perf_counter()

@@ -14,11 +14,15 @@ import re
 import zlib
 from collections.abc import Iterator
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from scripts.examples.gpt.config import TrainConfig
+
+if TYPE_CHECKING:
+    from parallel_state_ng.groups.sleep import SleepReport
 
 
 def _batch(cfg: TrainConfig, step: int, global_mb: int) -> dict[str, torch.Tensor]:
@@ -253,12 +257,15 @@ def train_steps(
             if cfg.verbose and reporter:
                 print(f"step {step + 1}: loss {losses[-1]:.6f}  grad norm {grad_norms[-1]:.6f}", flush=True)
         if cfg.sleep_wake:
-            _sleep_and_wake()
+            sleep_and_wake()
     return losses, grad_norms
 
 
-def _sleep_and_wake() -> None:
-    """Every communicator asleep, a collective refused, then awake: an RL job's interlude."""
+def sleep_and_wake() -> SleepReport:
+    """Every communicator asleep, a collective refused, then awake: an RL job's interlude.
+
+    Every rank calls it together (compat's groups); returns this rank's sleep report.
+    """
     import compat.parallel_state as ps
     from parallel_state_ng.groups.sleep import GroupAsleepError
 
@@ -271,3 +278,4 @@ def _sleep_and_wake() -> None:
         raise RuntimeError(f"a collective on a sleeping group was not refused: {report}")
     finally:
         ps.wake_model_parallel(timeout=120)
+    return report

@@ -218,6 +218,46 @@ class _LogRecorder:
             training.training_log = original
 
 
+class SleepWakeHook:
+    """Every communicator asleep and awake again between ``pretrain``'s iterations (issue 51).
+
+    The hook point is the release's own per-iteration one: ``train()`` calls
+    ``megatron.training.training.post_training_step_callbacks`` once per iteration on every
+    rank, after the optimizer step and ``training_log`` and before the next iteration's first
+    collective (0.17 to 0.19); :meth:`installed` wraps it, as an RL job puts the rollout there.
+    After Megatron's callbacks each rank calls
+    :func:`~scripts.examples.gpt.model.sleep_and_wake` (``compat.parallel_state``'s
+    ``sleep_model_parallel``, a refused collective, ``wake_model_parallel``). ``cycles``: how
+    many ran; ``mechanisms``: the sleep reports' mechanisms (``{mechanism: groups}``, the last).
+    """
+
+    def __init__(self) -> None:
+        self.cycles = 0
+        self.mechanisms: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """``post_training_step_callbacks`` wrapped inside the block, Megatron's own again after it."""
+        from megatron.training import training
+
+        from scripts.examples.gpt.model import sleep_and_wake
+
+        original = training.post_training_step_callbacks
+
+        def then_sleep_and_wake(*args: Any, **kwargs: Any):
+            result = original(*args, **kwargs)
+            report = sleep_and_wake()
+            self.cycles += 1
+            self.mechanisms = {m: len(report.by_mechanism(m)) for m in {g.mechanism for g in report.groups}}
+            return result
+
+        training.post_training_step_callbacks = then_sleep_and_wake
+        try:
+            yield
+        finally:
+            training.post_training_step_callbacks = original
+
+
 def _digest(chunks: list[torch.nn.Module]) -> str:
     h = hashlib.sha256()
     for i, chunk in enumerate(chunks):
@@ -229,7 +269,13 @@ def _digest(chunks: list[torch.nn.Module]) -> str:
 
 
 def pretrain_rank(
-    rank: int, world_size: int, store_path: str | None, megatron_args: list[str], impl: str, install: str
+    rank: int,
+    world_size: int,
+    store_path: str | None,
+    megatron_args: list[str],
+    impl: str,
+    install: str,
+    sleep_wake: bool = False,
 ):
     """Run ``megatron.training.pretrain`` as rank ``rank`` of ``world_size``; returns this
     rank's record: ``iterations`` (per iteration: losses reported, gradient norm), ``digest``,
@@ -242,7 +288,9 @@ def pretrain_rank(
     The command line goes to Megatron's own parser after :data:`CPU_DEFAULTS` and
     :data:`TINY_MODEL`, which any user option overrides. ``pretrain`` gets the ``FileStore`` as
     ``store=``; losses and gradient norm are recorded by wrapping ``training_log``; the digest is
-    a SHA-256 of this rank's final parameters, taken after ``pretrain`` returns.
+    a SHA-256 of this rank's final parameters, taken after ``pretrain`` returns. ``sleep_wake``
+    (compat only): every communicator asleep and awake again after each iteration
+    (:class:`SleepWakeHook`); the record's ``sleep`` gives the cycles and mechanisms.
     """
     import torch.distributed as dist
 
@@ -259,6 +307,7 @@ def pretrain_rank(
     store = None if store_path is None else dist.FileStore(store_path, world_size)
     sys.argv = ["pretrain_gpt.py", *CPU_DEFAULTS, *TINY_MODEL, *megatron_args]
     recorder = _LogRecorder()
+    hook = SleepWakeHook()
     with CpuShims() as shims, TrainingShims() as training_shims:
         with parallel_state_impl(impl, install):
             shims.patch_megatron()
@@ -268,7 +317,8 @@ def pretrain_rank(
             from megatron.training import pretrain
 
             t1 = time.perf_counter()
-            with shims.cuda_to_cpu(), recorder.installed():
+            hooked = hook.installed() if sleep_wake else contextlib.nullcontext()
+            with shims.cuda_to_cpu(), recorder.installed(), hooked:
                 _call_pretrain(pretrain, ModelType.encoder_or_decoder, store)
             t2 = time.perf_counter()
             last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
@@ -282,6 +332,7 @@ def pretrain_rank(
         "facts": facts,
         "seconds": {"import": round(t1 - t0, 3), "pretrain": round(t2 - t1, 3)},
         "iteration_seconds": [round(s, 4) for s in recorder.seconds],
+        "sleep": {"cycles": hook.cycles, "mechanisms": hook.mechanisms},
     }
     if store_path is None:
         from parallel_state_ng.groups.objects import all_gather_objects

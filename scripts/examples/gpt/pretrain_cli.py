@@ -1,7 +1,7 @@
 """``python -m scripts.examples train_gpt --loop training``: Megatron-LM's own ``pretrain`` on CPU processes.
 
-The script's own options are ``--loop``, ``--impl``, ``--install``, ``--megatron-path``, ``--nproc``
-and ``--quiet`` (``--loop training --help``); everything else goes, unchanged, to Megatron's
+The script's own options are ``--loop``, ``--impl``, ``--install``, ``--megatron-path``, ``--nproc``,
+``--sleep-wake`` and ``--quiet`` (``--loop training --help``); everything else goes, unchanged, to Megatron's
 argument parser in every rank (see :mod:`scripts.examples.gpt.pretrain` for the defaults put
 before it). Importing this module imports neither torch nor megatron. Example command and
 figures: docs/results/training.md (run Megatron-LM's training loop on compat).
@@ -36,6 +36,7 @@ class PretrainRun:
     install: str = "after"
     megatron_path: str | None = None
     quiet: bool = False
+    sleep_wake: bool = False
 
 
 def parse_args(argv: Sequence[str], launched_size: int | None = None) -> PretrainRun:
@@ -53,6 +54,8 @@ def parse_args(argv: Sequence[str], launched_size: int | None = None) -> Pretrai
     p.add_argument("--megatron-path", default=None, help="directory put first on sys.path in every rank")
     p.add_argument("--nproc", type=int, default=None, help="processes (default: tp * pp * cp)")
     p.add_argument("--quiet", action="store_true", help="hide the ranks' own output (Megatron's log)")
+    wake = "with --impl compat: every communicator asleep and awake again after each iteration"
+    p.add_argument("--sleep-wake", action="store_true", help=wake)
     ns, rest = p.parse_known_args(argv)
     sizes = argparse.ArgumentParser(add_help=False)
     for flag in _SIZE_FLAGS:
@@ -61,6 +64,8 @@ def parse_args(argv: Sequence[str], launched_size: int | None = None) -> Pretrai
     model_parallel = known.tensor_model_parallel_size * known.pipeline_model_parallel_size
     model_parallel *= known.context_parallel_size
     nproc = ns.nproc if ns.nproc is not None else (launched_size or model_parallel)
+    if ns.sleep_wake and ns.impl != "compat":
+        p.error("--sleep-wake needs --impl compat (MCore has no sleep)")
     if launched_size is not None and nproc != launched_size:
         p.error(f"--nproc {nproc} is not the launcher's world of {launched_size} processes")
     if nproc < 1 or model_parallel < 1 or nproc % model_parallel:
@@ -68,7 +73,7 @@ def parse_args(argv: Sequence[str], launched_size: int | None = None) -> Pretrai
     from parallel_state_ng.testing.megatron_cpu import MEGATRON_PATH_ENV  # imports torch: not at module import
 
     path = ns.megatron_path or os.environ.get(MEGATRON_PATH_ENV)
-    return PretrainRun(nproc, tuple(rest), ns.impl, ns.install, path and os.path.abspath(path), ns.quiet)
+    return PretrainRun(nproc, tuple(rest), ns.impl, ns.install, path and os.path.abspath(path), ns.quiet, ns.sleep_wake)
 
 
 def rank_main(rank: int, run: PretrainRun, store_path: str, results) -> None:
@@ -88,7 +93,8 @@ def rank_main(rank: int, run: PretrainRun, store_path: str, results) -> None:
         use_megatron_path(run.megatron_path)
         from scripts.examples.gpt.pretrain import pretrain_rank
 
-        record = pretrain_rank(rank, run.nproc, store_path, list(run.megatron_args), run.impl, run.install)
+        args = (rank, run.nproc, store_path, list(run.megatron_args), run.impl, run.install, run.sleep_wake)
+        record = pretrain_rank(*args)
         results.put((rank, True, record))
     except BaseException as exc:  # the parent reports it
         results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -114,6 +120,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "facts": records[0]["facts"],
         "seconds": {k: max(r["seconds"][k] for r in records) for k in records[0]["seconds"]},
         "iteration_seconds": [max(s) for s in zip(*(r["iteration_seconds"] for r in records), strict=True)],
+        "sleep_cycles": [r["sleep"]["cycles"] for r in records],
+        "sleep_mechanisms": records[0]["sleep"]["mechanisms"],
     }
 
 
@@ -137,7 +145,7 @@ def run_launched(run: PretrainRun, rank: int) -> list[dict[str, Any]] | None:
             with open(os.devnull, "w") as devnull:
                 os.dup2(devnull.fileno(), 1)
                 os.dup2(devnull.fileno(), 2)
-        records = pretrain_rank(rank, run.nproc, None, list(run.megatron_args), run.impl, run.install)
+        records = pretrain_rank(rank, run.nproc, None, list(run.megatron_args), run.impl, run.install, run.sleep_wake)
     finally:
         for fd, copy in enumerate(saved, start=1):
             sys.stdout.flush() if fd == 1 else sys.stderr.flush()
@@ -184,6 +192,12 @@ def main(argv: Sequence[str]) -> int:
             print(f"iteration {it}: {shown}  grad norm {norm:.6f}")
         print(f"megatron-core {summary['facts']['version']}; parallel_state used: {summary['facts']['parallel_state']}")
         print(f"parameter digest: {summary['digest']}")
+        if run.sleep_wake:
+            cycles = summary["sleep_cycles"]
+            print(
+                f"sleep/wake cycles (after Megatron's post_training_step_callbacks, per rank): {cycles}; "
+                f"rank 0's groups by mechanism: {summary['sleep_mechanisms']}"
+            )
         print(f"losses: {[next(iter(x.values())) for x in summary['losses']]}")
         sec = summary["seconds"]
         per_iter = ", ".join(f"{s:.3f}" for s in summary["iteration_seconds"])
