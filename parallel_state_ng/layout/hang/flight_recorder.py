@@ -200,7 +200,7 @@ def read_dump_dir(directory: str, placer: Placer | None = None) -> list[RankReco
     for name in names:
         found = _RANK_SUFFIX.search(name)
         path = os.path.join(directory, name)
-        if found is None or not os.path.isfile(path):
+        if found is None or ".tmp" in name or not os.path.isfile(path):
             continue
         with open(path, "rb") as handle:
             data = handle.read(MAX_INPUT_BYTES + 1)

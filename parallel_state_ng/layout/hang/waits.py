@@ -190,6 +190,25 @@ def diagnose(records: Iterable[RankRecord], placer: Placer | None = None) -> Dia
     return _conclude(by_rank, waits, reasons)
 
 
+def _steps_after(rec: RankRecord, anchor: OpRecord | None, op: OpRecord) -> int:
+    """How many operations ``rec`` issued between its twin of ``anchor`` and ``op`` (large: no twin).
+
+    Ranks run one program: the twin is the operation with ``anchor``'s description, sequence
+    number and kind (collective or p2p), on the rank's own group of that kind. The wait with
+    the fewest operations since the culprit's last one is the one the culprit failed to enter
+    first; wall-clock issue times across processes come second.
+    """
+    if anchor is None:
+        return len(rec.ops)
+    ops = list(rec.ops)
+    end = next((i for i, o in enumerate(ops) if o is op), len(ops))
+    for i in range(end - 1, -1, -1):
+        twin = ops[i]
+        if twin.desc == anchor.desc and twin.seq == anchor.seq and twin.p2p == anchor.p2p and twin.op == anchor.op:
+            return end - i - 1
+    return len(ops)
+
+
 def _conclude(by_rank: Mapping[int, RankRecord], waits: dict[int, Wait], reasons: dict[int, str]) -> Diagnosis:
     chains: dict[int, tuple[Wait, ...] | None] = {}
 
@@ -224,7 +243,8 @@ def _conclude(by_rank: Mapping[int, RankRecord], waits: dict[int, Wait], reasons
     culprits = tuple(sorted(ends, key=lambda r: (-ends[r], r)))
     culprit = culprits[0]
     direct = [w for w in waits.values() if culprit in w.on]
-    stuck = min(direct, key=lambda w: (w.op.time_ns if w.op.time_ns is not None else 0, w.op.seq, w.rank))
+    anchor = by_rank[culprit].last if culprit in by_rank else None
+    stuck = min(direct, key=lambda w: (_steps_after(by_rank[w.rank], anchor, w.op), w.op.time_ns or 0, w.rank))
     candidates = [c for c in (chains.get(r) for r in sorted(waits)) if c and culprit in c[-1].on]
     chain = max(candidates, key=len) if candidates else (stuck,)
     return Diagnosis(by_rank, waits, culprits, {r: reasons[r] for r in culprits}, stuck, chain)
