@@ -74,29 +74,25 @@ _active: list[HangWatch] = []
 _generation = [0]
 
 
-class _Slot:
-    """One recorded operation (mutable: the watcher marks it done)."""
+# A recorded operation is a list (cheaper to make than an object on the path of every collective):
+# [group info, op, seq, p2p, peer, issue time (ns), Work or None, done]
+_INFO, _OP, _SEQ, _P2P, _PEER, _TIME, _WORK, _DONE = range(8)
+_UNSEEN: Any = object()
 
-    __slots__ = ("info", "op", "seq", "p2p", "peer", "t", "work", "done")
 
-    def __init__(self, info: list, op: str, seq: int, p2p: bool, peer: int | None) -> None:
-        self.info, self.op, self.seq, self.p2p, self.peer = info, op, seq, p2p, peer
-        self.t = time.time_ns()
-        self.work: Any = None
-        self.done = False
-
-    def record(self) -> OpRecord:
-        return OpRecord(
-            group=self.info[1],
-            desc=self.info[2],
-            op=self.op,
-            seq=self.seq,
-            state="completed" if self.done else "started",
-            p2p=self.p2p,
-            peer=self.peer,
-            ranks=self.info[3],
-            time_ns=self.t,
-        )
+def _op_record(slot: list) -> OpRecord:
+    info = slot[_INFO]
+    return OpRecord(
+        group=info[1],
+        desc=info[2],
+        op=slot[_OP],
+        seq=slot[_SEQ],
+        state="completed" if slot[_DONE] else "started",
+        p2p=slot[_P2P],
+        peer=slot[_PEER],
+        ranks=info[3],
+        time_ns=slot[_TIME],
+    )
 
 
 def _positive(value: Any, name: str) -> float:
@@ -156,7 +152,7 @@ class HangWatch:
             raise ValueError(f"note must be callable, got {note!r}")
         self.layout, self.on_report, self.note = layout, on_report, note
         self.dump_dir, self.fr_dump_dir, self.only_project = dump_dir, fr_dump_dir, only_project
-        self.slots: deque[_Slot] = deque(maxlen=ring)
+        self.slots: deque[list] = deque(maxlen=ring)
         self.report: str | None = None  #: the report's text, on the rank that printed it
         self.diagnosis: Diagnosis | None = None
         self._groups: dict[int, list | None] = {}
@@ -181,24 +177,44 @@ class HangWatch:
         self._groups[id(group)] = info
         return info
 
-    def _slot(self, group: Any, op: str, p2p: bool, peer: int | None) -> _Slot | None:
-        info = self._info(group)
+    def _slot(self, group: Any, op: str, p2p: bool, peer: int | None) -> list | None:
+        """A new slot for ``op`` on ``group`` (``None``: the group is not recorded)."""
+        info = self._groups.get(id(group), _UNSEEN)
+        if info is _UNSEEN or (info is not None and info[0] is not group):
+            info = self._info(group)
         if info is None:
             return None
         at = 5 if p2p else 4
         info[at] += 1
-        slot = _Slot(info, op, info[at], p2p, peer)
+        slot = [info, op, info[at], p2p, peer, time.time_ns(), None, False]
         self.slots.append(slot)
         return slot
 
     def _collective(self, fn: Callable, op: str) -> Callable:
         at = list(inspect.signature(fn).parameters).index("group")
+        groups, append, clock, slow = self._groups, self.slots.append, time.time_ns, self._info
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            slot = self._slot(args[at] if len(args) > at else kwargs.get("group"), op, False, None)
-            if slot is None:
+            # the path of every collective: kept to a dict look-up, a counter, a list and a clock
+            group = args[at] if len(args) > at else kwargs.get("group")
+            info = groups.get(id(group), _UNSEEN)
+            if info is _UNSEEN or (info is not None and info[0] is not group):
+                info = slow(group)
+            if info is None:
                 return fn(*args, **kwargs)
-            return _finish(slot, fn, args, kwargs)
+            info[4] += 1
+            slot = [info, op, info[4], False, None, clock(), None, False]
+            append(slot)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                slot[_DONE] = True
+                raise
+            if result is not None and hasattr(result, "is_completed"):
+                slot[_WORK] = result
+            else:
+                slot[_DONE] = True
+            return result
 
         recorded.__wrapped__ = fn  # type: ignore[attr-defined]
         return recorded
@@ -227,8 +243,8 @@ class HangWatch:
             works = fn(p2p_op_list)
             for i, slot in enumerate(slots):
                 if slot is not None:
-                    slot.work = works[i] if len(works) == len(slots) else (works[-1] if works else None)
-                    slot.done = slot.work is None
+                    slot[_WORK] = works[i] if len(works) == len(slots) else (works[-1] if works else None)
+                    slot[_DONE] = slot[_WORK] is None
             return works
 
         recorded.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -279,20 +295,20 @@ class HangWatch:
         if self.note is not None:
             with contextlib.suppress(Exception):
                 note = str(self.note())
-        return RankRecord(self.rank, tuple(s.record() for s in list(self.slots)), note=note)
+        return RankRecord(self.rank, tuple(_op_record(s) for s in list(self.slots)), note=note)
 
     def _retire(self) -> None:
         for slot in list(self.slots):
-            if not slot.done and slot.work is not None:
+            if not slot[_DONE] and slot[_WORK] is not None:
                 with contextlib.suppress(Exception):
-                    if slot.work.is_completed():
-                        slot.done = True
+                    if slot[_WORK].is_completed():
+                        slot[_DONE] = True
 
     def _late(self) -> bool:
         self._retire()
         now = time.time_ns()
-        oldest = next((s for s in list(self.slots) if not s.done), None)
-        return oldest is not None and now - oldest.t > self.bound_s * 1e9
+        oldest = next((s for s in list(self.slots) if not s[_DONE]), None)
+        return oldest is not None and now - oldest[_TIME] > self.bound_s * 1e9
 
     def _watch(self) -> None:
         alarm = self._prefix + "alarm"
@@ -351,16 +367,16 @@ class HangWatch:
         return bool(self._prefix) and self.store.check([self._prefix + "report"])
 
 
-def _finish(slot: _Slot, fn: Callable, args: tuple, kwargs: dict) -> Any:
+def _finish(slot: list, fn: Callable, args: tuple, kwargs: dict) -> Any:
     try:
         result = fn(*args, **kwargs)
     except BaseException:
-        slot.done = True
+        slot[_DONE] = True
         raise
-    if hasattr(result, "is_completed"):
-        slot.work = result
+    if result is not None and hasattr(result, "is_completed"):
+        slot[_WORK] = result
     else:
-        slot.done = True
+        slot[_DONE] = True
     return result
 
 

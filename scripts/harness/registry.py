@@ -131,6 +131,12 @@ FOLDERS: dict[str, dict[str, Command]] = {
         ),
         Command("agreement", "scripts.bench.agreement", "cost of the cross-rank agreement check"),
         Command(
+            "hang_watch",
+            "scripts.bench.hang_watch",
+            "what the hang watch costs each collective: an all-reduce with and without it, simulated and gloo",
+            "--ops 5000 --gloo-ops 500 --rounds 3",
+        ),
+        Command(
             "collection",
             "scripts.bench.collection",
             "one module's full `ProcessGroupCollection` on one simulated rank: ours vs Megatron's grids vs the floor",
