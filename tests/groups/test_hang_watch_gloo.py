@@ -134,6 +134,7 @@ def _offline(dump_dir: str, moe: bool) -> str:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.rotating(7, 10)  # end-to-end part 8 of 10 (docs/testing.md, "Rotating parts")
 @pytest.mark.parametrize("case", list(CASES))
 def test_hang_named_live_and_offline(world, case, tmp_path):
     moe, culprit, kind, where = CASES[case]
