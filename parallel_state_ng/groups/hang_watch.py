@@ -191,7 +191,11 @@ class HangWatch:
         return slot
 
     def _collective(self, fn: Callable, op: str) -> Callable:
-        at = list(inspect.signature(fn).parameters).index("group")
+        names = list(inspect.signature(fn).parameters)
+        at = names.index("group")
+        # a blocking call is made as torch makes it (async, then wait) to keep its Work: on NCCL the
+        # wait returns once the kernel is queued, and only the Work tells that it never finished
+        async_at = names.index("async_op") if "async_op" in names else None
         groups, append, clock, slow = self._groups, self.slots.append, time.time_ns, self._info
 
         def recorded(*args: Any, **kwargs: Any) -> Any:
@@ -205,10 +209,19 @@ class HangWatch:
             info[4] += 1
             slot = [info, op, info[4], False, None, clock(), None, False]
             append(slot)
+            blocking = async_at is not None and len(args) <= async_at and not kwargs.get("async_op")
             try:
+                if blocking:
+                    kwargs["async_op"] = True
                 result = fn(*args, **kwargs)
+                if blocking and result is not None:
+                    slot[_WORK] = result
+                    result.wait()
+                    if result.is_completed():  # gloo, CPU: done; NCCL: the watcher retires it
+                        slot[_DONE], slot[_WORK] = True, None
+                    return None
             except BaseException:
-                slot[_DONE] = True
+                slot[_DONE], slot[_WORK] = True, None
                 raise
             if result is not None and hasattr(result, "is_completed"):
                 slot[_WORK] = result
@@ -302,7 +315,7 @@ class HangWatch:
             if not slot[_DONE] and slot[_WORK] is not None:
                 with contextlib.suppress(Exception):
                     if slot[_WORK].is_completed():
-                        slot[_DONE] = True
+                        slot[_DONE], slot[_WORK] = True, None  # no tensor kept alive past its operation
 
     def _late(self) -> bool:
         self._retire()

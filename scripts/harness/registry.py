@@ -54,6 +54,13 @@ FOLDERS: dict[str, dict[str, Command]] = {
             also=("torchrun --nproc-per-node 4 -m scripts.examples demo --tp 2 --dp 2 --pp 1 --ep 1",),
         ),
         Command(
+            "hang",
+            "scripts.examples.hang",
+            "a hang named live and offline: 8 gloo ranks in Megatron's layout, one stalls (`--case` tp, pp, dp, ep, "
+            "loader, mismatch); the hang watch's report, then `parallel-state-ng diagnose` on its dumps",
+            "--case pp",
+        ),
+        Command(
             "train_gpt",
             "scripts.examples.train_gpt",
             "Megatron's GPT trained on CPU processes under MCore or compat (`--loop training`: Megatron-LM's "
