@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ CASES: dict[str, tuple[bool, int, str, str]] = {
 TIMEOUT_S = 4.0
 #: The longest a stalled rank waits for the report before it goes on anyway.
 RELEASE_S = 20.0
+#: Where the reporting rank also writes the report, in the dump folder (not a dump: no rank number).
+REPORT_FILE = "report.txt"
 
 
 def layout_options(case: str) -> list[str]:
@@ -114,10 +117,17 @@ def stall_case(case: str, dump_dir: str | None, fr_dir: str | None, bound_s: flo
     reports: list[str] = []
     marks: dict = {}
     note = "data loader" if case == "loader" else ""
+
+    def on_report(text: str) -> None:
+        reports.append(text)
+        if dump_dir is not None:  # kept should the rank die after (NCCL's watchdog, the mismatch)
+            with open(os.path.join(dump_dir, REPORT_FILE), "w", encoding="utf-8") as handle:
+                handle.write(text)
+
     watch = HangWatch(
         bound_s,
         layout=MegatronLayout(8, 2, 2, expert_model_parallel_size=ep),
-        on_report=reports.append,
+        on_report=on_report,
         dump_dir=dump_dir,
         fr_dump_dir=fr_dir,
         note=lambda: note,
@@ -134,6 +144,17 @@ def stall_case(case: str, dump_dir: str | None, fr_dir: str | None, bound_s: flo
         watch.stop()
         ps.destroy_model_parallel()
     return {"report": reports[0] if reports else None, "error": error, **marks}
+
+
+def names_case(first_line: str, case: str) -> bool:
+    """Whether a report's first line names the case's culprit and, among the stuck group's kinds
+    (a shared group names several: ``dp_cp at tp=0 pp=1; dp at tp=0 pp=1``), its kind and coordinates.
+    """
+    _, culprit, _, where = CASES[case]
+    if f"likely culprit rank {culprit} " not in first_line or "stuck group " not in first_line:
+        return False
+    places = first_line.split("stuck group ", 1)[1].split(" (", 1)[0]
+    return where in places.split("; ")
 
 
 def offline(dump_dir: str, case: str) -> tuple[int, str]:

@@ -67,6 +67,19 @@ def test_a_mismatch_names_the_odd_one_out_even_between_two():
     assert "stuck group tp at dp=0 pp=0" in render(found, placer).splitlines()[0]
 
 
+def test_an_operation_queued_behind_a_blocked_one_has_not_arrived():
+    # NCCL: rank 2's CPU went on past its blocked tp all-reduce and queued the dp one
+    placer = Placer(MegatronLayout(8, 2, 2, release="0.19"))
+    records = [
+        RankRecord(0, [_done("t0", TP, "all_reduce", 1), OpRecord("d0", DP, "all_reduce", 1)]),
+        RankRecord(1, [_done("t0", TP, "all_reduce", 1)]),
+        RankRecord(2, [OpRecord("t2", TP, "all_reduce", 1), OpRecord("d0", DP, "all_reduce", 1)]),
+        RankRecord(3, [], note="data loader"),
+    ]
+    found = diagnose(records, placer)
+    assert found.culprit == 3 and [w.rank for w in found.chain] == [0, 2]
+
+
 def test_a_rank_that_did_not_report_and_a_cycle():
     placer = Placer(MegatronLayout(4, 2, release="0.19"))
     found = diagnose([RankRecord(0, [OpRecord("a", TP, "all_reduce", 1)])], placer)

@@ -2,8 +2,9 @@
 
 A rank blocked in a collective (its oldest operation not completed, sequence number ``s`` on
 group ``G``) waits for every member of ``G`` that has not issued its ``s``-th collective on
-``G``; a member that issued another operation at ``s`` (another op, or other sizes) is a
-mismatch. A rank blocked in a p2p operation waits for its peer unless the peer is blocked in
+``G``, or issued it behind an operation of its own that is blocked (NCCL queues operations
+and the CPU goes on); a member that issued another operation at ``s`` (another op, or other
+sizes) is a mismatch. A rank blocked in a p2p operation waits for its peer unless the peer is blocked in
 the matching operation on the same group. Following the waits from any blocked rank ends at a
 rank that waits for nobody: in no collective (a data loader, a sleep, a stuck kernel), one
 that did not report (dead, or hung hard), or one that issued the odd operation out. That rank
@@ -109,7 +110,9 @@ def _wait_of(rank: int, op: OpRecord, place: GroupPlace, by_rank: Mapping[int, R
             missing.append(member)
             continue
         other = rec.at(op.group, op.seq)
-        if other is not None and (other.op != op.op or (op.sizes and other.sizes and other.sizes != op.sizes)):
+        if other is not None and not other.done and other is not rec.current:
+            missing.append(member)  # issued, but queued behind the member's own blocked operation (NCCL)
+        elif other is not None and (other.op != op.op or (op.sizes and other.sizes and other.sizes != op.sizes)):
             mismatched.append(member)
     return Wait(rank, op, place, tuple(missing), tuple(mismatched))
 
