@@ -103,3 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(platform_header())
     print(markdown_table(["all-reduce of 1 float on tp", "off (µs)", "on (µs)", "watch (µs/op)", "relative"], rows))
     return 0
+
+
+if __name__ == "__main__":
+    from scripts.harness.registry import moved
+
+    moved("bench", "hang_watch")

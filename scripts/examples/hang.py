@@ -187,3 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n# offline: parallel-state-ng diagnose DUMP_DIR {' '.join(layout_options(args.case))}")
         print(text, end="")
     return 0 if code == 0 else 1
+
+
+if __name__ == "__main__":
+    from scripts.harness.registry import moved
+
+    moved("examples", "hang")
