@@ -13,6 +13,8 @@ import os
 import pickle
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from parallel_state_ng.__main__ import main
 from parallel_state_ng.groups.hang_watch import HangWatch
@@ -202,3 +204,45 @@ def test_the_cli_reads_a_folder_and_refuses_bad_input(tmp_path):
     assert code == 2 and "--layout" in err
     code, _, err = _cli("diagnose", str(tmp_path), "--world-size", "8", "--tp", "3")
     assert code == 2 and "--tp" in err
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    entries=st.lists(
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "process_group",
+                    "profiling_name",
+                    "collective_seq_id",
+                    "p2p_seq_id",
+                    "state",
+                    "retired",
+                    "is_p2p",
+                    "input_sizes",
+                    "time_created_ns",
+                ]
+            ),  # fmt: skip
+            st.one_of(
+                st.none(),
+                st.booleans(),
+                st.integers(-3, 3),
+                st.text(max_size=12),
+                st.lists(st.integers(-2, 5), max_size=3),
+                st.tuples(st.text(max_size=3), st.text(max_size=30)),
+            ),  # fmt: skip
+        ),
+        max_size=4,
+    ),
+    rank=st.integers(-2, 9),
+)
+def test_hostile_dumps_raise_dump_error_or_read(entries, rank):
+    try:
+        record_of_dump({"entries": entries, "pg_config": {}}, rank)
+    except DumpError:
+        pass
+    data = pickle.dumps({"entries": entries})
+    try:
+        load_dump(data, "fuzz")
+    except DumpError:
+        pass

@@ -113,18 +113,22 @@ def _op_of(entry: Any, dump: Mapping[str, Any], rank: int, placer: Placer | None
     if p2p and found and ranks is not None:
         local = int(found.group(3))
         peer = ranks[local] if local < len(ranks) else None
-    return OpRecord(
-        group=group,
-        desc=desc,
-        op=op,
-        seq=seq,
-        state=state if state in ("scheduled", "started", "completed") else "scheduled",
-        p2p=p2p,
-        peer=peer,
-        ranks=ranks,
-        sizes=tuple(tuple(int(x) for x in s) for s in sizes) if isinstance(sizes, list) else None,
-        time_ns=entry.get("time_created_ns") if isinstance(entry.get("time_created_ns"), int) else None,
-    )
+    created = entry.get("time_created_ns")
+    try:
+        return OpRecord(
+            group=group,
+            desc=desc,
+            op=op,
+            seq=seq,
+            state=state if state in ("scheduled", "started", "completed") else "scheduled",
+            p2p=p2p,
+            peer=peer,
+            ranks=ranks,
+            sizes=tuple(tuple(int(x) for x in s) for s in sizes) if isinstance(sizes, list) else None,
+            time_ns=created if isinstance(created, int) and not isinstance(created, bool) else None,
+        )
+    except (TypeError, ValueError) as err:
+        raise DumpError(f"{source}: entries: an entry that is no operation ({err}): {str(entry)[:200]}") from None
 
 
 def record_of_dump(
@@ -132,7 +136,10 @@ def record_of_dump(
 ) -> RankRecord:
     """One rank's record from its dump; ``placer`` supplies members where the dump has none (gloo)."""
     ops = [_op_of(e, dump, rank, placer, source) for e in dump.get("entries", [])]
-    return RankRecord(rank, tuple(op for op in ops if op is not None), note=str(dump.get("psng_note", "")))
+    try:
+        return RankRecord(rank, tuple(op for op in ops if op is not None), note=str(dump.get("psng_note", "")))
+    except ValueError as err:
+        raise DumpError(f"{source}: rank: {err}") from None
 
 
 def records_dump(record: RankRecord, backend: str = "gloo") -> dict[str, Any]:
