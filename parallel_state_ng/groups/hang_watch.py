@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch.distributed as dist
@@ -107,8 +107,9 @@ class HangWatch:
     Args:
         bound_s: seconds an operation may run before the watch reports (well below the
             watchdog's timeout).
-        layout: the job's layout, for the report's kinds and coordinates (``None``: kinds from
-            the descriptions only).
+        layout: the job's layout, for the report's kinds and coordinates; ``{name: layout}`` for
+            several in one process (the registry's layouts: the report names which); ``None``:
+            kinds from the descriptions only.
         poll_s: how often the watcher thread looks (default: a quarter of ``bound_s``, at most 1 s).
         gather_s: how long the reporting rank waits for positions (default ``bound_s``).
         on_report: called once, on the reporting rank, with the report's text (default: printed
@@ -126,7 +127,7 @@ class HangWatch:
         self,
         bound_s: float,
         *,
-        layout: MegatronLayout | None = None,
+        layout: MegatronLayout | Mapping[str, MegatronLayout] | None = None,
         poll_s: float | None = None,
         gather_s: float | None = None,
         on_report: Callable[[str], None] | None = None,
@@ -140,7 +141,10 @@ class HangWatch:
         self.poll_s = _positive(poll_s, "poll_s") if poll_s is not None else min(self.bound_s / 4, 1.0)
         self.gather_s = _positive(gather_s, "gather_s") if gather_s is not None else self.bound_s
         if layout is not None and not isinstance(layout, MegatronLayout):
-            raise ValueError(f"layout must be a MegatronLayout or None, got {layout!r}")
+            if not (isinstance(layout, Mapping) and all(isinstance(v, MegatronLayout) for v in layout.values())):
+                raise ValueError(
+                    f"layout must be a MegatronLayout, a mapping of names to them, or None, got {layout!r}"
+                )
         if isinstance(ring, bool) or not isinstance(ring, int) or ring < 1:
             raise ValueError(f"ring must be an int >= 1, got {ring!r}")
         for name, value in (("dump_dir", dump_dir), ("fr_dump_dir", fr_dump_dir)):

@@ -198,6 +198,24 @@ def test_the_cli_reads_a_folder_and_refuses_bad_input(tmp_path):
         (tmp_path / f"psng_hang_rank_{rank}").write_bytes(pickle.dumps(records_dump(rec)))
     code, out, _ = _cli("diagnose", str(tmp_path), "--world-size", "8", "--tp", "2", "--pp", "2")
     assert code == 0 and out.startswith("hang: likely culprit rank 1 (tp=1 dp=0 pp=0), in no collective"), out
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    for name, sizes in (("train", ["--tp", "2", "--pp", "2"]), ("infer", ["--tp", "4"])):
+        code, _, _ = _cli("layout", "--world-size", "8", *sizes, "--format", "json", "-o", str(snapshots / name))
+        assert code == 0
+    code, out, _ = _cli(
+        "diagnose",
+        str(tmp_path),
+        "--layout",
+        f"train={snapshots / 'train'}",
+        "--layout",
+        f"infer={snapshots / 'infer'}",
+    )
+    assert code == 0 and "stuck group [train] pp at tp=1 dp=0" in out.splitlines()[0], out
+    code, _, err = _cli(
+        "diagnose", str(tmp_path), "--layout", f"a={snapshots / 'train'}", "--layout", f"a={snapshots / 'infer'}"
+    )
+    assert code == 2 and "given twice" in err
     code, _, err = _cli("diagnose", str(tmp_path / "missing"))
     assert code == 2 and "DUMP_DIR" in err
     code, _, err = _cli("diagnose", str(tmp_path), "--layout", "x.json", "--world-size", "8")

@@ -32,9 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--layout",
         dest="snapshot",
+        action="append",
         default=None,
-        metavar="SNAPSHOT",
-        help="layout snapshot (layout --format json) to place the groups in; or give the layout options",
+        metavar="[NAME=]SNAPSHOT",
+        help="layout snapshot (layout --format json) to place the groups in, or give the layout options; "
+        "repeat as NAME=SNAPSHOT for several layouts in one job (the report names which)",
     )
     sizes = parser.add_argument_group("layout (the layout command's options; --world-size sets it)")
     for option, kwargs in _layout_options():
@@ -58,15 +60,21 @@ def _layout_options() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _layout(args: argparse.Namespace) -> MegatronLayout | None:
-    if args.snapshot is not None:
+def _layout(args: argparse.Namespace) -> MegatronLayout | dict[str, MegatronLayout] | None:
+    if args.snapshot:
         if args.world_size is not None:
             raise UsageError("give either --layout SNAPSHOT or the layout options, not both", "--layout")
-        snapshot = read_snapshot(args.snapshot, "--layout")
-        try:
-            return layout_of(snapshot["config"], snapshot["release"])
-        except (RuntimeError, AssertionError, KeyError, ValueError, TypeError) as err:
-            raise UsageError(f"the snapshot's layout cannot be built: {err}", "--layout") from None
+        named: dict[str, MegatronLayout] = {}
+        for given in args.snapshot:
+            name, _, path = given.rpartition("=") if "=" in given else ("", "", given)
+            if name in named:
+                raise UsageError(f"layout name {name!r} given twice (use NAME=SNAPSHOT for several)", "--layout")
+            snapshot = read_snapshot(path, "--layout")
+            try:
+                named[name] = layout_of(snapshot["config"], snapshot["release"])
+            except (RuntimeError, AssertionError, KeyError, ValueError, TypeError) as err:
+                raise UsageError(f"the layout of {path!r} cannot be built: {err}", "--layout") from None
+        return named[""] if list(named) == [""] else named
     if args.world_size is None:
         return None
     return build_layout(args)
