@@ -224,7 +224,7 @@ def test_the_cli_reads_a_folder_and_refuses_bad_input(tmp_path):
     assert code == 2 and "--tp" in err
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     entries=st.lists(
         st.dictionaries(
