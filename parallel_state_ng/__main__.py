@@ -1,8 +1,9 @@
 """Command line of parallel_state_ng: ``python -m parallel_state_ng <command>`` (or ``parallel-state-ng``).
 
 Commands: ``layout`` (every group Megatron-Core builds for a configuration), ``port`` (uses of
-``megatron.core.parallel_state`` in a codebase, their rewrite, ``--upgrade FROM:TO``) and
-``topology SPEC`` (a multi-module topology). Bad input: a message on stderr naming the option,
+``megatron.core.parallel_state`` in a codebase, their rewrite, ``--upgrade FROM:TO``),
+``topology SPEC`` (a multi-module topology) and ``diagnose DUMP_DIR`` (a hang's culprit from
+flight-recorder dumps). Bad input: a message on stderr naming the option,
 exit code 2. See docs/tools.md.
 """
 
@@ -19,6 +20,7 @@ PROG = "parallel-state-ng"
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per command."""
+    from parallel_state_ng.tools.diagnose import command as diagnose_command
     from parallel_state_ng.tools.layout import report as layout_report
     from parallel_state_ng.tools.port import port
     from parallel_state_ng.tools.topology import report as topology_report
@@ -56,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     topology_report.add_arguments(topology)
     topology.set_defaults(handler=topology_report.run)
+    diagnosing = commands.add_parser(
+        "diagnose",
+        help="name the culprit of a hang from flight-recorder dumps (no processes, no GPUs)",
+        description="Read torch's flight-recorder dumps (NCCL or gloo) or the hang watch's records, one file per "
+        "rank, and name the likely culprit of a hang: the stuck group's kinds, coordinates and ranks, the ranks "
+        "that did not arrive, what each was doing and the chain of waits. Pure layout math over the dumps.",
+    )
+    diagnose_command.add_arguments(diagnosing)
+    diagnosing.set_defaults(handler=diagnose_command.run)
     return parser
 
 

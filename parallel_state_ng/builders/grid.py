@@ -13,7 +13,6 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from parallel_state_ng.groups.device_mesh import MeshDimsArg, mesh_over_groups
@@ -21,6 +20,7 @@ from parallel_state_ng.groups.factory import GroupFactory
 from parallel_state_ng.groups.pipeline import agree, check_nvlink_domains
 from parallel_state_ng.groups.split import creation_path as resolve_creation_path
 from parallel_state_ng.layout.named_layout import DimsArg, Layout, UnknownDimError
+from parallel_state_ng.layout.rank_lists import rows_as_lists
 from parallel_state_ng.layout.sharing_policy import kind_of_desc
 
 # UnknownDimError: megatron raises ValueError for an unknown name in a list and KeyError for an
@@ -83,18 +83,6 @@ def _check_dims(layout: Layout, dims: DimsArg, where: str) -> list[str]:
     if len(set(names)) != len(names):
         raise RepeatedDimError(f"dims {names} name a dim more than once")
     return names
-
-
-def _nested_lists(groups: torch.Tensor) -> list[list[int]]:
-    """The rows of ``groups`` as lists of ints, through numpy where torch has it.
-
-    numpy's ``tolist`` builds the ints and lists a few percent faster than torch's (the cost of
-    a million-rank enumeration); a torch built without numpy falls back to its own.
-    """
-    try:
-        return groups.numpy().tolist()
-    except RuntimeError:  # "Numpy is not available"
-        return groups.tolist()
 
 
 class HyperCommGrid:
@@ -408,7 +396,7 @@ class HyperCommGrid:
         creating the ints and lists is nearly all the time (``python -m scripts.bench layout``).
         """
         layout = self.view_layout(view)
-        return _nested_lists(layout.enumerate_groups(_check_dims(layout, dims, self._where(view))))
+        return rows_as_lists(layout.enumerate_groups(_check_dims(layout, dims, self._where(view))))
 
     def _gen_rank_enum(self, dims: Sequence[str]) -> list[list[int]]:
         """All groups over ``dims`` of the base view, each ordered by ``dims`` as given: the
@@ -417,7 +405,7 @@ class HyperCommGrid:
         Megatron's own code (``bridge_communicator``, ``multimodule_communicator``) calls it.
         """
         names = _check_dims(self.layout, dims, "the base view")
-        return _nested_lists(self.layout.enumerate_groups(list(reversed(names)), keep_order=True))
+        return rows_as_lists(self.layout.enumerate_groups(list(reversed(names)), keep_order=True))
 
     # ------------------------------------------------------------------ beyond
     def _rank(self, rank: int | None) -> int:

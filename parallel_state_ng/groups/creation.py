@@ -31,6 +31,7 @@ __all__ = [
     "destroy_groups",
     "track_group",
     "live_groups",
+    "is_tracked",
     "forget_groups",
     "mark_dead",
     "on_new_world",
@@ -127,6 +128,11 @@ def track_group(group: Any) -> Any:
         sync_world()
         _live[id(group)] = group
     return group
+
+
+def is_tracked(group: Any) -> bool:
+    """Whether ``group`` was made through this module (or :func:`track_group`) and is live (O(1))."""
+    return id(group) in _live
 
 
 def live_groups() -> list[Any]:

@@ -112,6 +112,9 @@ def report() -> dict[str, Any]:
         "split_group": _signature(getattr(dist, "split_group", None)),
         "_abort_process_group": hasattr(c10d, "_abort_process_group"),
         "shrink_group": hasattr(dist, "shrink_group"),
+        # the hang watch (groups/hang_watch.py): group names, and torch's flight-recorder dump
+        "_get_process_group_name": hasattr(c10d, "_get_process_group_name"),
+        "_dump_fr_trace": hasattr(torch._C._distributed_c10d, "_dump_fr_trace"),
     }
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from parallel_state_ng.layout.bounded_input import MAX_RANK
-from parallel_state_ng.layout.named_layout import _check_int
 from parallel_state_ng.layout.order import EmptyGroupError
+from parallel_state_ng.layout.shape_checks import check_int
 from parallel_state_ng.layout.validate import _check_size
 from parallel_state_ng.releases.facts import ReleaseFacts
 
@@ -77,9 +77,9 @@ def check_layout_arguments(layout: LayoutArguments) -> None:
             f"megatron-core {layout.release} has no encoder_tensor_model_parallel_size / encoder_pipeline_model_"
             f"parallel_size / pipeline_model_parallel_split_rank (removed in 0.14); got {legacy}"
         )
-    _check_int(layout.encoder_tensor_model_parallel_size, "encoder_tensor_model_parallel_size", minimum=0)
+    check_int(layout.encoder_tensor_model_parallel_size, "encoder_tensor_model_parallel_size", minimum=0)
     if layout.encoder_pipeline_model_parallel_size is not None:
-        _check_int(layout.encoder_pipeline_model_parallel_size, "encoder_pipeline_model_parallel_size", minimum=0)
+        check_int(layout.encoder_pipeline_model_parallel_size, "encoder_pipeline_model_parallel_size", minimum=0)
     split = layout.pipeline_model_parallel_split_rank
     if split is not None and (isinstance(split, bool) or not isinstance(split, int)):
         raise TypeError(f"pipeline_model_parallel_split_rank must be an int or None, got {split!r}")
@@ -98,12 +98,12 @@ def check_layout_arguments(layout: LayoutArguments) -> None:
         _check_size(name, getattr(layout, name))
     if layout.expert_tensor_parallel_size is not None:
         _check_size("expert_tensor_parallel_size", layout.expert_tensor_parallel_size)
-    _check_int(layout.world_size, "world_size", minimum=1)
-    _check_int(layout.rank_offset, "rank_offset", minimum=0)
-    _check_int(layout.gtp_remat_size, "gtp_remat_size", minimum=1)
-    _check_int(layout.expert_gtp_remat_size, "expert_gtp_remat_size", minimum=1)
+    check_int(layout.world_size, "world_size", minimum=1)
+    check_int(layout.rank_offset, "rank_offset", minimum=0)
+    check_int(layout.gtp_remat_size, "gtp_remat_size", minimum=1)
+    check_int(layout.expert_gtp_remat_size, "expert_gtp_remat_size", minimum=1)
     if layout.local_world_size is not None:
-        _check_int(layout.local_world_size, "local_world_size", minimum=1)
+        check_int(layout.local_world_size, "local_world_size", minimum=1)
     if layout.world_size > MAX_RANK:
         raise ValueError(f"world_size {layout.world_size} is over the limit of {MAX_RANK} (2**62) ranks")
     _check_end(layout)
@@ -116,7 +116,7 @@ def check_rank_offset(layout: LayoutArguments) -> None:
     then changed (``MegatronLayout.shifted``): same exceptions, same messages.
     """
     _check_no_offset(layout)
-    _check_int(layout.rank_offset, "rank_offset", minimum=0)
+    check_int(layout.rank_offset, "rank_offset", minimum=0)
     _check_end(layout)
 
 

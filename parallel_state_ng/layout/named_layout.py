@@ -10,12 +10,12 @@ equal MCore's ``RankGenerator.get_ranks``, one rank's group in O(group size). A 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 from parallel_state_ng.layout.bounded_input import MAX_RANK
 from parallel_state_ng.layout.rank_lists import plain_rank_enum
+from parallel_state_ng.layout.shape_checks import check_int, validate_dims
 
 if TYPE_CHECKING:  # the tensor methods import torch when called: the rank math does not need it
     import torch
@@ -36,58 +36,6 @@ class UnknownDimError(ValueError, KeyError, RuntimeError):
 
     def __str__(self) -> str:  # KeyError would print the repr of the message
         return str(self.args[0]) if self.args else ""
-
-
-def _check_int(value: object, what: str, *, minimum: int) -> int:
-    if type(value) is not int:  # the common case skips the (slow) abstract-class checks
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
-        value = int(value)
-    if value < minimum:
-        raise ValueError(f"{what} must be >= {minimum}, got {value}")
-    return value
-
-
-def _short_list(values: Sequence[int], shown: int = 8) -> str:
-    head = ", ".join(str(v) if v < 2**64 else f"~2**{v.bit_length() - 1}" for v in values[:shown])
-    return f"[{head}{', ...' if len(values) > shown else ''}]"
-
-
-def validate_dims(shape: Sequence[int], dim_names: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Check a (shape, dim_names) pair and return them as tuples of ints and strs.
-
-    Raises ``ValueError`` for a length mismatch, an empty or duplicated name, or a size < 1,
-    and ``TypeError`` for a size that is not an int (bools and floats included).
-    """
-    if type(shape) not in (list, tuple) and (isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable)):
-        raise TypeError(f"shape must be a sequence of ints, got {shape!r}")
-    if type(dim_names) not in (list, tuple) and (
-        isinstance(dim_names, (str, bytes)) or not isinstance(dim_names, Iterable)
-    ):
-        raise TypeError(f"dim_names must be a sequence of str, got {dim_names!r}")
-    shape, dim_names = list(shape), list(dim_names)
-    if len(shape) != len(dim_names):
-        raise ValueError(
-            f"len(shape) {len(shape)} != len(dim_names) {len(dim_names)}: shape={shape}, dim_names={dim_names}"
-        )
-    sizes = tuple(_check_int(s, f"shape[{i}] (dim {dim_names[i]!r})", minimum=1) for i, s in enumerate(shape))
-    ranks = 1
-    for i, size in enumerate(sizes):  # stops at the first size over the limit: no huge product
-        ranks *= size
-        if ranks > MAX_RANK:
-            raise ValueError(
-                f"shape {_short_list(sizes)} covers more than {MAX_RANK} (2**62) ranks, the limit of a layout "
-                f"(over it at shape[{i}])"
-            )
-    for i, name in enumerate(dim_names):
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"dim_names[{i}] must be a non-empty str, got {name!r}")
-    seen = set()
-    for name in dim_names:
-        if name in seen:
-            raise ValueError(f"dim_names has duplicate name {name!r}: {dim_names}")
-        seen.add(name)
-    return sizes, tuple(dim_names)
 
 
 class Layout:
@@ -112,7 +60,7 @@ class Layout:
 
     def __init__(self, shape: Sequence[int], dim_names: Sequence[str], rank_offset: int = 0) -> None:
         sizes, names = validate_dims(shape, dim_names)
-        offset = _check_int(rank_offset, "rank_offset", minimum=0)
+        offset = check_int(rank_offset, "rank_offset", minimum=0)
         if offset + math.prod(sizes) > MAX_RANK:
             raise ValueError(f"rank_offset {offset} + {math.prod(sizes)} ranks is over the limit of {MAX_RANK} (2**62)")
         self._init(sizes, names, offset)
@@ -192,7 +140,7 @@ class Layout:
         A split layout moves with its parent. O(number of dims): only the new offset is checked
         (``ValueError`` below 0 or past the rank limit).
         """
-        offset = _check_int(rank_offset, "rank_offset", minimum=0)
+        offset = check_int(rank_offset, "rank_offset", minimum=0)
         if offset + self.size > MAX_RANK:
             raise ValueError(f"rank_offset {offset} + {self.size} ranks is over the limit of {MAX_RANK} (2**62)")
         out = Layout.__new__(Layout)
@@ -227,7 +175,7 @@ class Layout:
         return self.rank_offset <= rank < self.rank_offset + self.size
 
     def _check_rank(self, rank: int) -> int:
-        rank = _check_int(rank, "rank", minimum=0)
+        rank = check_int(rank, "rank", minimum=0)
         if not self.contains(rank):
             raise ValueError(
                 f"rank {rank} is outside this layout's ranks [{self.rank_offset}, {self.rank_offset + self.size})"
@@ -260,7 +208,7 @@ class Layout:
         if missing or extra:
             raise ValueError(f"coord must give exactly the dims {list(self.names)}; missing {missing}, unknown {extra}")
         for n in self.names:
-            c = _check_int(coord[n], f"coord[{n!r}]", minimum=0)
+            c = check_int(coord[n], f"coord[{n!r}]", minimum=0)
             if c >= self.size_of(n):
                 raise ValueError(f"coord[{n!r}]={c} is out of range for size {self.size_of(n)}")
         return int(self._eval(dict(coord)))

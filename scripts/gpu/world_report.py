@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from scripts.gpu import world_checks, world_nonblocking, world_training
+from scripts.gpu import world_checks, world_hang, world_nonblocking, world_training
 from scripts.gpu.world import WorldError, run_world
 
 #: Seconds of the failure bound in the death runs (``PSNG_FAILURE_TIMEOUT``), and the slack allowed over it.
@@ -31,8 +31,9 @@ DEFAULT_WORLD_CHECKS = ("groups", "builders", "training", "death", "death-nonblo
 #: Checks that run once per mode, in the order given, after the per-size ones: recovery in place
 #: (:mod:`scripts.gpu.world_recovery`), the scale ladder (:mod:`scripts.gpu.world_ladder`, its
 #: own sizes), the sharing policies (:mod:`scripts.gpu.world_sharing`) and sleep and wake
-#: (:mod:`scripts.gpu.world_sleep`), at the first size.
-ONCE_CHECKS = ("recovery", "ladder", "sharing", "sleep")
+#: (:mod:`scripts.gpu.world_sleep`), at the first size, and every hang case named
+#: (:mod:`scripts.gpu.world_hang`, always 8 ranks).
+ONCE_CHECKS = ("recovery", "ladder", "sharing", "sleep", "hang")
 WORLD_CHECKS = (*DEFAULT_WORLD_CHECKS, *ONCE_CHECKS)
 #: On NCCL, the training world's ranks need a cuBLAS workspace for deterministic algorithms.
 TRAINING_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
@@ -88,6 +89,7 @@ class WorldPlan:
     sharing_training: str = "safe"
     sharing_timeout: float = 90.0
     sleep_timeout: float = 90.0
+    hang_timeout: float = 120.0
 
     def worlds(self, backend: str) -> list[tuple[int, str, str, float]]:
         """``(size, mode, what, timeout)`` of every world, in the order they run.
@@ -108,9 +110,8 @@ class WorldPlan:
             if check in deaths and "bound" in self.modes:
                 out.append((self.sizes[0], "bound", f"{check} ({deaths[check]})"))
             elif check in ONCE_CHECKS:
-                out += [
-                    (self.ladder_sizes[-1] if check == "ladder" else self.sizes[0], mode, check) for mode in self.modes
-                ]
+                sizes = {"ladder": self.ladder_sizes[-1], "hang": world_hang.SIZE}
+                out += [(sizes.get(check, self.sizes[0]), mode, check) for mode in self.modes]
         return [(size, mode, what, self.limit_s(size, what, backend)) for size, mode, what in out]
 
     def limit_s(self, size: int, what: str, backend: str) -> float:
@@ -120,6 +121,7 @@ class WorldPlan:
             "ladder": self.ladder_timeout,
             "sharing": self.sharing_timeout,
             "sleep": self.sleep_timeout,
+            "hang": 1.5 * self.hang_timeout + WORLD_SLACK_S,  # two worlds: the mismatch's gets half
         }
         if what in once:
             return once[what]
@@ -295,6 +297,8 @@ def _once_rows(what: str, size: int, backend: str, mode: str, plan: WorldPlan) -
         )
     if what == "sleep":
         return world_sleep.sleep_section(size, backend, mode, plan.sleep_timeout, tag, _failure_summary)
+    if what == "hang":
+        return [], world_hang.hang_section(backend, mode, plan.hang_timeout, run_world, WorldError)
     if what == "sharing":
         return world_sharing.sharing_section(
             size, backend, mode, plan.sharing_values, plan.sharing_training, plan.sharing_timeout, tag, _failure_summary

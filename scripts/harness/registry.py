@@ -54,6 +54,13 @@ FOLDERS: dict[str, dict[str, Command]] = {
             also=("torchrun --nproc-per-node 4 -m scripts.examples demo --tp 2 --dp 2 --pp 1 --ep 1",),
         ),
         Command(
+            "hang",
+            "scripts.examples.hang",
+            "a hang named live and offline: 8 gloo ranks in Megatron's layout, one stalls (`--case` tp, pp, dp, ep, "
+            "loader, mismatch); the hang watch's report, then `parallel-state-ng diagnose` on its dumps",
+            "--case pp",
+        ),
+        Command(
             "train_gpt",
             "scripts.examples.train_gpt",
             "Megatron's GPT trained on CPU processes under MCore or compat (`--loop training`: Megatron-LM's "
@@ -131,6 +138,12 @@ FOLDERS: dict[str, dict[str, Command]] = {
             "--worlds 4,8 --rounds 1",
         ),
         Command("agreement", "scripts.bench.agreement", "cost of the cross-rank agreement check"),
+        Command(
+            "hang_watch",
+            "scripts.bench.hang_watch",
+            "what the hang watch costs each collective: an all-reduce with and without it, simulated and gloo",
+            "--ops 5000 --gloo-ops 500 --rounds 3",
+        ),
         Command(
             "collection",
             "scripts.bench.collection",

@@ -21,10 +21,6 @@ from tests.support.paths import ROOT
 
 BLOCKS = docs.all_blocks()
 COMMANDS = [b for b in BLOCKS if b.runs and b.kind in ("shell", "console")]
-#: Pages other branches are creating; a link to one may precede it.
-PENDING_PAGES: frozenset[str] = frozenset()
-#: Sections other branches are writing (``page#anchor``); a link to one may precede it.
-PENDING_ANCHORS: frozenset[str] = frozenset({"docs/reliability.md#when-a-job-hangs"})
 #: Pages that no longer exist, named only by CHANGELOG.md's history (renamed, merged or moved).
 FORMER_PAGES: frozenset[str] = frozenset(
     {
@@ -104,11 +100,9 @@ def test_relative_links_resolve():
                 continue  # http(s), mailto
             path = (source.parent / target).resolve() if target else source
             if not path.exists():
-                if path.relative_to(root).as_posix() not in PENDING_PAGES:
-                    broken.append(f"{page}: {target}")
+                broken.append(f"{page}: {target}")
             elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
-                if f"{path.relative_to(root).as_posix()}#{anchor}" not in PENDING_ANCHORS:
-                    broken.append(f"{page}: {target}#{anchor}")
+                broken.append(f"{page}: {target}#{anchor}")
     assert not broken, broken
 
 
@@ -138,7 +132,6 @@ def test_every_cited_docs_path_exists():
         path: where[:3]
         for path, where in cited.items()
         if not Path(ROOT, path).exists()
-        and path not in PENDING_PAGES
         and not (
             path in FORMER_PAGES
             and all(w.startswith(("CHANGELOG.md:", "tests/docs/test_docs_blocks.py:")) for w in where)

@@ -16,7 +16,7 @@ import pytest
 from scripts.gpu import check, world_sleep
 from tests.integration.test_gpu_check import _world_dry_run
 
-#: The sleep measurement's line of the prepared call (docs/gpus.md, "The prepared call").
+#: The sleep measurement's line of the prepared call (docs/results/gpus.md, "The prepared call").
 PREPARED = ["--world-only", "--no-tests", "--world", "8", "--world-modes", "bound,lazy", "--world-checks", "sleep"]
 
 
