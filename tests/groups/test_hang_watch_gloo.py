@@ -36,7 +36,7 @@ def _first_line(dump_dir: str, case: str) -> str:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.rotating(7, 10)  # end-to-end part 8 of 10 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(2, 10)  # end-to-end part 3 of 10 (docs/testing.md, "Rotating parts")
 @pytest.mark.parametrize("case", list(CASES))
 def test_hang_named_live_and_offline(world, case, tmp_path):
     _, culprit, kind, _ = CASES[case]

@@ -57,7 +57,7 @@ def _mcore_step(fr_dir: str) -> str:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.rotating(7, 10)  # end-to-end part 8 of 10 (docs/testing.md, "Rotating parts")
+@pytest.mark.rotating(8, 10)  # end-to-end part 9 of 10 (docs/testing.md, "Rotating parts")
 def test_mcore_job_diagnosed_offline(tmp_path):
     from parallel_state_ng.__main__ import main
 
