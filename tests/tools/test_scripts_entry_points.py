@@ -42,7 +42,7 @@ def test_an_unknown_name_is_named_with_the_valid_ones(capsys):
     assert registry.main("examples", ["dmeo"]) == 2
     err = capsys.readouterr().err
     assert "unknown command 'dmeo'" in err
-    assert "valid commands: demo, train_gpt," in err
+    assert "valid commands: demo, " in err and all(name in err for name in registry.FOLDERS["examples"])
 
 
 def test_a_command_gets_its_arguments_and_its_name_as_the_program(capsys):

@@ -30,7 +30,7 @@ class OpRecord:
 
     Args:
         group: the group's name as torch names it (``"3"``), unique within a job.
-        desc: the group's ``group_desc`` (``"TENSOR_MODEL_PARALLEL_GROUP"``, or ``A+B`` when
+        desc: the group's ``group_desc`` (the kinds table's description of its kind, or ``A+B`` when
             shared); ``""`` when unknown.
         op: the operation (``"all_reduce"``, ``"send"``, ``"recv"``, ...).
         seq: its sequence number on the group (collectives and p2p counted apart, from 1).
