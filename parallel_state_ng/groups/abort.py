@@ -3,8 +3,8 @@
 :func:`abort_groups` aborts and unregisters each live group made through
 :func:`parallel_state_ng.groups.creation.new_member_group` (compat's state, grids, handles' CPU
 groups, Megatron groups, topologies), talking to no peer and no store; the owners' ``destroy()``
-then returns at once. See docs/reliability.md ("Abort without waiting", with what torch 2.13
-offers for gloo).
+then returns at once. See docs/reliability.md ("Abort without waiting"; what torch 2.13
+offers for gloo: docs/results/reliability.md).
 """
 
 from __future__ import annotations

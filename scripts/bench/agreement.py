@@ -3,7 +3,7 @@
 Every rank of a local gloo world runs :func:`measure_agreement_check`; the table shows the median
 and max time of a check over ranks, the store operations of a waiting rank and of the comparing
 rank, and the time of a mismatch verdict (one rank passes another tensor-parallel size).
-Figures: docs/reliability.md; command: scripts/README.md; options: ``--help``.
+Figures: docs/results/reliability.md; command: scripts/README.md; options: ``--help``.
 """
 
 from __future__ import annotations

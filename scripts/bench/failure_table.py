@@ -3,7 +3,7 @@
 W gloo processes build groups and the last rank exits inside its k-th ``new_group`` call; every
 survivor reports whether it raised, after how long, whether the message names the dead rank and
 how many groups it has left (a survivor silent for ``--cap`` seconds is a hang). A measurement,
-not a test: it prints a markdown table. Cases, set-up and figures: docs/reliability.md (failure
+not a test: it prints a markdown table. Cases, set-up and figures: docs/results/reliability.md (failure
 table); every option below.
 """
 

@@ -6,7 +6,7 @@ placement), tp 2/4/8, pp 2/4/8, ep 8/16/64, etp 1 or tp. Each configuration Mega
 accepts (``MegatronLayout`` validates it) is one row: the latency-critical kinds (tp, cp, ep,
 ep_tp, tp_ep_mp) that cross a domain under the default order, the best accepted order
 (``layout --suggest-order``) and what still crosses there, with the reason when nothing fits.
-Pure layout math. Prints a markdown table (docs/nvlink.md); ``--json`` prints the rows.
+Pure layout math. Prints a markdown table (docs/results/nvlink.md); ``--json`` prints the rows.
 ``--check-cost N`` instead times the runtime check's two steps for N simulated ranks (64 per
 domain, or ``--per-domain``; NVML-style ids): the comparing rank's summary and one rank's check
 of the layout (``--repeat`` times after a garbage collection, so that the collection of the

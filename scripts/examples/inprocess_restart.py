@@ -4,7 +4,7 @@
 training; one rank ``SIGKILL``s itself in each of the first two iterations and the wrapper must
 restart the survivors in their processes (what each iteration does: :func:`_rank_main`). Needs
 ``nvidia-resiliency-ext`` importable (``--nvrx-path DIR``); not a dependency of this project.
-A measurement, not a test. Set-up and figures: docs/reliability.md (under ``inprocess.Wrapper``).
+A measurement, not a test. Set-up and figures: docs/results/reliability.md (under ``inprocess.Wrapper``).
 """
 
 from __future__ import annotations

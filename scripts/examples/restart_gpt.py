@@ -4,7 +4,7 @@
 one rank kills itself, the survivors detect, abort, rebuild at dp 1 and restore from an
 in-memory copy, and a fresh dp 1 run from the same state must give bit-identical losses
 (steps: :func:`restarted_rank`). ``--groups collection``: the same without globals (0.19+).
-What it proves and a measured run: docs/reliability.md (a GPT loses a rank mid-training).
+What it proves and a measured run: docs/results/reliability.md (a GPT loses a rank mid-training).
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def test_megatron_pretrain_with_sleep_and_wake_between_iterations_is_bit_identic
     # of 5 iterations (the hook wraps the release's post_training_step_callbacks; compat
     # installed after megatron's import), dp 2 with the distributed optimizer and both overlaps,
     # against MCore without sleep (2 processes: ~31 s of CPU for both runs; pp 2 dp 2 on 4
-    # processes was bit-identical too, docs/compat.md "Sleep and wake").
+    # processes was bit-identical too, docs/results/compat.md "Sleep and wake").
     path = str(release_dir("0.19.2"))
     common = ["--megatron-path", path, "--nproc", "2", "--train-iters", "5"]
     common += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]

@@ -186,12 +186,12 @@ def test_topology_report_and_placements(capsys, tmp_path):
 
 @pytest.mark.parametrize("shape", [(288, 72, 72, 2, 2, 16, 1), (128, 72, 72, 2, 2, 64, 1), (256, 72, 64, 2, 2, 64, 2)])
 def test_docs_crossing_table_rows_are_what_the_script_prints(shape):
-    """Rows of docs/nvlink.md's table, recomputed by scripts/bench/nvlink_table.py (the whole
+    """Rows of docs/results/nvlink.md's table, recomputed by scripts/bench/nvlink_table.py (the whole
     table: ``python -m scripts.bench nvlink_table``).
     """
     from scripts.bench.nvlink_table import markdown_row, row
 
     computed = row(*shape)
     assert computed is not None
-    with open(os.path.join(ROOT, "docs", "nvlink.md"), encoding="utf-8") as fh:
+    with open(os.path.join(ROOT, "docs", "results", "nvlink.md"), encoding="utf-8") as fh:
         assert markdown_row(computed) + "\n" in fh.read()
