@@ -9,7 +9,7 @@ before any number from the file drives work or memory. Numbers that would size w
 bounded by :data:`MAX_ENUMERATED_RANKS` (a tool that lists every group of a world) and
 :data:`MAX_RANK` (any rank or world size). Errors are :class:`InputLimitError` (a
 ``ValueError``) or the caller's own error class, with one line naming the source, the field
-and the limit. Pure: no ``torch``. The limits: docs/reliability.md ("Input limits").
+and the limit. Pure: no ``torch``. The limits: docs/reliability.md ("Hostile input").
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ def load_snapshot(text: str | bytes, source: str = "snapshot") -> dict[str, Any]
     """Parse and validate a snapshot's JSON text (see :func:`validate_snapshot`).
 
     The text goes through :func:`~parallel_state_ng.layout.bounded_input.load_json` first
-    (size, nesting depth, UTF-8, duplicate keys: docs/reliability.md, "Input limits").
+    (size, nesting depth, UTF-8, duplicate keys: docs/reliability.md, "Hostile input").
 
     Raises:
         SnapshotError: beyond a limit, not JSON (truncated, ...) or not a valid snapshot; one

@@ -176,7 +176,8 @@ FOLDERS: dict[str, dict[str, Command]] = {
         Command(
             "nvlink_table",
             "scripts.bench.nvlink_table",
-            "NVLink-domain crossings of published NVL72 shapes, before/after the suggested order (docs/nvlink.md)",
+            "NVLink-domain crossings of published NVL72 shapes, before/after the suggested order "
+            "(docs/results/nvlink.md)",
         ),
         Command(
             "failure_table",
@@ -198,7 +199,7 @@ FOLDERS: dict[str, dict[str, Command]] = {
             "a Megatron-LM checkout's own `tests/unit_tests/test_parallel_state.py` (nothing copied, nothing "
             "changed) on CPU gloo ranks, under MCore, compat, compat with `PSNG_SHARE_GROUPS=safe` and `1`: "
             "outcome counts per setting, every test whose outcome differs; exit 1 when mcore / compat / safe "
-            'disagree, 2 on bad input (docs/compat.md, "Group sharing")',
+            'disagree, 2 on bad input (docs/results/compat.md, "Megatron\'s own `test_parallel_state.py`")',
             "--tests-dir ~/Megatron-LM/tests/unit_tests --nproc 8 [--megatron-path DIR] [-k EXPR]",
         ),
     ),

@@ -4,7 +4,7 @@ A report that lists every group (``layout``, ``topology``, ``--diff`` of configu
 O(world size) per kind; past :data:`~parallel_state_ng.layout.bounded_input.MAX_ENUMERATED_RANKS`
 ranks the tools answer ``--rank R``'s view only (coordinates, pipeline, its group of each kind
 whose groups fit the limit: O(group size) each, no group enumerated) and refuse the rest with
-exit code 2. The limits: docs/reliability.md ("Input limits").
+exit code 2. The limits: docs/reliability.md ("Hostile input").
 """
 
 from __future__ import annotations
