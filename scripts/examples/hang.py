@@ -181,7 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = run_on_world(8, stall_case, args.case, dumps, None, args.bound, timeout=90)
         report = next(r["report"] for r in results if r["report"])
         culprit = CASES[args.case][1]
-        print(f"# live: the watch's report (bound {args.bound:g} s), {results[culprit].get('report_after_s', 0):.1f} s")
+        after = results[culprit].get("report_after_s")
+        timing = f"{after:.1f} s after the stall" if after is not None else "the culprit issued the odd collective"
+        print(f"# live: the watch's report (bound {args.bound:g} s), {timing}")
         print(report)
         code, text = offline(dumps, args.case)
         print(f"\n# offline: parallel-state-ng diagnose DUMP_DIR {' '.join(layout_options(args.case))}")
