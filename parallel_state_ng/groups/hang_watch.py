@@ -213,25 +213,20 @@ class HangWatch:
             info[4] += 1
             slot = [info, op, info[4], False, None, clock(), None, False]
             append(slot)
-            blocking = async_at is not None and len(args) <= async_at and not kwargs.get("async_op")
+            if async_at is None or len(args) > async_at or kwargs.get("async_op"):
+                return _finish(slot, fn, args, kwargs)
+            kwargs["async_op"] = True
             try:
-                if blocking:
-                    kwargs["async_op"] = True
-                result = fn(*args, **kwargs)
-                if blocking and result is not None:
-                    slot[_WORK] = result
-                    result.wait()
-                    if result.is_completed():  # gloo, CPU: done; NCCL: the watcher retires it
-                        slot[_DONE], slot[_WORK] = True, None
-                    return None
+                work = fn(*args, **kwargs)
+                if work is not None:
+                    slot[_WORK] = work
+                    work.wait()
             except BaseException:
                 slot[_DONE], slot[_WORK] = True, None
                 raise
-            if result is not None and hasattr(result, "is_completed"):
-                slot[_WORK] = result
-            else:
-                slot[_DONE] = True
-            return result
+            if work is None or work.is_completed():  # gloo, CPU: done; NCCL: the watcher retires it
+                slot[_DONE], slot[_WORK] = True, None
+            return None
 
         recorded.__wrapped__ = fn  # type: ignore[attr-defined]
         return recorded

@@ -17,22 +17,11 @@ from typing import Any
 
 import compat.parallel_state
 from tests.support.paths import ROOT
+from tests.support.releases.compat_checks import COMPAT_EXTRAS
 
 API = Path(ROOT, "docs", "api")
 #: The public modules the reference must document.
 PUBLIC = {"parallel_state_ng", "compat", "compat.parallel_state", "compat.run"}
-#: What compat adds to Megatron's API, beside the served release's functions.
-COMPAT_ADDS = {
-    "get_state",
-    "use_state",
-    "detach_state",
-    "destroy_state",
-    "abort_model_parallel",
-    "use_collection",
-    "sleep_model_parallel",
-    "wake_model_parallel",
-    "model_parallel_asleep",
-}
 
 
 def _directives() -> dict[str, list[str]]:
@@ -72,7 +61,7 @@ def test_every_named_path_and_member_exists():
 
 def test_compat_parallel_state_documents_what_compat_adds():
     documented = {path.rpartition(".")[2]: _resolve(path) for path in _directives() if path.startswith("compat._")}
-    assert set(documented) == COMPAT_ADDS
+    assert set(documented) == COMPAT_EXTRAS
     for name, obj in documented.items():
         assert getattr(compat.parallel_state, name) is obj, name
     assert {"MEGATRON_RELEASE", "MEGATRON_VERSION"} <= set(_directives()["compat.parallel_state"])
