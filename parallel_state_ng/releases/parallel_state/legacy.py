@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from parallel_state_ng.releases.parallel_state.initialize import INIT_012, INIT_013
+
 __all__ = [
     "FIRST_IN_013",
     "INIT_012",
@@ -41,32 +43,6 @@ FIRST_IN_013 = frozenset(
         "_INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
     }
 )
-
-#: initialize_model_parallel of the encoder/decoder era: pipeline_model_parallel_split_rank 4th,
-#: the encoder sizes after ``order``, no high_priority_stream_groups / sharp_enabled_group yet.
-INIT_012: tuple[tuple[str, Any], ...] = (
-    ("tensor_model_parallel_size", 1),
-    ("pipeline_model_parallel_size", 1),
-    ("virtual_pipeline_model_parallel_size", None),
-    ("pipeline_model_parallel_split_rank", None),
-    ("pipeline_model_parallel_comm_backend", None),
-    ("use_sharp", False),
-    ("context_parallel_size", 1),
-    ("hierarchical_context_parallel_sizes", None),
-    ("expert_model_parallel_size", 1),
-    ("num_distributed_optimizer_instances", 1),
-    ("expert_tensor_parallel_size", None),
-    ("nccl_communicator_config_path", None),
-    ("distributed_timeout_minutes", 30),
-    ("order", "tp-cp-ep-dp-pp"),
-    ("encoder_tensor_model_parallel_size", 0),
-    ("encoder_pipeline_model_parallel_size", 0),
-    ("get_embedding_ranks", None),
-    ("get_position_embedding_ranks", None),
-    ("create_gloo_process_groups", True),
-)
-#: 0.13 appends high_priority_stream_groups.
-INIT_013 = INIT_012 + (("high_priority_stream_groups", None),)
 
 _ONLY_012: list[Spec] = [("0.12", "0.12")]  # 0.12 without parameters
 _FIRST_STAGE_012: list[Spec] = [("0.12", "0.12", ("ignore_virtual", False))]  # no vp_stage, other default

@@ -13,8 +13,8 @@ from typing import Any
 
 from parallel_state_ng.releases import KNOWN_SERIES, SUPPORTED_SERIES
 from parallel_state_ng.releases.parallel_state import legacy as _legacy
-from parallel_state_ng.releases.parallel_state.signatures import Variant, drop_param, insert_params
-from parallel_state_ng.releases.parallel_state.signatures import params as _params
+from parallel_state_ng.releases.parallel_state.initialize import INIT_014, INIT_016, INIT_017, INIT_018, INIT_019
+from parallel_state_ng.releases.parallel_state.signatures import Variant
 from parallel_state_ng.releases.parallel_state.signatures import series_after as _next
 from parallel_state_ng.releases.parallel_state.signatures import variant as _v
 
@@ -32,40 +32,6 @@ def _always(*spec: str | tuple[str, Any]) -> list[Variant]:
 
 
 _CHECK = ("check_initialized", True)
-
-# initialize_model_parallel: the 0.14 parameters, then each release's insertions.
-_INIT_014 = _params(
-    ("tensor_model_parallel_size", 1),
-    ("pipeline_model_parallel_size", 1),
-    ("virtual_pipeline_model_parallel_size", None),
-    ("pipeline_model_parallel_comm_backend", None),
-    ("use_sharp", False),
-    ("context_parallel_size", 1),
-    ("hierarchical_context_parallel_sizes", None),
-    ("expert_model_parallel_size", 1),
-    ("num_distributed_optimizer_instances", 1),
-    ("expert_tensor_parallel_size", None),
-    ("nccl_communicator_config_path", None),
-    ("distributed_timeout_minutes", 30),
-    ("order", "tp-cp-ep-dp-pp"),
-    ("get_embedding_ranks", None),
-    ("get_position_embedding_ranks", None),
-    ("create_gloo_process_groups", True),
-    ("high_priority_stream_groups", None),
-    ("sharp_enabled_group", None),
-)
-
-
-# 0.16: hybrid_context_parallel after hierarchical_context_parallel_sizes; create_all_gather_group last.
-_INIT_016 = insert_params(_INIT_014, "hierarchical_context_parallel_sizes", ("hybrid_context_parallel", False)) + (
-    ("create_all_gather_group", False),
-)
-# 0.17: rank_offset, local_world_size appended.
-_INIT_017 = _INIT_016 + (("rank_offset", 0), ("local_world_size", None))
-# 0.18: create_all_gather_group removed (create_all_gather_groups() after init instead).
-_INIT_018 = drop_param(_INIT_017, "create_all_gather_group")
-# 0.19: gtp_remat_size, expert_gtp_remat_size after expert_model_parallel_size.
-_INIT_019 = insert_params(_INIT_018, "expert_model_parallel_size", ("gtp_remat_size", 1), ("expert_gtp_remat_size", 1))
 
 #: name -> signature variants, in the order the functions appear in MCore's module. A function
 #: exists in a release iff a variant covers it; every parameter is positional-or-keyword.
@@ -95,11 +61,11 @@ FUNCTIONS: dict[str, list[Variant]] = {
     "default_position_embedding_ranks": _always("pp_ranks"),
     "overwrite_nccl_comm_cfgs": _always("nccl_comm_cfgs", "pg_name", "key_value_pair"),
     "initialize_model_parallel": [
-        Variant("0.14", "0.15", _INIT_014),
-        Variant("0.16", "0.16", _INIT_016),
-        Variant("0.17", "0.17", _INIT_017),
-        Variant("0.18", "0.18", _INIT_018),
-        Variant("0.19", "0.19", _INIT_019),
+        Variant("0.14", "0.15", INIT_014),
+        Variant("0.16", "0.16", INIT_016),
+        Variant("0.17", "0.17", INIT_017),
+        Variant("0.18", "0.18", INIT_018),
+        Variant("0.19", "0.19", INIT_019),
     ],
     "create_all_gather_groups": [
         _v("0.18", "0.19", ("for_expert_parallelism", False), ("timeout", None), ("nccl_comm_cfgs", None))
